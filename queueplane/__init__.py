@@ -1,0 +1,7 @@
+"""queueplane: Kafka queues from a YAML spec.
+
+The top-level package stays light: importing it must not pull in Kafka, Spark or
+Airflow, because handlers import ``Retry`` and ``Reject`` from here inside executors.
+"""
+
+__version__ = "0.1.0"

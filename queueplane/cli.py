@@ -1,0 +1,257 @@
+"""The `queueplane` command line: validate, plan, apply, and the embedded local stack.
+
+It reads like terraform and kubectl: `plan` shows exactly what `apply` will change,
+`apply` shows the plan and asks before changing anything. Errors are one paragraph on
+stderr with an exit code (see queueplane.errors); a traceback only with QUEUEPLANE_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.markup import escape
+
+from queueplane import __version__, workflow
+from queueplane.connection import ENV_BOOTSTRAP, ENV_KAFKA_CONFIG, named_target, resolve_target
+from queueplane.errors import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_REFUSED,
+    QueueplaneError,
+    SpecInvalid,
+    UsageError,
+)
+from queueplane.plan import Plan
+
+EPILOG = f"""\
+exit codes: {EXIT_OK} ok, {EXIT_FAILED} the cluster or a tool failed, {EXIT_INVALID} invalid input \
+(nothing changed), {EXIT_REFUSED} the plan holds refused changes (nothing changed).
+cluster: --bootstrap-servers / --kafka-config, else ${ENV_BOOTSTRAP} / ${ENV_KAFKA_CONFIG}, \
+else the running local stack (queueplane local up)."""
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cluster")
+    group.add_argument("--bootstrap-servers", metavar="HOST:PORT[,...]", help="Kafka bootstrap servers")
+    group.add_argument("--kafka-config", metavar="FILE",
+                       help="librdkafka settings (key=value lines; SASL/SSL; ${ENV} references)")
+
+
+def _output_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="queueplane",
+        description="Kafka queues from YAML specs: validate, plan and apply topics and group configs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"queueplane {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = commands.add_parser("validate", help="check specs against the schema and the rules",
+                            description="Check specs (files or directories). Offline, with Kafka's default "
+                                        "share-group bounds, unless a cluster is named; then with its bounds.",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    _cluster_flags(p)
+    _output_flag(p)
+
+    p = commands.add_parser("plan", help="show what apply would change on the cluster",
+                            description="Diff the specs against the live cluster: + create, ~ change, "
+                                        "! refused. Changes nothing.",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    _cluster_flags(p)
+    _output_flag(p)
+
+    p = commands.add_parser("apply", help="make the cluster match the specs",
+                            description="Plan, show the plan, ask, then apply it. The cluster checks every "
+                                        "request in a dry run first; a failure reports what was applied.",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
+    _cluster_flags(p)
+    _output_flag(p)
+
+    local = commands.add_parser("local", help="the embedded local Kafka broker (127.0.0.1)",
+                                description="One real Apache Kafka broker on loopback with share groups "
+                                            "enabled; state and logs under .queueplane/local/.")
+    local_cmds = local.add_subparsers(dest="local_command", metavar="ACTION", required=True)
+    local_cmds.add_parser("up", help="fetch the jars if needed, start the broker, print bootstrap.servers")
+    down = local_cmds.add_parser("down", help="stop the broker")
+    down.add_argument("--purge", action="store_true", help="also delete its data and logs")
+    status = local_cmds.add_parser("status", help="show whether the broker runs, and where")
+    _output_flag(status)
+    kafka = local_cmds.add_parser("kafka", help="run a Kafka CLI tool against the local broker",
+                                  description="Run one of Kafka's own tools with --bootstrap-server set, e.g. "
+                                              "`queueplane local kafka topics --describe`.")
+    kafka.add_argument("tool", help="topics, configs, consumer-groups, share-groups, groups, features, "
+                                    "console-consumer, console-share-consumer, console-producer")
+    kafka.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the tool")
+    return parser
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+_STYLES = {"create": "green", "change": "yellow", "refuse": "red"}
+
+
+def render_plan(plan: Plan, console: Console) -> None:
+    console.print(f"Cluster: {plan.cluster}")
+    if not plan.changes:
+        console.print(f"No changes. The cluster matches {len(plan.specs)} spec(s).")
+        return
+    by_spec: dict[str, list] = {}
+    for change in plan.changes:
+        by_spec.setdefault(change.spec, []).append(change)
+    kind_width = max(len(c.kind) for c in plan.changes)
+    target_width = max(len(c.target) for c in plan.changes)
+    for spec, changes in by_spec.items():
+        console.print(f"\n[bold]{spec}[/bold]")
+        for change in changes:
+            style = _STYLES[change.action]
+            line = f"{change.kind:<{kind_width}}  {change.target:<{target_width}}  {change.describe()}"
+            console.print(f"  [{style}]{change.symbol}[/{style}] {escape(line)}")
+    counts = plan.counts()
+    console.print(f"\nPlan: {counts['create']} to create, {counts['change']} to change, "
+                  f"{counts['refuse']} refused.")
+
+
+def _print_problems(exc: SpecInvalid, output: str) -> None:
+    if output == "json":
+        out.print_json(json.dumps({"valid": False, "problems": [p.as_dict() for p in exc.problems]}))
+    for problem in exc.problems:
+        err.print(problem.render(), markup=False)
+    err.print(f"{len(exc.problems)} problem(s); nothing was changed.", markup=False)
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    target = named_target(args.bootstrap_servers, args.kafka_config)
+    queues = workflow.validate(args.paths, target)
+    if args.output == "json":
+        out.print_json(json.dumps({"valid": True, "specs": [
+            {"file": q.source, "name": q.name, "team": q.team, "group": q.group.type} for q in queues]}))
+    else:
+        bounds = f"bounds of {target.label}" if target else "Kafka's default share-group bounds"
+        for q in queues:
+            out.print(f"ok  {q.source}  {q.team}/{q.name} ({q.group.type})", markup=False)
+        out.print(f"{len(queues)} spec(s) valid ({bounds}).", markup=False)
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    target = resolve_target(args.bootstrap_servers, args.kafka_config)
+    with err.status("reading the cluster"):
+        planned = workflow.plan(args.paths, target)
+    if args.output == "json":
+        out.print_json(json.dumps(planned.plan.as_dict()))
+    else:
+        render_plan(planned.plan, out)
+    return EXIT_REFUSED if planned.plan.refused else EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    target = resolve_target(args.bootstrap_servers, args.kafka_config)
+    with err.status("reading the cluster"):
+        planned = workflow.plan(args.paths, target)
+    plan = planned.plan
+    if args.output == "text":
+        render_plan(plan, out)
+    plan.raise_if_refused()
+    if not plan.changes:
+        if args.output == "json":
+            out.print_json(json.dumps({"plan": plan.as_dict(), "applied": []}))
+        return EXIT_OK
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("apply needs confirmation: run it in a terminal, or pass --yes")
+        answer = err.input(f"Apply {len(plan.changes)} change(s) to {plan.cluster}? Only 'yes' applies: ")
+        if answer.strip() != "yes":
+            err.print("Apply cancelled; nothing was changed.")
+            return EXIT_OK
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  console=err, transient=True) as progress:
+        task = progress.add_task("applying", total=len(plan.changes))
+
+        def on_step(title: str, count: int) -> None:
+            progress.update(task, description=title, advance=count)
+
+        report = workflow.apply(planned, on_step)
+    if args.output == "json":
+        out.print_json(json.dumps({"plan": plan.as_dict(), **report.as_dict()}))
+    else:
+        counts = plan.counts()
+        out.print(f"Apply complete: {counts['create']} created, {counts['change']} changed.")
+    return EXIT_OK
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    from queueplane.local.stack import LocalStack
+
+    stack = LocalStack.default()
+    if args.local_command == "up":
+        with err.status("local Kafka") as status:
+            state = stack.up(say=lambda message: status.update(f"local Kafka: {message}"))
+        out.print(f"bootstrap.servers={state.bootstrap}", markup=False)
+        return EXIT_OK
+    if args.local_command == "down":
+        stopped = stack.down(purge=args.purge)
+        out.print("stopped" if stopped else "not running", markup=False)
+        return EXIT_OK
+    if args.local_command == "status":
+        info = stack.status()
+        if args.output == "json":
+            out.print_json(json.dumps(info))
+        else:
+            for key, value in info.items():
+                out.print(f"{key}: {value}", markup=False)
+        return EXIT_OK if info["running"] else EXIT_FAILED
+    command = stack.tool_command(args.tool, args.args)
+    return subprocess.run(command).returncode
+
+
+COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "apply": cmd_apply, "local": cmd_local}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except SpecInvalid as exc:
+        _print_problems(exc, getattr(args, "output", "text"))
+        return exc.exit_code
+    except QueueplaneError as exc:
+        err.print(f"error: {exc}", markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        return 130
+    except Exception as exc:
+        if os.environ.get("QUEUEPLANE_DEBUG"):
+            raise
+        err.print(f"internal error: {type(exc).__name__}: {exc}. Run again with QUEUEPLANE_DEBUG=1 for a "
+                  "traceback, and report it.", markup=False)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

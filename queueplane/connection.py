@@ -1,0 +1,87 @@
+"""Which Kafka cluster a command talks to, as librdkafka settings.
+
+Order: --kafka-config FILE (any librdkafka settings, SASL/SSL included) and
+--bootstrap-servers (which wins over the file's), then $QUEUEPLANE_BOOTSTRAP_SERVERS
+and $QUEUEPLANE_KAFKA_CONFIG, then the running local stack. Secrets stay out of specs:
+a config file may read them from the environment as ${NAME}.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from queueplane.errors import UsageError
+
+ENV_BOOTSTRAP = "QUEUEPLANE_BOOTSTRAP_SERVERS"
+ENV_KAFKA_CONFIG = "QUEUEPLANE_KAFKA_CONFIG"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class KafkaTarget:
+    """librdkafka settings for one cluster, and a label for messages (never the secrets)."""
+
+    settings: dict[str, str] = field(default_factory=dict)
+    label: str = ""
+    local: bool = False
+
+    @property
+    def bootstrap(self) -> str:
+        return self.settings.get("bootstrap.servers", "")
+
+
+def read_kafka_config(path: str) -> dict[str, str]:
+    """librdkafka settings from a properties file: key=value lines, # comments, ${ENV} references."""
+    file = Path(path)
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(f"--kafka-config {path}: cannot read the file: {exc.strerror}") from None
+    settings: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith(("#", "!")):
+            continue
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"{path}:{number}: expected key=value, got {text!r}")
+
+        def env(match: re.Match[str], number: int = number) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise UsageError(f"{path}:{number}: ${{{name}}} is not set in the environment")
+            return os.environ[name]
+
+        settings[key.strip()] = _ENV_REF.sub(env, value.strip())
+    return settings
+
+
+def resolve_target(bootstrap_servers: str | None = None, kafka_config: str | None = None) -> KafkaTarget:
+    """The cluster the user named, else the running local stack; UsageError says how to name one."""
+    config_file = kafka_config or os.environ.get(ENV_KAFKA_CONFIG)
+    settings = read_kafka_config(config_file) if config_file else {}
+    bootstrap = bootstrap_servers or settings.get("bootstrap.servers") or os.environ.get(ENV_BOOTSTRAP)
+    if bootstrap:
+        settings["bootstrap.servers"] = bootstrap
+        return KafkaTarget(settings, bootstrap)
+    from queueplane.local.stack import LocalStack
+
+    stack = LocalStack.default()
+    state = stack.running_state()
+    if state is None:
+        raise UsageError(
+            "no Kafka cluster named and the local stack is not running: pass --bootstrap-servers or "
+            f"--kafka-config, set {ENV_BOOTSTRAP}, or start one with `queueplane local up`"
+        )
+    settings["bootstrap.servers"] = state.bootstrap
+    return KafkaTarget(settings, f"{state.bootstrap} (local stack)", local=True)
+
+
+def named_target(bootstrap_servers: str | None = None, kafka_config: str | None = None) -> KafkaTarget | None:
+    """Only a cluster named explicitly (flags or environment); None when none was named."""
+    if bootstrap_servers or kafka_config or os.environ.get(ENV_BOOTSTRAP) or os.environ.get(ENV_KAFKA_CONFIG):
+        return resolve_target(bootstrap_servers, kafka_config)
+    return None

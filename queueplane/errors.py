@@ -1,0 +1,78 @@
+"""User-facing errors.
+
+Every problem a user can cause is reported as one line naming the file and the JSON
+pointer of the field, so that a run can list all of them at once and an editor or CI
+annotation can jump to the spot. Exit codes are shared by every command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the cluster or a tool failed; the message says what was applied
+EXIT_INVALID = 2  # bad input: spec, flags, config file; nothing was changed
+EXIT_REFUSED = 3  # the plan holds changes queueplane refuses to make; nothing was changed
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one spec file."""
+
+    file: str
+    pointer: str
+    message: str
+    hint: str | None = None
+    line: int | None = None
+
+    def render(self) -> str:
+        where = self.pointer or "/"
+        text = f"{self.file}: {where}: {self.message}"
+        if self.line is not None:
+            text += f" (line {self.line})"
+        if self.hint:
+            text += f". Hint: {self.hint}"
+        return text
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "file": self.file,
+            "pointer": self.pointer,
+            "message": self.message,
+            "hint": self.hint,
+            "line": self.line,
+        }
+
+
+class QueueplaneError(Exception):
+    """An error the CLI prints as one paragraph, with its exit code, never as a traceback."""
+
+    exit_code = EXIT_FAILED
+
+
+class SpecInvalid(QueueplaneError):
+    """One or more specs are invalid; carries every problem found in the run."""
+
+    exit_code = EXIT_INVALID
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(p.render() for p in problems))
+
+
+class UsageError(QueueplaneError):
+    """Bad flags, paths or config files."""
+
+    exit_code = EXIT_INVALID
+
+
+class ClusterUnreachable(QueueplaneError):
+    """The Kafka cluster did not answer in time; nothing was changed."""
+
+
+class PlanRefused(QueueplaneError):
+    exit_code = EXIT_REFUSED
+
+
+class LocalStackError(QueueplaneError):
+    """The embedded local Kafka could not be fetched, started or stopped."""

@@ -1,0 +1,39 @@
+"""Kafka config names queueplane reads or writes, in one place.
+
+Names differ between Kafka versions; code that talks to a live broker checks the
+names that broker reports (see ``queueplane.cluster``) before using these.
+"""
+
+from __future__ import annotations
+
+# Topic configs
+RETENTION_MS = "retention.ms"
+CLEANUP_POLICY = "cleanup.policy"
+
+# Share-group GROUP configs (KIP-932, IncrementalAlterConfigs on ConfigResource GROUP)
+SHARE_LOCK_DURATION_MS = "share.record.lock.duration.ms"
+SHARE_DELIVERY_COUNT_LIMIT = "share.delivery.count.limit"  # per group from Kafka 4.3
+SHARE_MAX_RECORD_LOCKS = "share.partition.max.record.locks"
+SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
+
+# Broker configs that bound the share-group GROUP configs above
+BROKER_SHARE_LOCK_MIN = "group.share.min.record.lock.duration.ms"
+BROKER_SHARE_LOCK_MAX = "group.share.max.record.lock.duration.ms"
+BROKER_SHARE_LOCK_DEFAULT = "group.share.record.lock.duration.ms"
+BROKER_SHARE_DELIVERY_MIN = "group.share.min.delivery.count.limit"
+BROKER_SHARE_DELIVERY_MAX = "group.share.max.delivery.count.limit"
+BROKER_SHARE_DELIVERY_DEFAULT = "group.share.delivery.count.limit"
+BROKER_SHARE_LOCKS_MIN = "group.share.min.partition.max.record.locks"
+BROKER_SHARE_LOCKS_MAX = "group.share.max.partition.max.record.locks"
+BROKER_SHARE_LOCKS_DEFAULT = "group.share.partition.max.record.locks"
+BROKER_DEFAULT_REPLICATION = "default.replication.factor"
+
+# Feature flag that turns share groups on (kafka-features / ApiVersions)
+SHARE_FEATURE = "share.version"
+
+# The broker-wide setting that stands in for a GROUP config the broker cannot hold per group
+BROKER_FALLBACK_FOR_GROUP_CONFIG = {
+    SHARE_LOCK_DURATION_MS: BROKER_SHARE_LOCK_DEFAULT,
+    SHARE_DELIVERY_COUNT_LIMIT: BROKER_SHARE_DELIVERY_DEFAULT,
+    SHARE_MAX_RECORD_LOCKS: BROKER_SHARE_LOCKS_DEFAULT,
+}

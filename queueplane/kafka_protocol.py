@@ -1,0 +1,118 @@
+"""A few Kafka wire-protocol requests the Python client does not offer.
+
+Only what queueplane needs and only over PLAINTEXT (the local stack): ApiVersions v3,
+whose answer carries the cluster's finalized feature levels (share.version).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass, field
+
+API_VERSIONS_KEY = 18
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _compact_string(text: str) -> bytes:
+    data = text.encode()
+    return _uvarint(len(data) + 1) + data
+
+
+class _Reader:
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise ValueError("truncated Kafka response")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def int16(self) -> int:
+        return struct.unpack(">h", self.take(2))[0]
+
+    def int32(self) -> int:
+        return struct.unpack(">i", self.take(4))[0]
+
+    def int64(self) -> int:
+        return struct.unpack(">q", self.take(8))[0]
+
+    def uvarint(self) -> int:
+        shift = result = 0
+        while True:
+            byte = self.take(1)[0]
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return result
+            shift += 7
+
+    def compact_string(self) -> str:
+        length = self.uvarint() - 1
+        return self.take(length).decode() if length > 0 else ""
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.take(self.uvarint())
+
+
+@dataclass
+class ApiVersions:
+    """What a broker said about itself: API version ranges and finalized feature levels."""
+
+    api_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    finalized_features: dict[str, int] = field(default_factory=dict)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("broker closed the connection")
+        buf.extend(chunk)
+    return bytes(buf)
+
+
+def api_versions(host: str, port: int, timeout: float = 5.0) -> ApiVersions:
+    """Send ApiVersions v3 and decode the answer, including its feature tagged fields."""
+    client_id = b"queueplane"
+    header = struct.pack(">hhih", API_VERSIONS_KEY, 3, 1, len(client_id)) + client_id + _uvarint(0)
+    body = _compact_string("queueplane") + _compact_string("1") + _uvarint(0)
+    payload = header + body
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(struct.pack(">i", len(payload)) + payload)
+        size = struct.unpack(">i", _recv_exact(sock, 4))[0]
+        reader = _Reader(_recv_exact(sock, size))
+    reader.int32()  # correlation id; ApiVersions responses use header v0 (no tags)
+    error = reader.int16()
+    if error:
+        raise ConnectionError(f"ApiVersions failed with Kafka error code {error}")
+    result = ApiVersions()
+    for _ in range(reader.uvarint() - 1):
+        key, lo, hi = reader.int16(), reader.int16(), reader.int16()
+        reader.skip_tags()
+        result.api_ranges[key] = (lo, hi)
+    reader.int32()  # throttle time
+    for _ in range(reader.uvarint()):
+        tag, size = reader.uvarint(), reader.uvarint()
+        tagged = _Reader(reader.take(size))
+        if tag == 2:
+            for _ in range(tagged.uvarint() - 1):
+                name, max_level, _min_level = tagged.compact_string(), tagged.int16(), tagged.int16()
+                tagged.skip_tags()
+                result.finalized_features[name] = max_level
+    return result

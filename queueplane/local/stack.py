@@ -1,0 +1,421 @@
+"""The embedded local stack: one real Apache Kafka broker on 127.0.0.1.
+
+Jars come from Maven Central with Maven (cached under the user cache, so a fresh
+machine fetches them once); state and logs live under ``.queueplane/local/`` of the
+working directory, so each checkout has its own broker. The pytest fixture and the
+CLI both use this module, so the broker the tests run against is the one users get.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from queueplane import kafka_names as kn
+from queueplane.errors import LocalStackError
+from queueplane.kafka_protocol import api_versions
+
+# Newest Kafka 4.x whose full dependency set Maven Central serves (4.4.0's kafka_2.13
+# depends on a kafka-tools-api 4.4.0 that is not published there).
+KAFKA_VERSION = "4.3.1"
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 60.0
+POM = Path(__file__).with_name("kafka-pom.xml")
+
+# Kafka tools reachable through `queueplane local kafka TOOL`, named as in Kafka's bin/.
+KAFKA_TOOLS = {
+    "topics": "org.apache.kafka.tools.TopicCommand",
+    "configs": "kafka.admin.ConfigCommand",
+    "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "share-groups": "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
+    "groups": "org.apache.kafka.tools.GroupsCommand",
+    "features": "org.apache.kafka.tools.FeatureCommand",
+    "console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+    "console-share-consumer": "org.apache.kafka.tools.consumer.ConsoleShareConsumer",
+    "console-producer": "org.apache.kafka.tools.ConsoleProducer",
+}
+
+# Broker settings for a one-node development cluster. Share-group lower bounds are
+# relaxed so tests can use short locks; everything else is Kafka's default.
+LOCAL_BROKER_SETTINGS = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "8",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "8",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "share.coordinator.state.topic.num.partitions": "8",
+    "group.initial.rebalance.delay.ms": "0",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+    kn.BROKER_DEFAULT_REPLICATION: "1",
+    kn.BROKER_SHARE_LOCK_MIN: "1000",
+    kn.BROKER_SHARE_DELIVERY_MIN: "2",
+}
+
+
+def home_dir() -> Path:
+    """Project state root: $QUEUEPLANE_HOME, else .queueplane in the working directory."""
+    return Path(os.environ.get("QUEUEPLANE_HOME") or Path.cwd() / ".queueplane").resolve()
+
+
+def cache_dir() -> Path:
+    """Download cache shared by all checkouts: $QUEUEPLANE_CACHE, else the user cache."""
+    if os.environ.get("QUEUEPLANE_CACHE"):
+        return Path(os.environ["QUEUEPLANE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "queueplane"
+
+
+def jars_dir(version: str = KAFKA_VERSION) -> Path:
+    return cache_dir() / f"kafka-{version}" / "libs"
+
+
+@dataclass
+class StackState:
+    """What `up` recorded: enough for `status`, `down` and clients to find the broker."""
+
+    pid: int
+    port: int
+    controller_port: int
+    version: str
+    directory: str
+    started_at: float
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+@dataclass
+class LocalStack:
+    """One local broker rooted at ``directory`` (default ``.queueplane/local``)."""
+
+    directory: Path
+    version: str = KAFKA_VERSION
+
+    @classmethod
+    def default(cls) -> LocalStack:
+        return cls(home_dir() / "local")
+
+    # -- files ---------------------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.directory / "stack.json"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self.directory / "logs" / "server.log"
+
+    @property
+    def properties_file(self) -> Path:
+        return self.directory / "server.properties"
+
+    def read_state(self) -> StackState | None:
+        try:
+            return StackState(**json.loads(self.state_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Serialise up/down of one directory (two terminals, or pytest-xdist workers)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / ".lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # -- jars ----------------------------------------------------------------------------------
+    def fetch(self, say: Callable[[str], None] = lambda _m: None) -> Path:
+        """Resolve the pinned Kafka jars with Maven into the cache, once."""
+        target = jars_dir(self.version)
+        if (target / ".complete").is_file():
+            return target
+        mvn = shutil.which("mvn")
+        if not mvn:
+            raise LocalStackError("Maven (mvn) is not on PATH; it fetches the Kafka jars from Maven Central. "
+                                  "Install it (apt-get install maven) and run again.")
+        say(f"fetching Apache Kafka {self.version} jars from Maven Central")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=target.parent))
+        cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
+               f"-Dkafka.version={self.version}", f"-DoutputDirectory={staging}", "-DincludeScope=runtime"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            tail = " ".join((done.stdout + done.stderr).split()[-60:])
+            raise LocalStackError(f"Maven could not fetch Kafka {self.version}: {tail}")
+        (staging / ".complete").write_text(self.version)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+        return target
+
+    def _java(self) -> str:
+        java = shutil.which("java")
+        if not java:
+            raise LocalStackError("Java is not on PATH; Kafka 4 needs Java 17 or newer.")
+        return java
+
+    def _classpath(self) -> str:
+        return str(jars_dir(self.version) / "*")
+
+    def tool_command(self, tool: str, args: list[str]) -> list[str]:
+        """A Kafka CLI tool (topics, consumer-groups, ...) against this broker, as a command line."""
+        if tool not in KAFKA_TOOLS:
+            raise LocalStackError(f"unknown Kafka tool {tool!r}; known: {', '.join(sorted(KAFKA_TOOLS))}")
+        state = self.running_state()
+        if state is None:
+            raise LocalStackError("the local stack is not running; start it with `queueplane local up`")
+        self.fetch()
+        return [self._java(), "-Xmx512m", f"-Dlog4j2.configurationFile={self._log4j_file(tools=True)}",
+                "-cp", self._classpath(), KAFKA_TOOLS[tool], "--bootstrap-server", state.bootstrap, *args]
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def running_state(self) -> StackState | None:
+        """The recorded state if its process is alive and is our broker, else None."""
+        state = self.read_state()
+        if state is None or not _is_our_broker(state.pid, self.properties_file):
+            return None
+        return state
+
+    def up(self, say: Callable[[str], None] = lambda _m: None) -> StackState:
+        """Start the broker unless it already runs; return once it serves requests."""
+        with self._lock():
+            state = self.running_state()
+            if state is not None and _port_open(state.port):
+                say("already running")
+                return state
+            self.fetch(say)
+            port, controller_port = self._ports()
+            self._write_configs(port, controller_port)
+            if not (self.data_dir / "meta.properties").is_file():
+                say("formatting KRaft storage")
+                self._format()
+            say(f"starting Kafka {self.version} on {HOST}:{port}")
+            pid = self._start()
+            state = StackState(pid, port, controller_port, self.version, str(self.directory), time.time())
+            self.state_file.write_text(json.dumps(asdict(state), indent=2))
+            self._wait_ready(state, say)
+            return state
+
+    def down(self, purge: bool = False) -> bool:
+        """Stop our broker by its recorded pid; True if one was running."""
+        with self._lock():
+            state = self.read_state()
+            was_running = False
+            if state is not None and _is_our_broker(state.pid, self.properties_file):
+                was_running = True
+                _terminate(state.pid)
+            self.state_file.unlink(missing_ok=True)
+            if purge:
+                for child in ("data", "logs", "server.properties", "log4j2.yaml", "tools-log4j2.yaml"):
+                    path = self.directory / child
+                    if path.is_dir():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink(missing_ok=True)
+            return was_running
+
+    def status(self) -> dict[str, object]:
+        state = self.running_state()
+        if state is None:
+            return {"running": False, "directory": str(self.directory), "version": self.version}
+        return {
+            "running": True,
+            "bootstrap.servers": state.bootstrap,
+            "pid": state.pid,
+            "version": state.version,
+            "directory": str(self.directory),
+            "log": str(self.log_file),
+            "uptime_s": round(time.time() - state.started_at, 1),
+        }
+
+    # -- internals -----------------------------------------------------------------------------
+    def _ports(self) -> tuple[int, int]:
+        """Reuse the recorded ports so clients' bootstrap setting survives a restart."""
+        old = self.read_state()
+        if old and (self.data_dir / "meta.properties").is_file():
+            if not _port_open(old.port) and not _port_open(old.controller_port):
+                return old.port, old.controller_port
+            raise LocalStackError(
+                f"port {old.port} or {old.controller_port} of the stopped local broker is taken by another "
+                f"process; free it, or start afresh with `queueplane local down --purge`")
+        return _free_port(), _free_port()
+
+    def _log4j_file(self, tools: bool = False) -> Path:
+        path = self.directory / ("tools-log4j2.yaml" if tools else "log4j2.yaml")
+        if tools:
+            body = ("Configuration:\n  Appenders:\n    Console: {name: E, target: SYSTEM_ERR, "
+                    "PatternLayout: {pattern: '%p %m%n'}}\n  Loggers:\n    Root: {level: WARN, "
+                    "AppenderRef: [{ref: E}]}\n")
+        else:
+            body = (
+                "Configuration:\n  Appenders:\n    RollingFile:\n      name: F\n"
+                f"      fileName: {self.log_file}\n      filePattern: {self.log_file}.%i\n"
+                "      PatternLayout: {pattern: '[%d] %p %m (%c)%n'}\n"
+                "      Policies: {SizeBasedTriggeringPolicy: {size: 50MB}}\n"
+                "      DefaultRolloverStrategy: {max: 3}\n"
+                "  Loggers:\n    Root: {level: INFO, AppenderRef: [{ref: F}]}\n"
+                "    Logger:\n      - {name: kafka.request.logger, level: WARN}\n"
+                "      - {name: org.apache.kafka.controller, level: WARN}\n"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+        return path
+
+    def _write_configs(self, port: int, controller_port: int) -> None:
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+            "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            **LOCAL_BROKER_SETTINGS,
+        }
+        self.properties_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self._log4j_file()
+
+    def _format(self) -> None:
+        cmd = [self._java(), "-Xmx256m", f"-Dlog4j2.configurationFile={self._log4j_file(tools=True)}",
+               "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
+               "-t", _cluster_id(), "-c", str(self.properties_file),
+               "--feature", f"{kn.SHARE_FEATURE}=1"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise LocalStackError(f"formatting KRaft storage failed: {(done.stdout + done.stderr).strip()}")
+
+    def _start(self) -> int:
+        cmd = [self._java(), "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+               f"-Dlog4j2.configurationFile={self.directory / 'log4j2.yaml'}",
+               f"-Dkafka.logs.dir={self.log_file.parent}",
+               "-cp", self._classpath(), "kafka.Kafka", str(self.properties_file)]
+        out = open(self.log_file.parent / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=self.directory)
+        out.close()
+        return proc.pid
+
+    def _wait_ready(self, state: StackState, say: Callable[[str], None]) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            if not _pid_alive(state.pid):
+                raise LocalStackError(f"Kafka exited during start-up; see {self.log_file} and "
+                                      f"{self.log_file.parent / 'stdout.log'}")
+            try:
+                versions = api_versions(HOST, state.port, timeout=2.0)
+            except OSError as exc:
+                last_error = str(exc)
+                time.sleep(0.2)
+                continue
+            level = versions.finalized_features.get(kn.SHARE_FEATURE, 0)
+            if level < 1:
+                _terminate(state.pid)
+                raise LocalStackError(
+                    f"the broker reports feature {kn.SHARE_FEATURE}={level}; share groups need >= 1. "
+                    f"Start afresh with `queueplane local down --purge` then `queueplane local up`.")
+            if _broker_registered(state):
+                say(f"ready, {kn.SHARE_FEATURE}={level}")
+                return
+            time.sleep(0.2)
+        _terminate(state.pid)
+        raise LocalStackError(f"Kafka did not become ready within {READY_TIMEOUT_S:.0f}s ({last_error}); "
+                              f"see {self.log_file}")
+
+
+def _broker_registered(state: StackState) -> bool:
+    """True once the broker answers metadata with itself as a live broker."""
+    from confluent_kafka.admin import AdminClient
+
+    from queueplane.cluster import quiet_logger
+
+    admin = AdminClient({"bootstrap.servers": state.bootstrap, "logger": quiet_logger()})
+    try:
+        metadata = admin.list_topics(timeout=2)
+    except Exception:
+        return False
+    return bool(metadata.brokers)
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as kafka-storage prints)."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((HOST, port)) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def _is_our_broker(pid: int, properties: Path) -> bool:
+    """The pid is alive and runs kafka.Kafka with our properties file (guards against pid reuse)."""
+    if not _pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"kafka.Kafka" in cmdline and str(properties).encode() in cmdline
+
+
+def _terminate(pid: int, grace_s: float = 20.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    while _pid_alive(pid):
+        time.sleep(0.05)

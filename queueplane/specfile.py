@@ -1,0 +1,130 @@
+"""Reading spec files: YAML to plain data, with the line of every JSON pointer.
+
+Line numbers let error messages point into the file as well as at the field. YAML
+features that hide mistakes (duplicate keys, several documents) are reported, not
+silently resolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from queueplane.errors import Problem, UsageError
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+def pointer(path: list[str | int] | tuple[str | int, ...]) -> str:
+    """RFC 6901 JSON pointer for a path of keys and indexes."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+@dataclass
+class SpecFile:
+    """A parsed spec file: its data (or None when unreadable) and where each field sits."""
+
+    path: str
+    data: Any = None
+    lines: dict[str, int] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def line_of(self, ptr: str) -> int | None:
+        """Line of the field at ``ptr``, or of its nearest ancestor that exists."""
+        while True:
+            if ptr in self.lines:
+                return self.lines[ptr]
+            if not ptr:
+                return None
+            ptr = ptr.rsplit("/", 1)[0]
+
+    def problem(self, ptr: str, message: str, hint: str | None = None) -> Problem:
+        return Problem(self.path, ptr, message, hint, self.line_of(ptr))
+
+
+def _walk(node: yaml.Node, path: list[str | int], spec: SpecFile) -> None:
+    spec.lines[pointer(path)] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            if key == "<<":
+                continue
+            if key in seen:
+                ptr = pointer([*path, key])
+                spec.problems.append(
+                    Problem(
+                        spec.path,
+                        ptr,
+                        f"duplicate key {key!r} (first at line {seen[key]})",
+                        "YAML keeps only the last one; remove the other",
+                        key_node.start_mark.line + 1,
+                    )
+                )
+            seen[key] = key_node.start_mark.line + 1
+            _walk(value_node, [*path, key], spec)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _walk(item, [*path, index], spec)
+
+
+def parse_text(text: str, path: str) -> SpecFile:
+    spec = SpecFile(path)
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        documents = list(yaml.load_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        spec.problems.append(
+            Problem(path, "", f"YAML syntax error{where}: {reason}", None, mark.line + 1 if mark else None)
+        )
+        return spec
+    nodes = [n for n in nodes if n is not None]
+    documents = [d for d in documents if d is not None]
+    if not documents:
+        spec.problems.append(Problem(path, "", "the file is empty; expected one Queue spec"))
+        return spec
+    if len(documents) > 1:
+        spec.problems.append(
+            Problem(path, "", f"the file holds {len(documents)} YAML documents; expected one Queue spec",
+                    "put each queue in a file of its own")
+        )
+        return spec
+    _walk(nodes[0], [], spec)
+    spec.data = documents[0]
+    return spec
+
+
+def read_spec_file(path: Path) -> SpecFile:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        spec = SpecFile(str(path))
+        spec.problems.append(Problem(str(path), "", f"cannot read the file: {exc}"))
+        return spec
+    return parse_text(text, str(path))
+
+
+def expand_paths(paths: list[str]) -> list[Path]:
+    """Spec files named by the user: files as given, directories searched recursively."""
+    found: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found.extend(sorted(x for x in p.rglob("*") if x.suffix in SPEC_SUFFIXES and x.is_file()))
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise UsageError(f"{raw}: no such file or directory")
+    if not found:
+        raise UsageError(f"no spec files (*.yaml, *.yml) under {', '.join(paths)}")
+    # The same file named twice (a directory and a file in it) is one spec, not a clash.
+    unique: dict[Path, Path] = {}
+    for p in found:
+        unique.setdefault(p.resolve(), p)
+    return list(unique.values())

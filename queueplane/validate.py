@@ -1,0 +1,303 @@
+"""Spec validation: the JSON Schema first, then the rules a schema cannot say.
+
+Validation never stops at the first problem: a run reports everything wrong in every
+file, each problem naming its file and field, so a team fixes a spec in one go.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from queueplane import durations
+from queueplane import kafka_names as kn
+from queueplane.errors import Problem, SpecInvalid
+from queueplane.model import QueueSpec, build
+from queueplane.schema import load_schema, subschema_at
+from queueplane.specfile import SpecFile, expand_paths, parse_text, pointer, read_spec_file
+
+
+@dataclass(frozen=True)
+class ShareBounds:
+    """The range a broker accepts for share-group settings, and where the numbers came from."""
+
+    lock_ms: tuple[int, int] = (15_000, 60_000)
+    delivery_limit: tuple[int, int] = (2, 10)
+    max_record_locks: tuple[int, int] = (100, 4_000)
+    source: str = "Kafka's default broker bounds (no broker connected)"
+
+    @classmethod
+    def from_broker_configs(cls, configs: dict[str, str], broker: str) -> ShareBounds:
+        """Bounds from a broker's DescribeConfigs answer; a missing name keeps the documented default."""
+        default = cls()
+
+        def pair(lo: str, hi: str, fallback: tuple[int, int]) -> tuple[int, int]:
+            return (int(configs.get(lo, fallback[0])), int(configs.get(hi, fallback[1])))
+
+        return cls(
+            lock_ms=pair(kn.BROKER_SHARE_LOCK_MIN, kn.BROKER_SHARE_LOCK_MAX, default.lock_ms),
+            delivery_limit=pair(kn.BROKER_SHARE_DELIVERY_MIN, kn.BROKER_SHARE_DELIVERY_MAX,
+                                default.delivery_limit),
+            max_record_locks=pair(kn.BROKER_SHARE_LOCKS_MIN, kn.BROKER_SHARE_LOCKS_MAX,
+                                  default.max_record_locks),
+            source=f"bounds of broker {broker}",
+        )
+
+
+_VALIDATOR: Draft202012Validator | None = None
+
+
+def _validator() -> Draft202012Validator:
+    global _VALIDATOR
+    if _VALIDATOR is None:
+        schema = load_schema()
+        Draft202012Validator.check_schema(schema)
+        _VALIDATOR = Draft202012Validator(schema)
+    return _VALIDATOR
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_TYPE_WORDS = {
+    "string": "a string",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def _schema_error_problems(error: ValidationError, spec: SpecFile) -> list[Problem]:
+    """Turn one jsonschema error into messages a team can act on, with the field's pointer."""
+    path = list(error.absolute_path)
+    ptr = pointer(path)
+    kind, expected, instance, schema = error.validator, error.validator_value, error.instance, error.schema
+    custom = schema.get("errorMessage") if isinstance(schema, dict) else None
+
+    if kind == "additionalProperties" and isinstance(instance, dict):
+        known = sorted((schema.get("properties") or {}).keys())
+        problems = []
+        for key in sorted(set(instance) - set(known), key=str):
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f'did you mean "{close[0]}"?' if close else f"known fields here: {', '.join(known)}"
+            problems.append(spec.problem(pointer([*path, key]), f'unknown field "{key}"', hint))
+        return problems
+    if kind == "required" and isinstance(instance, dict):
+        missing = [k for k in expected if k not in instance]
+        out = []
+        for key in missing:
+            described = subschema_at([*path, key]) or {}
+            hint = described.get("description")
+            out.append(spec.problem(pointer([*path, key]), "is required", hint))
+        return out
+    if kind == "propertyNames":
+        bad_key = instance
+        message = custom or (schema.get("propertyNames") or {}).get("errorMessage") or error.message
+        return [spec.problem(pointer([*path, bad_key]), f"{message}; got {_show(bad_key)}")]
+    if kind == "enum":
+        choices = ", ".join(str(c) for c in expected)
+        close = difflib.get_close_matches(str(instance), [str(c) for c in expected], n=1, cutoff=0.5)
+        hint = f'did you mean "{close[0]}"?' if close else None
+        return [spec.problem(ptr, f"must be one of {choices}; got {_show(instance)}", hint)]
+    if kind == "const":
+        return [spec.problem(ptr, f"must be {_show(expected)}; got {_show(instance)}")]
+    if kind == "type":
+        wanted = expected if isinstance(expected, list) else [expected]
+        words = " or ".join(_TYPE_WORDS.get(w, w) for w in wanted)
+        detail = f"must be {words}; got {_show(instance)}"
+        if custom and "string" in wanted:
+            detail += f" ({custom.removeprefix('must be ')})"
+        return [spec.problem(ptr, detail)]
+    if kind == "pattern":
+        return [spec.problem(ptr, f"{custom or 'must match ' + expected}; got {_show(instance)}")]
+    if kind in ("minimum", "maximum"):
+        word = "at least" if kind == "minimum" else "at most"
+        return [spec.problem(ptr, f"must be {word} {expected}; got {_show(instance)}")]
+    if kind in ("minLength", "maxLength"):
+        word = "at least" if kind == "minLength" else "at most"
+        extra = ""
+        if path == ["metadata", "name"] and kind == "maxLength":
+            extra = " (it becomes the Helm release name)"
+        return [spec.problem(ptr, f"must be {word} {expected} characters{extra}; got {len(instance)}")]
+    return [spec.problem(ptr, error.message)]
+
+
+def schema_problems(spec: SpecFile) -> list[Problem]:
+    problems: list[Problem] = []
+    errors = sorted(_validator().iter_errors(spec.data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    for error in errors:
+        problems.extend(_schema_error_problems(error, spec))
+    # One field can fail two keywords (type and pattern); keep one line per pointer and message.
+    unique: dict[tuple[str, str], Problem] = {}
+    for p in problems:
+        unique.setdefault((p.pointer, p.message), p)
+    return list(unique.values())
+
+
+def _within(value: int, bounds: tuple[int, int]) -> bool:
+    return bounds[0] <= value <= bounds[1]
+
+
+def semantic_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds | None) -> list[Problem]:
+    """Rules that need more than one field, or knowledge of the broker (skipped when bounds is None)."""
+    raw_spec = spec.data["spec"]
+    group = queue.group
+    out: list[Problem] = []
+
+    def add(ptr: str, message: str, hint: str | None = None) -> None:
+        out.append(spec.problem(ptr, message, hint))
+
+    if group.type in ("share", "kmq") and group.ordering != "none":
+        add("/spec/group/ordering", f'must be "none" for {group.type} groups; got "{group.ordering}"',
+            "share and kmq queues hand records to many workers at once; use group.type consumer for order")
+    if queue.exactly_once and group.type != "consumer":
+        add("/spec/processing/exactlyOnce", f"is supported only for consumer groups, not {group.type}",
+            "Kafka transactions commit consumer-group offsets (KIP-447); share and kmq acknowledge per record")
+    if "markers" in raw_spec and group.type != "kmq":
+        add("/spec/markers", f"applies only to kmq groups, not {group.type}", "remove it")
+    if "retry" in raw_spec and group.type == "share":
+        add("/spec/retry", "does not apply to share groups: the broker redelivers after a release",
+            "remove it; lockDuration and deliveryLimit govern share redelivery")
+    if group.lock_duration_ms <= 0:
+        add("/spec/group/lockDuration", "must be longer than 0s")
+    if group.type == "share" and bounds is not None:
+        lo, hi = bounds.lock_ms
+        if not _within(group.lock_duration_ms, bounds.lock_ms):
+            add("/spec/group/lockDuration",
+                f"{durations.format_ms(group.lock_duration_ms)} is outside the share-group range "
+                f"{durations.format_ms(lo)}..{durations.format_ms(hi)} ({bounds.source})",
+                f"the broker bounds are {kn.BROKER_SHARE_LOCK_MIN} and {kn.BROKER_SHARE_LOCK_MAX}")
+        if not _within(group.delivery_limit, bounds.delivery_limit):
+            lo, hi = bounds.delivery_limit
+            add("/spec/group/deliveryLimit",
+                f"{group.delivery_limit} is outside the share-group range {lo}..{hi} ({bounds.source})",
+                f"the broker bounds are {kn.BROKER_SHARE_DELIVERY_MIN} and {kn.BROKER_SHARE_DELIVERY_MAX}")
+        if not _within(group.max_in_flight, bounds.max_record_locks):
+            lo, hi = bounds.max_record_locks
+            add("/spec/group/maxInFlight",
+                f"{group.max_in_flight} is outside the share-group range {lo}..{hi} ({bounds.source})",
+                f"the broker bounds are {kn.BROKER_SHARE_LOCKS_MIN} and {kn.BROKER_SHARE_LOCKS_MAX}")
+    if queue.dead_letter.name == queue.topic.name:
+        add("/spec/deadLetter/topic", f'must differ from the queue topic "{queue.topic.name}"',
+            "records sent to the DLQ would be consumed again")
+    if queue.output_topic is not None:
+        for ptr, name in queue.owned_topics():
+            if queue.output_topic == name:
+                add("/spec/processing/output/topic", f'must differ from {ptr} "{name}"',
+                    "outputs written there would loop back into this queue")
+    if queue.markers is not None:
+        for ptr, name in queue.owned_topics()[:2]:
+            if queue.markers.name == name:
+                add("/spec/markers/topic", f'must differ from {ptr} "{name}"')
+        retention_ms = int(queue.markers.config[kn.RETENTION_MS])
+        if retention_ms < 2 * group.lock_duration_ms:
+            add("/spec/markers/retention",
+                f"{durations.format_ms(retention_ms)} is shorter than twice lockDuration "
+                f"({durations.format_ms(2 * group.lock_duration_ms)})",
+                "markers must outlive the deliveries they track")
+    if queue.retry_backoff_ms > queue.retry_max_backoff_ms:
+        add("/spec/retry/backoff",
+            f"{durations.format_ms(queue.retry_backoff_ms)} is longer than maxBackoff "
+            f"{durations.format_ms(queue.retry_max_backoff_ms)}")
+    if queue.min_executors > queue.max_executors:
+        add("/spec/autoscaling/minExecutors",
+            f"{queue.min_executors} is more than maxExecutors {queue.max_executors}")
+    return out
+
+
+def _collision_key(topic: str) -> str:
+    # Kafka refuses topics whose names differ only in '.' versus '_' (metric names collide).
+    return topic.replace(".", "_")
+
+
+def cross_spec_problems(queues: list[tuple[SpecFile, QueueSpec]]) -> list[Problem]:
+    """Ownership rules across every spec of one run: names, group ids and topics are owned once."""
+    out: list[Problem] = []
+    names: dict[str, str] = {}
+    groups: dict[str, str] = {}
+    topics: dict[str, tuple[str, str]] = {}
+    colliding: dict[str, tuple[str, str]] = {}
+    for spec, queue in queues:
+        if queue.name in names:
+            out.append(spec.problem("/metadata/name", f'"{queue.name}" is already the name of {names[queue.name]}',
+                                    "queue names are unique across all specs"))
+        names.setdefault(queue.name, spec.path)
+        if queue.group.id in groups:
+            out.append(spec.problem("/spec/group/id",
+                                    f'group "{queue.group.id}" is already used by {groups[queue.group.id]}',
+                                    "two queues sharing one group would steal each other's records"))
+        groups.setdefault(queue.group.id, spec.path)
+        for ptr, topic in queue.owned_topics():
+            if topic in topics:
+                owner_file, owner_ptr = topics[topic]
+                where = "this spec" if owner_file == spec.path else owner_file
+                out.append(spec.problem(ptr, f'topic "{topic}" is already owned by {where} ({owner_ptr})'))
+                continue
+            topics[topic] = (spec.path, ptr)
+            key = _collision_key(topic)
+            if key in colliding and colliding[key][0] != topic:
+                other, other_file = colliding[key]
+                out.append(spec.problem(ptr, f'topic "{topic}" collides with "{other}" in {other_file}',
+                                        "Kafka treats '.' and '_' alike in topic metric names; rename one"))
+            colliding.setdefault(key, (topic, spec.path))
+    return out
+
+
+@dataclass
+class Loaded:
+    """The outcome of loading specs: the valid queues, and every problem found."""
+
+    queues: list[QueueSpec]
+    problems: list[Problem]
+
+    def raise_if_invalid(self) -> list[QueueSpec]:
+        if self.problems:
+            raise SpecInvalid(self.problems)
+        return self.queues
+
+
+def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None) -> Loaded:
+    """Check parsed files; ``bounds`` None leaves out the rules that need a broker's limits."""
+    problems: list[Problem] = []
+    valid: list[tuple[SpecFile, QueueSpec]] = []
+    for spec in files:
+        problems.extend(spec.problems)
+        if spec.data is None or spec.problems:
+            continue
+        found = schema_problems(spec)
+        if found:
+            problems.extend(found)
+            continue
+        queue = build(spec.data, spec.path)
+        found = semantic_problems(spec, queue, bounds)
+        problems.extend(found)
+        if not found:
+            valid.append((spec, queue))
+    problems.extend(cross_spec_problems(valid))
+    return Loaded([q for _, q in valid], problems)
+
+
+def load_specs(paths: list[str], bounds: ShareBounds | None = ShareBounds()) -> Loaded:
+    """Read and check every spec under ``paths`` (files or directories)."""
+    return check_files([read_spec_file(p) for p in expand_paths(paths)], bounds)
+
+
+def check_text(text: str, source: str = "spec.yaml", bounds: ShareBounds | None = ShareBounds()) -> Loaded:
+    """Check one spec given as YAML text (tests, and the Airflow DAG factory's import errors)."""
+    return check_files([parse_text(text, source)], bounds)
+
+
+def check_path(path: Path, bounds: ShareBounds | None = ShareBounds()) -> Loaded:
+    return check_files([read_spec_file(path)], bounds)

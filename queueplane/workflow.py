@@ -1,0 +1,85 @@
+"""The provisioning steps as functions: what the CLI, the Airflow operators and tests call.
+
+Specs are checked offline first (schema and rules that need no broker), so a broken
+spec is reported without touching the network; then the rules that depend on the
+connected broker's limits run against the real numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from queueplane.apply import ApplyFailed, ApplyReport, apply_plan
+from queueplane.cluster import Cluster
+from queueplane.connection import KafkaTarget
+from queueplane.model import QueueSpec
+from queueplane.plan import Plan, desired_state, diff
+from queueplane.specfile import SpecFile, expand_paths, read_spec_file
+from queueplane.validate import ShareBounds, check_files
+
+VERIFY_TIMEOUT_S = 15.0
+
+
+def read_specs(paths: list[str]) -> list[SpecFile]:
+    return [read_spec_file(p) for p in expand_paths(paths)]
+
+
+def validate(paths: list[str], target: KafkaTarget | None = None) -> list[QueueSpec]:
+    """Valid queues under ``paths``; raises SpecInvalid with every problem. Connects only if given a target."""
+    files = read_specs(paths)
+    if target is None:
+        return check_files(files, ShareBounds()).raise_if_invalid()
+    check_files(files, None).raise_if_invalid()
+    cluster = Cluster(target)
+    return check_files(files, broker_bounds(cluster)).raise_if_invalid()
+
+
+def broker_bounds(cluster: Cluster) -> ShareBounds:
+    return ShareBounds.from_broker_configs(cluster.broker_configs(), cluster.target.label)
+
+
+@dataclass
+class Planned:
+    queues: list[QueueSpec]
+    plan: Plan
+    cluster: Cluster
+
+
+def plan(paths: list[str], target: KafkaTarget) -> Planned:
+    """Check the specs, read the cluster in batched requests, and diff."""
+    files = read_specs(paths)
+    check_files(files, None).raise_if_invalid()
+    cluster = Cluster(target)
+    queues = check_files(files, broker_bounds(cluster)).raise_if_invalid()
+    return plan_queues(queues, cluster)
+
+
+def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
+    topics, groups = desired_state(queues)
+    live = cluster.read_state([t.name for t in topics], [g.id for g in groups])
+    label = f"{cluster.target.label}, {len(cluster.broker_ids)} broker(s)"
+    return Planned(queues, diff(queues, live, label), cluster)
+
+
+def apply(
+    planned: Planned, on_step: Callable[[str, int], None] = lambda _s, _n: None
+) -> ApplyReport:
+    """Apply the plan, then read the cluster back until it matches the specs.
+
+    Brokers pick up config changes from the metadata log a moment after the controller
+    accepts them; reading back makes "apply finished" mean "a new plan is empty".
+    """
+    report = apply_plan(planned.cluster, planned.plan, on_step)
+    deadline = time.monotonic() + VERIFY_TIMEOUT_S
+    while True:
+        remaining = plan_queues(planned.queues, planned.cluster).plan.changes
+        if not remaining:
+            return report
+        if time.monotonic() > deadline:
+            pending = "; ".join(f"{c.kind} {c.target} {c.describe()}" for c in remaining)
+            raise ApplyFailed(
+                f"every change was accepted, but after {VERIFY_TIMEOUT_S:.0f}s the cluster still differs: "
+                f"{pending}", report)
+        time.sleep(0.2)
