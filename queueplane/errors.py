@@ -7,7 +7,15 @@ annotation can jump to the spot. Exit codes are shared by every command.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """Escape control characters (a YAML key can hold a newline) so a message stays one line."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the cluster or a tool failed; the message says what was applied
@@ -24,15 +32,16 @@ class Problem:
     message: str
     hint: str | None = None
     line: int | None = None
+    column: int | None = None
 
     def render(self) -> str:
         where = self.pointer or "/"
         text = f"{self.file}: {where}: {self.message}"
         if self.line is not None:
-            text += f" (line {self.line})"
+            text += f" (line {self.line}" + (f", column {self.column})" if self.column else ")")
         if self.hint:
             text += f". Hint: {self.hint}"
-        return text
+        return one_line(text)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -41,6 +50,7 @@ class Problem:
             "message": self.message,
             "hint": self.hint,
             "line": self.line,
+            "column": self.column,
         }
 
 

@@ -79,9 +79,9 @@ def parse_text(text: str, path: str) -> SpecFile:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         spec.problems.append(
-            Problem(path, "", f"YAML syntax error{where}: {reason}", None, mark.line + 1 if mark else None)
+            Problem(path, "", f"YAML syntax error: {reason}", None,
+                    mark.line + 1 if mark else None, mark.column + 1 if mark else None)
         )
         return spec
     nodes = [n for n in nodes if n is not None]

@@ -102,10 +102,9 @@ def _schema_error_problems(error: ValidationError, spec: SpecFile) -> list[Probl
             hint = described.get("description")
             out.append(spec.problem(pointer([*path, key]), "is required", hint))
         return out
-    if kind == "propertyNames":
-        bad_key = instance
-        message = custom or (schema.get("propertyNames") or {}).get("errorMessage") or error.message
-        return [spec.problem(pointer([*path, bad_key]), f"{message}; got {_show(bad_key)}")]
+    if "propertyNames" in error.schema_path:
+        # jsonschema reports a bad key at its mapping; point at the key itself.
+        return [spec.problem(pointer([*path, instance]), f"{custom or error.message}; got {_show(instance)}")]
     if kind == "enum":
         choices = ", ".join(str(c) for c in expected)
         close = difflib.get_close_matches(str(instance), [str(c) for c in expected], n=1, cutoff=0.5)
@@ -211,10 +210,20 @@ def semantic_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds | No
         add("/spec/retry/backoff",
             f"{durations.format_ms(queue.retry_backoff_ms)} is longer than maxBackoff "
             f"{durations.format_ms(queue.retry_max_backoff_ms)}")
+    if queue.image is not None and _unpinned(queue.image):
+        add("/spec/deployment/image", f'"{queue.image}" is not pinned to a version',
+            "use an explicit tag other than latest, or a @sha256 digest, so every pod runs the same code")
     if queue.min_executors > queue.max_executors:
         add("/spec/autoscaling/minExecutors",
             f"{queue.min_executors} is more than maxExecutors {queue.max_executors}")
     return out
+
+
+def _unpinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return False
+    last = image.rsplit("/", 1)[-1]
+    return ":" not in last or last.rsplit(":", 1)[1] == "latest"
 
 
 def _collision_key(topic: str) -> str:
@@ -286,6 +295,7 @@ def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None) -> Loaded
         if not found:
             valid.append((spec, queue))
     problems.extend(cross_spec_problems(valid))
+    problems.sort(key=lambda p: (p.file, p.line or 0, p.pointer))
     return Loaded([q for _, q in valid], problems)
 
 

@@ -1,0 +1,53 @@
+# Two commands do everything on a fresh machine (Python >= 3.11, Java 17, Maven, Go):
+#   make demo   local Kafka up, example specs validated, planned, applied, re-applied (no changes)
+#   make test   lint + the whole test suite against real parts
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+QP := $(BIN)/queueplane
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench clean local-down
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queueplane needs Python >= 3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	@echo "== 1. start the local Kafka broker (jars from Maven Central, cached)"
+	$(QP) local up
+	@echo "== 2. validate every spec"
+	$(QP) validate specs
+	@echo "== 3. plan: what apply would change"
+	$(QP) plan specs/examples
+	@echo "== 4. apply"
+	$(QP) apply specs/examples --yes
+	@echo "== 5. apply again: nothing to change"
+	$(QP) apply specs/examples --yes
+	@echo "== 6. look with Kafka's own tools"
+	$(QP) local kafka topics --describe --topic cafe.coffee-orders.v1
+	$(QP) local kafka configs --describe --entity-type groups --entity-name cafe-baristas
+	@echo "== done. The broker keeps running: 'queueplane local status', stop it with 'make local-down'."
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check queueplane tests bench
+
+test: lint
+	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/python bench/provision.py
+
+local-down: setup
+	$(QP) local down
+
+clean:
+	-$(QP) local down --purge
+	rm -rf $(VENV) .queueplane bench/results

@@ -1,0 +1,41 @@
+"""Shared fixtures: the real local Kafka broker, started once per test session.
+
+The broker lives in a temporary QUEUEPLANE_HOME so the tests never touch a developer's
+own `queueplane local up` broker, and it is started by the same code users run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from queueplane.connection import KafkaTarget
+from queueplane.local.stack import LocalStack, StackState
+
+@pytest.fixture(scope="session")
+def queueplane_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("queueplane-home")
+
+
+@pytest.fixture(scope="session")
+def local_kafka(queueplane_home: Path) -> Iterator[StackState]:
+    stack = LocalStack(queueplane_home / "local")
+    state = stack.up()
+    yield state
+    stack.down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def kafka(local_kafka: StackState) -> KafkaTarget:
+    return KafkaTarget({"bootstrap.servers": local_kafka.bootstrap}, local_kafka.bootstrap)
+
+
+@pytest.fixture
+def cli_env(queueplane_home: Path) -> dict[str, str]:
+    """Environment for running the CLI as a user would, pointed at the test session's local stack."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUEPLANE_")}
+    env["QUEUEPLANE_HOME"] = str(queueplane_home)
+    return env
