@@ -51,13 +51,18 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
         requests = []
         for change in creates:
             topic = plan.new_topics[change.target]
-            requests.append(NewTopic(topic.name, num_partitions=topic.partitions,
-                                     replication_factor=topic.replication_factor or -1, config=dict(topic.config)))
+            requests.append(
+                NewTopic(
+                    topic.name,
+                    num_partitions=topic.partitions,
+                    replication_factor=topic.replication_factor or -1,
+                    config=dict(topic.config),
+                )
+            )
         return cluster.create_topics(requests, validate_only)
 
     def more_partitions(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
-        return cluster.create_partitions([NewPartitions(c.target, int(c.new or 0)) for c in partitions],
-                                         validate_only)
+        return cluster.create_partitions([NewPartitions(c.target, int(c.new or 0)) for c in partitions], validate_only)
 
     def grouped(changes: list[Change]) -> dict[str, dict[str, str]]:
         out: dict[str, dict[str, str]] = {}
@@ -90,8 +95,10 @@ def apply_plan(cluster: Cluster, plan: Plan, on_step: Callable[[str, int], None]
                 rejected.append(f"{title} {target}: {error}")
         on_step(f"checked: {title}", 0)
     if rejected:
-        raise ApplyFailed("the cluster rejected the plan in a dry run; nothing was applied. " + " ".join(rejected),
-                          ApplyReport(not_attempted=plan.actionable))
+        raise ApplyFailed(
+            "the cluster rejected the plan in a dry run; nothing was applied. " + " ".join(rejected),
+            ApplyReport(not_attempted=plan.actionable),
+        )
     report = ApplyReport()
     for index, (title, changes, run) in enumerate(steps):
         outcomes = run(cluster, False)

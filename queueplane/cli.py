@@ -43,8 +43,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 def _cluster_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster")
     group.add_argument("--bootstrap-servers", metavar="HOST:PORT[,...]", help="Kafka bootstrap servers")
-    group.add_argument("--kafka-config", metavar="FILE",
-                       help="librdkafka settings (key=value lines; SASL/SSL; ${ENV} references)")
+    group.add_argument(
+        "--kafka-config", metavar="FILE", help="librdkafka settings (key=value lines; SASL/SSL; ${ENV} references)"
+    )
 
 
 def _output_flag(parser: argparse.ArgumentParser) -> None:
@@ -61,45 +62,65 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"queueplane {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = commands.add_parser("validate", help="check specs against the schema and the rules",
-                            description="Check specs (files or directories). Offline, with Kafka's default "
-                                        "share-group bounds, unless a cluster is named; then with its bounds.",
-                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = commands.add_parser(
+        "validate",
+        help="check specs against the schema and the rules",
+        description="Check specs (files or directories). Offline, with Kafka's default "
+        "share-group bounds, unless a cluster is named; then with its bounds.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("paths", nargs="+", metavar="PATH")
     _cluster_flags(p)
     _output_flag(p)
 
-    p = commands.add_parser("plan", help="show what apply would change on the cluster",
-                            description="Diff the specs against the live cluster: + create, ~ change, "
-                                        "! refused. Changes nothing.",
-                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = commands.add_parser(
+        "plan",
+        help="show what apply would change on the cluster",
+        description="Diff the specs against the live cluster: + create, ~ change, ! refused. Changes nothing.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("paths", nargs="+", metavar="PATH")
     _cluster_flags(p)
     _output_flag(p)
 
-    p = commands.add_parser("apply", help="make the cluster match the specs",
-                            description="Plan, show the plan, ask, then apply it. The cluster checks every "
-                                        "request in a dry run first; a failure reports what was applied.",
-                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = commands.add_parser(
+        "apply",
+        help="make the cluster match the specs",
+        description="Plan, show the plan, ask, then apply it. The cluster checks every "
+        "request in a dry run first; a failure reports what was applied.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
     _cluster_flags(p)
     _output_flag(p)
 
-    local = commands.add_parser("local", help="the embedded local Kafka broker (127.0.0.1)",
-                                description="One real Apache Kafka broker on loopback with share groups "
-                                            "enabled; state and logs under .queueplane/local/.")
+    local = commands.add_parser(
+        "local",
+        help="the embedded local Kafka broker (127.0.0.1)",
+        description="One real Apache Kafka broker on loopback with share groups "
+        "enabled; state and logs under .queueplane/local/.",
+    )
     local_cmds = local.add_subparsers(dest="local_command", metavar="ACTION", required=True)
     local_cmds.add_parser("up", help="fetch the jars if needed, start the broker, print bootstrap.servers")
     down = local_cmds.add_parser("down", help="stop the broker")
     down.add_argument("--purge", action="store_true", help="also delete its data and logs")
     status = local_cmds.add_parser("status", help="show whether the broker runs, and where")
     _output_flag(status)
-    kafka = local_cmds.add_parser("kafka", help="run a Kafka CLI tool against the local broker",
-                                  description="Run one of Kafka's own tools with --bootstrap-server set, e.g. "
-                                              "`queueplane local kafka topics --describe`.")
-    kafka.add_argument("tool", help="topics, configs, consumer-groups, share-groups, groups, features, "
-                                    "console-consumer, console-share-consumer, console-producer")
+    kafka = local_cmds.add_parser(
+        "kafka",
+        help="run a Kafka CLI tool against the local broker",
+        description="Run one of Kafka's own tools with --bootstrap-server set, e.g. "
+        "`queueplane local kafka topics --describe`.",
+    )
+    kafka.add_argument(
+        "tool",
+        help="topics, configs, consumer-groups, share-groups, groups, features, "
+        "console-consumer, console-share-consumer, console-producer",
+    )
     kafka.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the tool")
     return parser
 
@@ -126,8 +147,7 @@ def render_plan(plan: Plan, console: Console) -> None:
             line = f"{change.kind:<{kind_width}}  {change.target:<{target_width}}  {change.describe()}"
             console.print(f"  [{style}]{change.symbol}[/{style}] {escape(line)}")
     counts = plan.counts()
-    console.print(f"\nPlan: {counts['create']} to create, {counts['change']} to change, "
-                  f"{counts['refuse']} refused.")
+    console.print(f"\nPlan: {counts['create']} to create, {counts['change']} to change, {counts['refuse']} refused.")
 
 
 def _print_problems(exc: SpecInvalid, output: str) -> None:
@@ -145,8 +165,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     target = named_target(args.bootstrap_servers, args.kafka_config)
     queues = workflow.validate(args.paths, target)
     if args.output == "json":
-        out.print_json(json.dumps({"valid": True, "specs": [
-            {"file": q.source, "name": q.name, "team": q.team, "group": q.group.type} for q in queues]}))
+        out.print_json(
+            json.dumps(
+                {
+                    "valid": True,
+                    "specs": [
+                        {"file": q.source, "name": q.name, "team": q.team, "group": q.group.type} for q in queues
+                    ],
+                }
+            )
+        )
     else:
         bounds = f"bounds of {target.label}" if target else "Kafka's default share-group bounds"
         for q in queues:
@@ -187,8 +215,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if answer.strip() != "yes":
             err.print("Apply cancelled; nothing was changed.")
             return EXIT_OK
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  console=err, transient=True) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        console=err,
+        transient=True,
+    ) as progress:
         task = progress.add_task("applying", total=len(plan.changes))
 
         def on_step(title: str, count: int) -> None:
@@ -248,8 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("QUEUEPLANE_DEBUG"):
             raise
-        err.print(f"internal error: {type(exc).__name__}: {exc}. Run again with QUEUEPLANE_DEBUG=1 for a "
-                  "traceback, and report it.", markup=False)
+        err.print(
+            f"internal error: {type(exc).__name__}: {exc}. Run again with QUEUEPLANE_DEBUG=1 for a "
+            "traceback, and report it.",
+            markup=False,
+        )
         return EXIT_FAILED
 
 

@@ -94,10 +94,7 @@ def _is_unknown_topic(exc: BaseException) -> bool:
 
 
 def _configs(entries: dict[str, ConfigEntry]) -> dict[str, LiveConfig]:
-    return {
-        name: LiveConfig(entry.value, entry.source not in _INHERITED)
-        for name, entry in entries.items()
-    }
+    return {name: LiveConfig(entry.value, entry.source not in _INHERITED) for name, entry in entries.items()}
 
 
 class Cluster:
@@ -115,9 +112,7 @@ class Cluster:
 
             raise UsageError(f"invalid Kafka client settings for {target.label}: {_error_text(exc)}") from None
         try:
-            described = self.admin.describe_cluster(request_timeout=connect_timeout).result(
-                timeout=connect_timeout + 1
-            )
+            described = self.admin.describe_cluster(request_timeout=connect_timeout).result(timeout=connect_timeout + 1)
         except Exception as exc:
             raise ClusterUnreachable(
                 f"cannot reach Kafka at {target.label} within {connect_timeout:.0f}s "
@@ -158,9 +153,7 @@ class Cluster:
             state.topics[name] = LiveTopic(len(partitions), len(partitions[0].replicas) if partitions else 0)
         if state.topics:
             resources = [ConfigResource(ResourceType.TOPIC, t) for t in state.topics]
-            for resource, future in self.admin.describe_configs(
-                resources, request_timeout=REQUEST_TIMEOUT_S
-            ).items():
+            for resource, future in self.admin.describe_configs(resources, request_timeout=REQUEST_TIMEOUT_S).items():
                 state.topic_configs[resource.name] = _configs(future.result())
         for resource, future in group_futures.items():
             try:
@@ -189,7 +182,9 @@ class Cluster:
         if not increases:
             return {}
         futures = self.admin.create_partitions(
-            increases, validate_only=validate_only, operation_timeout=REQUEST_TIMEOUT_S,
+            increases,
+            validate_only=validate_only,
+            operation_timeout=REQUEST_TIMEOUT_S,
             request_timeout=REQUEST_TIMEOUT_S,
         )
         return _outcomes(futures)

@@ -17,6 +17,7 @@ def one_line(text: str) -> str:
     """Escape control characters (a YAML key can hold a newline) so a message stays one line."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
+
 EXIT_OK = 0
 EXIT_FAILED = 1  # the cluster or a tool failed; the message says what was applied
 EXIT_INVALID = 2  # bad input: spec, flags, config file; nothing was changed

@@ -116,17 +116,45 @@ def desired_state(queues: list[QueueSpec]) -> tuple[list[DesiredTopic], list[Des
     groups: list[DesiredGroup] = []
     owned = {name for q in queues for _, name in q.owned_topics()}
     for q in queues:
-        topics.append(DesiredTopic(q.topic.name, q.topic.partitions, q.topic.replication_factor,
-                                   q.topic.config, "queue", q.source))
-        topics.append(DesiredTopic(q.dead_letter.name, q.dead_letter.partitions, q.dead_letter.replication_factor,
-                                   q.dead_letter.config, "dead-letter", q.source))
+        topics.append(
+            DesiredTopic(
+                q.topic.name, q.topic.partitions, q.topic.replication_factor, q.topic.config, "queue", q.source
+            )
+        )
+        topics.append(
+            DesiredTopic(
+                q.dead_letter.name,
+                q.dead_letter.partitions,
+                q.dead_letter.replication_factor,
+                q.dead_letter.config,
+                "dead-letter",
+                q.source,
+            )
+        )
         if q.markers is not None:
-            topics.append(DesiredTopic(q.markers.name, q.markers.partitions, q.markers.replication_factor,
-                                       q.markers.config, "markers", q.source))
+            topics.append(
+                DesiredTopic(
+                    q.markers.name,
+                    q.markers.partitions,
+                    q.markers.replication_factor,
+                    q.markers.config,
+                    "markers",
+                    q.source,
+                )
+            )
         if q.output_topic and q.output_topic not in owned:
             owned.add(q.output_topic)  # two specs writing one output topic create it once
-            topics.append(DesiredTopic(q.output_topic, q.topic.partitions, q.topic.replication_factor, {},
-                                       "output", q.source, managed=False))
+            topics.append(
+                DesiredTopic(
+                    q.output_topic,
+                    q.topic.partitions,
+                    q.topic.replication_factor,
+                    {},
+                    "output",
+                    q.source,
+                    managed=False,
+                )
+            )
         if q.group.type == "share":
             groups.append(DesiredGroup(q.group.id, share_group_configs(q), q.source))
     return topics, groups
@@ -159,8 +187,15 @@ def _config_changes(
 
 def _group_changes(group: DesiredGroup, live: LiveState) -> list[Change]:
     if not live.group_config_names:
-        return [Change("refuse", "group-config", group.id, group.spec,
-                       reason="the cluster has no GROUP configs (Kafka < 4.0): it cannot run share groups")]
+        return [
+            Change(
+                "refuse",
+                "group-config",
+                group.id,
+                group.spec,
+                reason="the cluster has no GROUP configs (Kafka < 4.0): it cannot run share groups",
+            )
+        ]
     wanted: dict[str, str] = {}
     out: list[Change] = []
     for key, value in group.config.items():
@@ -171,12 +206,21 @@ def _group_changes(group: DesiredGroup, live: LiveState) -> list[Change]:
         broker_value = live.broker_configs.get(fallback) if fallback else None
         if broker_value == value:
             continue  # not settable per group, but the broker-wide value already matches
-        out.append(Change(
-            "refuse", "group-config", group.id, group.spec, key, broker_value, value,
-            f"this broker cannot hold {key} per group; the broker-wide {fallback} applies "
-            f"(upgrade to Kafka 4.3 or newer, or set {fallback}={value} on the brokers)"
-            if fallback else f"this broker has no GROUP config {key} (share groups need Kafka 4.2 or newer)",
-        ))
+        out.append(
+            Change(
+                "refuse",
+                "group-config",
+                group.id,
+                group.spec,
+                key,
+                broker_value,
+                value,
+                f"this broker cannot hold {key} per group; the broker-wide {fallback} applies "
+                f"(upgrade to Kafka 4.3 or newer, or set {fallback}={value} on the brokers)"
+                if fallback
+                else f"this broker has no GROUP config {key} (share groups need Kafka 4.2 or newer)",
+            )
+        )
     out += _config_changes("group-config", group.id, group.spec, wanted, live.group_configs.get(group.id, {}))
     return out
 
@@ -190,10 +234,18 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
         existing = live.topics.get(topic.name)
         if existing is None:
             if topic.replication_factor is not None and topic.replication_factor > brokers:
-                plan.changes.append(Change(
-                    "refuse", "topic", topic.name, topic.spec, "replicationFactor", None,
-                    str(topic.replication_factor),
-                    f"the cluster has {brokers} broker(s); a topic cannot have more replicas than brokers"))
+                plan.changes.append(
+                    Change(
+                        "refuse",
+                        "topic",
+                        topic.name,
+                        topic.spec,
+                        "replicationFactor",
+                        None,
+                        str(topic.replication_factor),
+                        f"the cluster has {brokers} broker(s); a topic cannot have more replicas than brokers",
+                    )
+                )
                 continue
             plan.changes.append(Change("create", "topic", topic.name, topic.spec, new=_topic_summary(topic)))
             plan.new_topics[topic.name] = topic
@@ -201,19 +253,46 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
         if not topic.managed:
             continue
         if topic.partitions > existing.partitions:
-            plan.changes.append(Change("change", "partitions", topic.name, topic.spec, "partitions",
-                                       str(existing.partitions), str(topic.partitions)))
+            plan.changes.append(
+                Change(
+                    "change",
+                    "partitions",
+                    topic.name,
+                    topic.spec,
+                    "partitions",
+                    str(existing.partitions),
+                    str(topic.partitions),
+                )
+            )
         elif topic.partitions < existing.partitions:
-            plan.changes.append(Change(
-                "refuse", "partitions", topic.name, topic.spec, "partitions", str(existing.partitions),
-                str(topic.partitions), "Kafka cannot remove partitions; keep the count or create a new topic"))
+            plan.changes.append(
+                Change(
+                    "refuse",
+                    "partitions",
+                    topic.name,
+                    topic.spec,
+                    "partitions",
+                    str(existing.partitions),
+                    str(topic.partitions),
+                    "Kafka cannot remove partitions; keep the count or create a new topic",
+                )
+            )
         if topic.replication_factor is not None and topic.replication_factor != existing.replication_factor:
-            plan.changes.append(Change(
-                "refuse", "replication", topic.name, topic.spec, "replicationFactor",
-                str(existing.replication_factor), str(topic.replication_factor),
-                "queueplane does not move replicas; use kafka-reassign-partitions, then update the spec"))
-        plan.changes += _config_changes("topic-config", topic.name, topic.spec, topic.config,
-                                        live.topic_configs.get(topic.name, {}))
+            plan.changes.append(
+                Change(
+                    "refuse",
+                    "replication",
+                    topic.name,
+                    topic.spec,
+                    "replicationFactor",
+                    str(existing.replication_factor),
+                    str(topic.replication_factor),
+                    "queueplane does not move replicas; use kafka-reassign-partitions, then update the spec",
+                )
+            )
+        plan.changes += _config_changes(
+            "topic-config", topic.name, topic.spec, topic.config, live.topic_configs.get(topic.name, {})
+        )
     for group in groups:
         plan.changes += _group_changes(group, live)
     return plan

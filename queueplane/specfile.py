@@ -80,8 +80,14 @@ def parse_text(text: str, path: str) -> SpecFile:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         spec.problems.append(
-            Problem(path, "", f"YAML syntax error: {reason}", None,
-                    mark.line + 1 if mark else None, mark.column + 1 if mark else None)
+            Problem(
+                path,
+                "",
+                f"YAML syntax error: {reason}",
+                None,
+                mark.line + 1 if mark else None,
+                mark.column + 1 if mark else None,
+            )
         )
         return spec
     nodes = [n for n in nodes if n is not None]
@@ -91,8 +97,12 @@ def parse_text(text: str, path: str) -> SpecFile:
         return spec
     if len(documents) > 1:
         spec.problems.append(
-            Problem(path, "", f"the file holds {len(documents)} YAML documents; expected one Queue spec",
-                    "put each queue in a file of its own")
+            Problem(
+                path,
+                "",
+                f"the file holds {len(documents)} YAML documents; expected one Queue spec",
+                "put each queue in a file of its own",
+            )
         )
         return spec
     _walk(nodes[0], [], spec)

@@ -43,10 +43,8 @@ class ShareBounds:
 
         return cls(
             lock_ms=pair(kn.BROKER_SHARE_LOCK_MIN, kn.BROKER_SHARE_LOCK_MAX, default.lock_ms),
-            delivery_limit=pair(kn.BROKER_SHARE_DELIVERY_MIN, kn.BROKER_SHARE_DELIVERY_MAX,
-                                default.delivery_limit),
-            max_record_locks=pair(kn.BROKER_SHARE_LOCKS_MIN, kn.BROKER_SHARE_LOCKS_MAX,
-                                  default.max_record_locks),
+            delivery_limit=pair(kn.BROKER_SHARE_DELIVERY_MIN, kn.BROKER_SHARE_DELIVERY_MAX, default.delivery_limit),
+            max_record_locks=pair(kn.BROKER_SHARE_LOCKS_MIN, kn.BROKER_SHARE_LOCKS_MAX, default.max_record_locks),
             source=f"bounds of broker {broker}",
         )
 
@@ -159,63 +157,90 @@ def semantic_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds | No
         out.append(spec.problem(ptr, message, hint))
 
     if group.type in ("share", "kmq") and group.ordering != "none":
-        add("/spec/group/ordering", f'must be "none" for {group.type} groups; got "{group.ordering}"',
-            "share and kmq queues hand records to many workers at once; use group.type consumer for order")
+        add(
+            "/spec/group/ordering",
+            f'must be "none" for {group.type} groups; got "{group.ordering}"',
+            "share and kmq queues hand records to many workers at once; use group.type consumer for order",
+        )
     if queue.exactly_once and group.type != "consumer":
-        add("/spec/processing/exactlyOnce", f"is supported only for consumer groups, not {group.type}",
-            "Kafka transactions commit consumer-group offsets (KIP-447); share and kmq acknowledge per record")
+        add(
+            "/spec/processing/exactlyOnce",
+            f"is supported only for consumer groups, not {group.type}",
+            "Kafka transactions commit consumer-group offsets (KIP-447); share and kmq acknowledge per record",
+        )
     if "markers" in raw_spec and group.type != "kmq":
         add("/spec/markers", f"applies only to kmq groups, not {group.type}", "remove it")
     if "retry" in raw_spec and group.type == "share":
-        add("/spec/retry", "does not apply to share groups: the broker redelivers after a release",
-            "remove it; lockDuration and deliveryLimit govern share redelivery")
+        add(
+            "/spec/retry",
+            "does not apply to share groups: the broker redelivers after a release",
+            "remove it; lockDuration and deliveryLimit govern share redelivery",
+        )
     if group.lock_duration_ms <= 0:
         add("/spec/group/lockDuration", "must be longer than 0s")
     if group.type == "share" and bounds is not None:
         lo, hi = bounds.lock_ms
         if not _within(group.lock_duration_ms, bounds.lock_ms):
-            add("/spec/group/lockDuration",
+            add(
+                "/spec/group/lockDuration",
                 f"{durations.format_ms(group.lock_duration_ms)} is outside the share-group range "
                 f"{durations.format_ms(lo)}..{durations.format_ms(hi)} ({bounds.source})",
-                f"the broker bounds are {kn.BROKER_SHARE_LOCK_MIN} and {kn.BROKER_SHARE_LOCK_MAX}")
+                f"the broker bounds are {kn.BROKER_SHARE_LOCK_MIN} and {kn.BROKER_SHARE_LOCK_MAX}",
+            )
         if not _within(group.delivery_limit, bounds.delivery_limit):
             lo, hi = bounds.delivery_limit
-            add("/spec/group/deliveryLimit",
+            add(
+                "/spec/group/deliveryLimit",
                 f"{group.delivery_limit} is outside the share-group range {lo}..{hi} ({bounds.source})",
-                f"the broker bounds are {kn.BROKER_SHARE_DELIVERY_MIN} and {kn.BROKER_SHARE_DELIVERY_MAX}")
+                f"the broker bounds are {kn.BROKER_SHARE_DELIVERY_MIN} and {kn.BROKER_SHARE_DELIVERY_MAX}",
+            )
         if not _within(group.max_in_flight, bounds.max_record_locks):
             lo, hi = bounds.max_record_locks
-            add("/spec/group/maxInFlight",
+            add(
+                "/spec/group/maxInFlight",
                 f"{group.max_in_flight} is outside the share-group range {lo}..{hi} ({bounds.source})",
-                f"the broker bounds are {kn.BROKER_SHARE_LOCKS_MIN} and {kn.BROKER_SHARE_LOCKS_MAX}")
+                f"the broker bounds are {kn.BROKER_SHARE_LOCKS_MIN} and {kn.BROKER_SHARE_LOCKS_MAX}",
+            )
     if queue.dead_letter.name == queue.topic.name:
-        add("/spec/deadLetter/topic", f'must differ from the queue topic "{queue.topic.name}"',
-            "records sent to the DLQ would be consumed again")
+        add(
+            "/spec/deadLetter/topic",
+            f'must differ from the queue topic "{queue.topic.name}"',
+            "records sent to the DLQ would be consumed again",
+        )
     if queue.output_topic is not None:
         for ptr, name in queue.owned_topics():
             if queue.output_topic == name:
-                add("/spec/processing/output/topic", f'must differ from {ptr} "{name}"',
-                    "outputs written there would loop back into this queue")
+                add(
+                    "/spec/processing/output/topic",
+                    f'must differ from {ptr} "{name}"',
+                    "outputs written there would loop back into this queue",
+                )
     if queue.markers is not None:
         for ptr, name in queue.owned_topics()[:2]:
             if queue.markers.name == name:
                 add("/spec/markers/topic", f'must differ from {ptr} "{name}"')
         retention_ms = int(queue.markers.config[kn.RETENTION_MS])
         if retention_ms < 2 * group.lock_duration_ms:
-            add("/spec/markers/retention",
+            add(
+                "/spec/markers/retention",
                 f"{durations.format_ms(retention_ms)} is shorter than twice lockDuration "
                 f"({durations.format_ms(2 * group.lock_duration_ms)})",
-                "markers must outlive the deliveries they track")
+                "markers must outlive the deliveries they track",
+            )
     if queue.retry_backoff_ms > queue.retry_max_backoff_ms:
-        add("/spec/retry/backoff",
+        add(
+            "/spec/retry/backoff",
             f"{durations.format_ms(queue.retry_backoff_ms)} is longer than maxBackoff "
-            f"{durations.format_ms(queue.retry_max_backoff_ms)}")
+            f"{durations.format_ms(queue.retry_max_backoff_ms)}",
+        )
     if queue.image is not None and _unpinned(queue.image):
-        add("/spec/deployment/image", f'"{queue.image}" is not pinned to a version',
-            "use an explicit tag other than latest, or a @sha256 digest, so every pod runs the same code")
+        add(
+            "/spec/deployment/image",
+            f'"{queue.image}" is not pinned to a version',
+            "use an explicit tag other than latest, or a @sha256 digest, so every pod runs the same code",
+        )
     if queue.min_executors > queue.max_executors:
-        add("/spec/autoscaling/minExecutors",
-            f"{queue.min_executors} is more than maxExecutors {queue.max_executors}")
+        add("/spec/autoscaling/minExecutors", f"{queue.min_executors} is more than maxExecutors {queue.max_executors}")
     return out
 
 
@@ -240,13 +265,22 @@ def cross_spec_problems(queues: list[tuple[SpecFile, QueueSpec]]) -> list[Proble
     colliding: dict[str, tuple[str, str]] = {}
     for spec, queue in queues:
         if queue.name in names:
-            out.append(spec.problem("/metadata/name", f'"{queue.name}" is already the name of {names[queue.name]}',
-                                    "queue names are unique across all specs"))
+            out.append(
+                spec.problem(
+                    "/metadata/name",
+                    f'"{queue.name}" is already the name of {names[queue.name]}',
+                    "queue names are unique across all specs",
+                )
+            )
         names.setdefault(queue.name, spec.path)
         if queue.group.id in groups:
-            out.append(spec.problem("/spec/group/id",
-                                    f'group "{queue.group.id}" is already used by {groups[queue.group.id]}',
-                                    "two queues sharing one group would steal each other's records"))
+            out.append(
+                spec.problem(
+                    "/spec/group/id",
+                    f'group "{queue.group.id}" is already used by {groups[queue.group.id]}',
+                    "two queues sharing one group would steal each other's records",
+                )
+            )
         groups.setdefault(queue.group.id, spec.path)
         for ptr, topic in queue.owned_topics():
             if topic in topics:
@@ -258,8 +292,13 @@ def cross_spec_problems(queues: list[tuple[SpecFile, QueueSpec]]) -> list[Proble
             key = _collision_key(topic)
             if key in colliding and colliding[key][0] != topic:
                 other, other_file = colliding[key]
-                out.append(spec.problem(ptr, f'topic "{topic}" collides with "{other}" in {other_file}',
-                                        "Kafka treats '.' and '_' alike in topic metric names; rename one"))
+                out.append(
+                    spec.problem(
+                        ptr,
+                        f'topic "{topic}" collides with "{other}" in {other_file}',
+                        "Kafka treats '.' and '_' alike in topic metric names; rename one",
+                    )
+                )
             colliding.setdefault(key, (topic, spec.path))
     return out
 

@@ -63,9 +63,7 @@ def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
     return Planned(queues, diff(queues, live, label), cluster)
 
 
-def apply(
-    planned: Planned, on_step: Callable[[str, int], None] = lambda _s, _n: None
-) -> ApplyReport:
+def apply(planned: Planned, on_step: Callable[[str, int], None] = lambda _s, _n: None) -> ApplyReport:
     """Apply the plan, then read the cluster back until it matches the specs.
 
     Brokers pick up config changes from the metadata log a moment after the controller
@@ -80,6 +78,7 @@ def apply(
         if time.monotonic() > deadline:
             pending = "; ".join(f"{c.kind} {c.target} {c.describe()}" for c in remaining)
             raise ApplyFailed(
-                f"every change was accepted, but after {VERIFY_TIMEOUT_S:.0f}s the cluster still differs: "
-                f"{pending}", report)
+                f"every change was accepted, but after {VERIFY_TIMEOUT_S:.0f}s the cluster still differs: {pending}",
+                report,
+            )
         time.sleep(0.2)

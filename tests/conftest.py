@@ -15,6 +15,7 @@ import pytest
 from queueplane.connection import KafkaTarget
 from queueplane.local.stack import LocalStack, StackState
 
+
 @pytest.fixture(scope="session")
 def queueplane_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("queueplane-home")

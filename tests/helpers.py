@@ -10,7 +10,9 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "specs" / "examples"
 
 
-def run_cli(args: list[str], env: dict[str, str], cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], env: dict[str, str], cwd: Path = REPO, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run the CLI in a subprocess, as a user would (no stdin, so apply never prompts)."""
     return subprocess.run(
         [sys.executable, "-m", "queueplane.cli", *args],

@@ -14,14 +14,25 @@ BASES: dict[str, dict[str, Any]] = {
         "metadata": {"name": "brew-orders", "team": "kitchen"},
         "spec": {
             "topic": {"name": "brew.orders.v1", "partitions": 6, "config": {"retention.ms": "604800000"}},
-            "group": {"type": "share", "id": "kitchen-service", "lockDuration": "30s", "deliveryLimit": 5,
-                      "maxInFlight": 2000},
+            "group": {
+                "type": "share",
+                "id": "kitchen-service",
+                "lockDuration": "30s",
+                "deliveryLimit": 5,
+                "maxInFlight": 2000,
+            },
             "deadLetter": {"topic": "brew.orders.v1.dlq"},
-            "processing": {"handler": "kitchen.handlers:prepare", "concurrency": 16,
-                           "output": {"topic": "brew.ready.v1"}},
+            "processing": {
+                "handler": "kitchen.handlers:prepare",
+                "concurrency": 16,
+                "output": {"topic": "brew.ready.v1"},
+            },
             "autoscaling": {"minExecutors": 1, "maxExecutors": 10, "targetLagSeconds": 30},
-            "deployment": {"namespace": "kitchen", "image": "registry.example.com/qp/worker:0.1.0",
-                           "executor": {"cores": 2, "memory": "2g"}},
+            "deployment": {
+                "namespace": "kitchen",
+                "image": "registry.example.com/qp/worker:0.1.0",
+                "executor": {"cores": 2, "memory": "2g"},
+            },
         },
     },
     "consumer": {

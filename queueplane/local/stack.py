@@ -105,6 +105,7 @@ class LocalStack:
 
     directory: Path
     version: str = KAFKA_VERSION
+    share_version: int = 1  # feature level formatted into the cluster; < 1 leaves share groups off
 
     @classmethod
     def default(cls) -> LocalStack:
@@ -126,6 +127,10 @@ class LocalStack:
     @property
     def properties_file(self) -> Path:
         return self.directory / "server.properties"
+
+    @property
+    def ports_file(self) -> Path:
+        return self.directory / "ports.json"
 
     def read_state(self) -> StackState | None:
         try:
@@ -152,13 +157,24 @@ class LocalStack:
             return target
         mvn = shutil.which("mvn")
         if not mvn:
-            raise LocalStackError("Maven (mvn) is not on PATH; it fetches the Kafka jars from Maven Central. "
-                                  "Install it (apt-get install maven) and run again.")
+            raise LocalStackError(
+                "Maven (mvn) is not on PATH; it fetches the Kafka jars from Maven Central. "
+                "Install it (apt-get install maven) and run again."
+            )
         say(f"fetching Apache Kafka {self.version} jars from Maven Central")
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix="libs-", dir=target.parent))
-        cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-               f"-Dkafka.version={self.version}", f"-DoutputDirectory={staging}", "-DincludeScope=runtime"]
+        cmd = [
+            mvn,
+            "-B",
+            "-q",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-Dkafka.version={self.version}",
+            f"-DoutputDirectory={staging}",
+            "-DincludeScope=runtime",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
@@ -187,8 +203,17 @@ class LocalStack:
         if state is None:
             raise LocalStackError("the local stack is not running; start it with `queueplane local up`")
         self.fetch()
-        return [self._java(), "-Xmx512m", f"-Dlog4j2.configurationFile={self._log4j_file(tools=True)}",
-                "-cp", self._classpath(), KAFKA_TOOLS[tool], "--bootstrap-server", state.bootstrap, *args]
+        return [
+            self._java(),
+            "-Xmx512m",
+            f"-Dlog4j2.configurationFile={self._log4j_file(tools=True)}",
+            "-cp",
+            self._classpath(),
+            KAFKA_TOOLS[tool],
+            "--bootstrap-server",
+            state.bootstrap,
+            *args,
+        ]
 
     # -- lifecycle -----------------------------------------------------------------------------
     def running_state(self) -> StackState | None:
@@ -228,7 +253,7 @@ class LocalStack:
                 _terminate(state.pid)
             self.state_file.unlink(missing_ok=True)
             if purge:
-                for child in ("data", "logs", "server.properties", "log4j2.yaml", "tools-log4j2.yaml"):
+                for child in ("data", "logs", "server.properties", "log4j2.yaml", "tools-log4j2.yaml", "ports.json"):
                     path = self.directory / child
                     if path.is_dir():
                         shutil.rmtree(path)
@@ -253,21 +278,26 @@ class LocalStack:
     # -- internals -----------------------------------------------------------------------------
     def _ports(self) -> tuple[int, int]:
         """Reuse the recorded ports so clients' bootstrap setting survives a restart."""
-        old = self.read_state()
-        if old and (self.data_dir / "meta.properties").is_file():
-            if not _port_open(old.port) and not _port_open(old.controller_port):
-                return old.port, old.controller_port
+        if self.ports_file.is_file() and (self.data_dir / "meta.properties").is_file():
+            port, controller_port = json.loads(self.ports_file.read_text())
+            if not _port_open(port) and not _port_open(controller_port):
+                return port, controller_port
             raise LocalStackError(
-                f"port {old.port} or {old.controller_port} of the stopped local broker is taken by another "
-                f"process; free it, or start afresh with `queueplane local down --purge`")
-        return _free_port(), _free_port()
+                f"port {port} or {controller_port} of the stopped local broker is taken by another "
+                f"process; free it, or start afresh with `queueplane local down --purge`"
+            )
+        ports = _free_port(), _free_port()
+        self.ports_file.write_text(json.dumps(ports))
+        return ports
 
     def _log4j_file(self, tools: bool = False) -> Path:
         path = self.directory / ("tools-log4j2.yaml" if tools else "log4j2.yaml")
         if tools:
-            body = ("Configuration:\n  Appenders:\n    Console: {name: E, target: SYSTEM_ERR, "
-                    "PatternLayout: {pattern: '%p %m%n'}}\n  Loggers:\n    Root: {level: WARN, "
-                    "AppenderRef: [{ref: E}]}\n")
+            body = (
+                "Configuration:\n  Appenders:\n    Console: {name: E, target: SYSTEM_ERR, "
+                "PatternLayout: {pattern: '%p %m%n'}}\n  Loggers:\n    Root: {level: WARN, "
+                "AppenderRef: [{ref: E}]}\n"
+            )
         else:
             body = (
                 "Configuration:\n  Appenders:\n    RollingFile:\n      name: F\n"
@@ -301,22 +331,48 @@ class LocalStack:
         self._log4j_file()
 
     def _format(self) -> None:
-        cmd = [self._java(), "-Xmx256m", f"-Dlog4j2.configurationFile={self._log4j_file(tools=True)}",
-               "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
-               "-t", _cluster_id(), "-c", str(self.properties_file),
-               "--feature", f"{kn.SHARE_FEATURE}=1"]
+        cmd = [
+            self._java(),
+            "-Xmx256m",
+            f"-Dlog4j2.configurationFile={self._log4j_file(tools=True)}",
+            "-cp",
+            self._classpath(),
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            _cluster_id(),
+            "-c",
+            str(self.properties_file),
+            "--feature",
+            f"{kn.SHARE_FEATURE}={self.share_version}",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise LocalStackError(f"formatting KRaft storage failed: {(done.stdout + done.stderr).strip()}")
 
     def _start(self) -> int:
-        cmd = [self._java(), "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-               f"-Dlog4j2.configurationFile={self.directory / 'log4j2.yaml'}",
-               f"-Dkafka.logs.dir={self.log_file.parent}",
-               "-cp", self._classpath(), "kafka.Kafka", str(self.properties_file)]
+        cmd = [
+            self._java(),
+            "-Xms256m",
+            "-Xmx1g",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.directory / 'log4j2.yaml'}",
+            f"-Dkafka.logs.dir={self.log_file.parent}",
+            "-cp",
+            self._classpath(),
+            "kafka.Kafka",
+            str(self.properties_file),
+        ]
         out = open(self.log_file.parent / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=self.directory)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=self.directory,
+        )
         out.close()
         return proc.pid
 
@@ -325,8 +381,9 @@ class LocalStack:
         last_error = "no answer yet"
         while time.monotonic() < deadline:
             if not _pid_alive(state.pid):
-                raise LocalStackError(f"Kafka exited during start-up; see {self.log_file} and "
-                                      f"{self.log_file.parent / 'stdout.log'}")
+                raise LocalStackError(
+                    f"Kafka exited during start-up; see {self.log_file} and {self.log_file.parent / 'stdout.log'}"
+                )
             try:
                 versions = api_versions(HOST, state.port, timeout=2.0)
             except OSError as exc:
@@ -338,14 +395,16 @@ class LocalStack:
                 _terminate(state.pid)
                 raise LocalStackError(
                     f"the broker reports feature {kn.SHARE_FEATURE}={level}; share groups need >= 1. "
-                    f"Start afresh with `queueplane local down --purge` then `queueplane local up`.")
+                    f"Start afresh with `queueplane local down --purge` then `queueplane local up`."
+                )
             if _broker_registered(state):
                 say(f"ready, {kn.SHARE_FEATURE}={level}")
                 return
             time.sleep(0.2)
         _terminate(state.pid)
-        raise LocalStackError(f"Kafka did not become ready within {READY_TIMEOUT_S:.0f}s ({last_error}); "
-                              f"see {self.log_file}")
+        raise LocalStackError(
+            f"Kafka did not become ready within {READY_TIMEOUT_S:.0f}s ({last_error}); see {self.log_file}"
+        )
 
 
 def _broker_registered(state: StackState) -> bool:
@@ -382,6 +441,8 @@ def _port_open(port: int) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

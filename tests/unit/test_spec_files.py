@@ -32,7 +32,10 @@ def test_topic_names_colliding_on_dot_and_underscore():
     a = spec("share", name="a", group="ga", topic="team.orders")
     b = spec("consumer", name="b", group="gb", topic="team_orders")
     problems = _check(("a.yaml", a), ("b.yaml", b))
-    assert {(p.file, p.pointer) for p in problems} == {("b.yaml", "/spec/topic/name"), ("b.yaml", "/spec/deadLetter/topic")}
+    assert {(p.file, p.pointer) for p in problems} == {
+        ("b.yaml", "/spec/topic/name"),
+        ("b.yaml", "/spec/deadLetter/topic"),
+    }
     main = next(p for p in problems if p.pointer == "/spec/topic/name")
     assert 'collides with "team.orders" in a.yaml' in main.message
 

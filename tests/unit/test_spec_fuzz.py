@@ -21,9 +21,39 @@ json_values = st.recursive(
 )
 # Plausible values too, so mutations also reach the semantic rules, not only the schema.
 plausible = st.sampled_from(
-    ["share", "consumer", "kmq", "key", "partition", "none", "0s", "1ms", "30s", "2m", "1h", "1d",
-     "a.b:c", "x", "orders", "orders.dlq", "latest", "earliest", "1g", "reg/img:1", "img:latest", 0, 1, 2, 5,
-     1000, 10**6, True, False, {}, []]
+    [
+        "share",
+        "consumer",
+        "kmq",
+        "key",
+        "partition",
+        "none",
+        "0s",
+        "1ms",
+        "30s",
+        "2m",
+        "1h",
+        "1d",
+        "a.b:c",
+        "x",
+        "orders",
+        "orders.dlq",
+        "latest",
+        "earliest",
+        "1g",
+        "reg/img:1",
+        "img:latest",
+        0,
+        1,
+        2,
+        5,
+        1000,
+        10**6,
+        True,
+        False,
+        {},
+        [],
+    ]
 )
 
 

@@ -1,0 +1,234 @@
+"""plan/apply against the real local Kafka broker, checked with Kafka's own describe APIs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from helpers import run_cli
+from specs_factory import dump, spec
+
+from queueplane import kafka_names as kn
+from queueplane import workflow
+from queueplane.connection import KafkaTarget
+from queueplane.errors import EXIT_FAILED, EXIT_INVALID, EXIT_REFUSED, PlanRefused
+
+pytestmark = pytest.mark.kafka
+
+
+def _unique() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _write(directory: Path, doc: dict, name: str | None = None) -> Path:
+    path = directory / f"{name or doc['metadata']['name']}.yaml"
+    path.write_text(dump(doc))
+    return path
+
+
+def _admin(kafka: KafkaTarget) -> AdminClient:
+    return AdminClient(dict(kafka.settings))
+
+
+def _describe_topics(kafka: KafkaTarget, names: list[str]) -> dict[str, tuple[int, int] | None]:
+    admin = _admin(kafka)  # keep a reference: futures fail if their client is collected
+    out: dict[str, tuple[int, int] | None] = {}
+    for name, future in admin.describe_topics(TopicCollection(names)).items():
+        try:
+            desc = future.result()
+            out[name] = (len(desc.partitions), len(desc.partitions[0].replicas))
+        except KafkaException as exc:
+            assert exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART, exc
+            out[name] = None
+    return out
+
+
+def _configs(kafka: KafkaTarget, kind: ResourceType, name: str) -> dict[str, str]:
+    resource = ConfigResource(kind, name)
+    admin = _admin(kafka)
+    entries = admin.describe_configs([resource])[resource].result()
+    return {k: v.value for k, v in entries.items()}
+
+
+def _topics_with_prefix(kafka: KafkaTarget, prefix: str) -> set[str]:
+    return {t for t in _admin(kafka).list_topics(timeout=10).topics if t.startswith(prefix)}
+
+
+def _specs(tmp_path: Path, tag: str) -> tuple[dict, dict, dict]:
+    share = spec("share", name=f"s-{tag}", group=f"gs-{tag}", topic=f"{tag}.orders")
+    share["spec"]["topic"]["config"] = {"retention.ms": 3_600_000, "max.message.bytes": "2097152"}
+    share["spec"]["group"].update(lockDuration="5s", deliveryLimit=3, maxInFlight=500)
+    share["spec"]["deadLetter"] = {"partitions": 2, "config": {"retention.ms": "86400000"}}
+    consumer = spec("consumer", name=f"c-{tag}", group=f"gc-{tag}", topic=f"{tag}.payments")
+    kmq = spec("kmq", name=f"k-{tag}", group=f"gk-{tag}", topic=f"{tag}.mail")
+    for doc in (share, consumer, kmq):
+        _write(tmp_path, doc)
+    return share, consumer, kmq
+
+
+def test_apply_creates_exactly_what_the_specs_declare_and_reapply_changes_nothing(kafka, tmp_path):
+    tag = _unique()
+    _specs(tmp_path, tag)
+    planned = workflow.plan([str(tmp_path)], kafka)
+    assert planned.plan.refused == []
+    workflow.apply(planned)
+
+    topics = _describe_topics(
+        kafka,
+        [
+            f"{tag}.orders",
+            f"{tag}.orders.dlq",
+            f"{tag}.orders.out",
+            f"{tag}.payments",
+            f"{tag}.payments.dlq",
+            f"{tag}.mail",
+            f"{tag}.mail.dlq",
+            f"{tag}.mail.markers",
+        ],
+    )
+    assert topics == {
+        f"{tag}.orders": (6, 1),
+        f"{tag}.orders.dlq": (2, 1),
+        f"{tag}.orders.out": (6, 1),
+        f"{tag}.payments": (3, 1),
+        f"{tag}.payments.dlq": (3, 1),
+        f"{tag}.mail": (2, 1),
+        f"{tag}.mail.dlq": (2, 1),
+        f"{tag}.mail.markers": (2, 1),
+    }
+    assert _topics_with_prefix(kafka, tag) == set(topics), "apply created topics no spec declared"
+
+    orders = _configs(kafka, ResourceType.TOPIC, f"{tag}.orders")
+    assert orders["retention.ms"] == "3600000" and orders["max.message.bytes"] == "2097152"
+    assert _configs(kafka, ResourceType.TOPIC, f"{tag}.orders.dlq")["retention.ms"] == "86400000"
+    markers = _configs(kafka, ResourceType.TOPIC, f"{tag}.mail.markers")
+    assert markers["retention.ms"] == "3600000" and markers["cleanup.policy"] == "delete"
+
+    group = _configs(kafka, ResourceType.GROUP, f"gs-{tag}")
+    assert group[kn.SHARE_LOCK_DURATION_MS] == "5000"
+    assert group[kn.SHARE_DELIVERY_COUNT_LIMIT] == "3"
+    assert group[kn.SHARE_MAX_RECORD_LOCKS] == "500"
+    assert group[kn.SHARE_AUTO_OFFSET_RESET] == "earliest"
+
+    again = workflow.plan([str(tmp_path)], kafka)
+    assert again.plan.changes == []
+
+
+def test_partitions_can_grow_but_never_shrink_and_replication_is_fixed(kafka, tmp_path, cli_env):
+    tag = _unique()
+    doc = spec("consumer", name=f"p-{tag}", group=f"gp-{tag}", topic=f"{tag}.grow")
+    path = _write(tmp_path, doc)
+    workflow.apply(workflow.plan([str(path)], kafka))
+
+    doc["spec"]["topic"]["partitions"] = 5
+    _write(tmp_path, doc)
+    planned = workflow.plan([str(path)], kafka)
+    # The dead-letter topic follows the queue topic's partition count unless the spec sets its own.
+    assert [(c.action, c.kind, c.target, c.old, c.new) for c in planned.plan.changes] == [
+        ("change", "partitions", f"{tag}.grow", "3", "5"),
+        ("change", "partitions", f"{tag}.grow.dlq", "3", "5"),
+    ]
+    workflow.apply(planned)
+    assert _describe_topics(kafka, [f"{tag}.grow"])[f"{tag}.grow"] == (5, 1)
+
+    doc["spec"]["topic"]["partitions"] = 2
+    doc["spec"]["topic"]["config"] = {"retention.ms": "120000"}
+    _write(tmp_path, doc)
+    result = run_cli(["apply", str(path), "--yes", "--bootstrap-servers", kafka.bootstrap], cli_env)
+    assert result.returncode == EXIT_REFUSED, result.stderr
+    assert "! partitions" in result.stdout and "Kafka cannot remove partitions" in result.stdout
+    assert "nothing was applied" in result.stderr
+    # Refusal is all-or-nothing: the config change in the same plan was not applied either.
+    assert _describe_topics(kafka, [f"{tag}.grow"])[f"{tag}.grow"] == (5, 1)
+    assert _configs(kafka, ResourceType.TOPIC, f"{tag}.grow")["retention.ms"] != "120000"
+
+    doc["spec"]["topic"]["partitions"] = 5
+    doc["spec"]["topic"]["replicationFactor"] = 2
+    _write(tmp_path, doc)
+    with pytest.raises(PlanRefused):
+        workflow.apply(workflow.plan([str(path)], kafka))
+
+
+def test_a_change_the_broker_rejects_applies_nothing(kafka, tmp_path):
+    tag = _unique()
+    good = spec("consumer", name=f"g-{tag}", group=f"gg-{tag}", topic=f"{tag}.good")
+    bad = spec("consumer", name=f"b-{tag}", group=f"gb-{tag}", topic=f"{tag}.bad")
+    bad["spec"]["topic"]["config"] = {"cleanup.policy": "sometimes"}
+    _write(tmp_path, good)
+    _write(tmp_path, bad)
+    planned = workflow.plan([str(tmp_path)], kafka)
+    with pytest.raises(Exception, match="nothing was applied") as caught:
+        workflow.apply(planned)
+    assert f"{tag}.bad" in str(caught.value)
+    assert _topics_with_prefix(kafka, tag) == set()
+
+
+def test_plan_json_and_live_broker_bounds(kafka, tmp_path, cli_env):
+    tag = _unique()
+    doc = spec("share", name=f"j-{tag}", group=f"gj-{tag}", topic=f"{tag}.json")
+    doc["spec"]["group"]["lockDuration"] = "2s"  # below Kafka's default bound, within the local broker's
+    path = _write(tmp_path, doc)
+    offline = run_cli(["validate", str(path)], cli_env)
+    assert offline.returncode == EXIT_INVALID
+    assert "/spec/group/lockDuration: 2s is outside the share-group range 15s..1m" in offline.stderr
+    result = run_cli(["plan", str(path), "-o", "json", "--bootstrap-servers", kafka.bootstrap], cli_env)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["summary"] == {"create": 3, "change": 4, "refuse": 0}
+    assert {c["target"] for c in plan["changes"] if c["kind"] == "topic"} == {
+        f"{tag}.json",
+        f"{tag}.json.dlq",
+        f"{tag}.json.out",
+    }
+    assert _topics_with_prefix(kafka, tag) == set(), "plan must not change the cluster"
+
+
+def test_cli_uses_the_running_local_stack_by_default(local_kafka, tmp_path, cli_env):
+    tag = _unique()
+    path = _write(tmp_path, spec("kmq", name=f"l-{tag}", group=f"gl-{tag}", topic=f"{tag}.local"))
+    first = run_cli(["apply", str(path), "--yes"], cli_env)
+    assert first.returncode == 0, first.stderr
+    assert f"{local_kafka.bootstrap} (local stack)" in first.stdout
+    assert "Apply complete: 3 created, 0 changed." in first.stdout
+    second = run_cli(["apply", str(path), "--yes"], cli_env)
+    assert "No changes. The cluster matches 1 spec(s)." in second.stdout
+
+
+def test_unreachable_broker_fails_fast_and_clearly(tmp_path, cli_env):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        path = _write(tmp_path, spec("share"))
+        started = time.monotonic()
+        result = run_cli(["apply", str(path), "--yes", "--bootstrap-servers", f"127.0.0.1:{port}"], cli_env)
+        elapsed = time.monotonic() - started
+    assert result.returncode == EXIT_FAILED
+    assert f"cannot reach Kafka at 127.0.0.1:{port}" in result.stderr
+    assert "nothing was changed" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert elapsed < 10
+
+
+def test_no_cluster_named_and_no_local_stack_is_a_usage_error(tmp_path, cli_env):
+    env = dict(cli_env, QUEUEPLANE_HOME=str(tmp_path / "empty-home"))
+    result = run_cli(["plan", "specs/examples"], env)
+    assert result.returncode == EXIT_INVALID
+    assert "local stack is not running" in result.stderr and "--bootstrap-servers" in result.stderr
+
+
+def test_kafka_config_file_settings_are_used(kafka, tmp_path, cli_env):
+    config = tmp_path / "client.properties"
+    config.write_text("# test\nbootstrap.servers=${TEST_BOOTSTRAP}\nclient.id=queueplane-test\n")
+    result = run_cli(
+        ["plan", "specs/examples", "--kafka-config", str(config)], dict(cli_env, TEST_BOOTSTRAP=kafka.bootstrap)
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"Cluster: {kafka.bootstrap}" in result.stdout
+    missing = run_cli(["plan", "specs/examples", "--kafka-config", str(config)], cli_env)
+    assert missing.returncode == EXIT_INVALID and "${TEST_BOOTSTRAP} is not set" in missing.stderr

@@ -1,0 +1,59 @@
+"""The embedded local stack: idempotent up, down by its own pid, state that survives restarts."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from helpers import run_cli
+
+from queueplane.errors import LocalStackError
+from queueplane.local.stack import LocalStack
+
+pytestmark = pytest.mark.kafka
+
+
+def test_up_is_idempotent_and_status_reports_the_broker(local_kafka, cli_env):
+    result = run_cli(["local", "up"], cli_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"bootstrap.servers={local_kafka.bootstrap}"
+    status = run_cli(["local", "status", "-o", "json"], cli_env)
+    assert status.returncode == 0
+    assert f'"bootstrap.servers": "{local_kafka.bootstrap}"' in status.stdout
+    assert f'"pid": {local_kafka.pid}' in status.stdout
+
+
+def test_kafka_tools_run_against_the_local_broker(local_kafka, cli_env):
+    result = run_cli(["local", "kafka", "features", "describe"], cli_env)
+    assert result.returncode == 0, result.stderr
+    level = re.search(r"Feature: share\.version\s.*FinalizedVersionLevel: (\d+)", result.stdout)
+    assert level and int(level.group(1)) >= 1
+
+
+def test_down_stops_by_pid_and_up_again_keeps_port_and_topics(tmp_path):
+    stack = LocalStack(tmp_path / "local")
+    first = stack.up()
+    admin = AdminClient({"bootstrap.servers": first.bootstrap})
+    admin.create_topics([NewTopic("survives.restart", 1, 1)])["survives.restart"].result()
+    assert stack.down() is True
+    with pytest.raises(ProcessLookupError):
+        os.kill(first.pid, 0)
+    assert stack.status()["running"] is False
+    assert stack.down() is False  # nothing left to stop
+    second = stack.up()
+    try:
+        assert second.port == first.port and second.pid != first.pid
+        admin = AdminClient({"bootstrap.servers": second.bootstrap})
+        assert "survives.restart" in admin.list_topics(timeout=10).topics
+    finally:
+        stack.down(purge=True)
+    assert not (tmp_path / "local" / "data").exists()
+
+
+def test_a_broker_without_share_groups_fails_clearly(tmp_path):
+    stack = LocalStack(tmp_path / "local", share_version=0)
+    with pytest.raises(LocalStackError, match=r"share\.version=0; share groups need >= 1"):
+        stack.up()
+    assert stack.running_state() is None

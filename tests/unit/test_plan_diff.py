@@ -1,0 +1,89 @@
+"""The planner is a pure function of specs and a cluster snapshot; these snapshots are the
+shapes real brokers of other versions answer with, which the local broker cannot play."""
+
+from __future__ import annotations
+
+from specs_factory import dump, spec
+
+from queueplane import kafka_names as kn
+from queueplane.cluster import LiveConfig, LiveState, LiveTopic
+from queueplane.plan import desired_state, diff, share_group_configs
+from queueplane.validate import check_text
+
+GROUP_NAMES_43 = frozenset(share_group_configs(check_text(dump(spec("share"))).queues[0]))
+
+
+def _queue(doc):
+    return check_text(dump(doc)).raise_if_invalid()[0]
+
+
+def _state(**kw) -> LiveState:
+    base = {"cluster_id": "c", "broker_ids": [1, 2, 3], "broker_configs": {}, "group_config_names": GROUP_NAMES_43}
+    base.update(kw)
+    return LiveState(**base)
+
+
+def test_empty_cluster_plans_creates_for_every_owned_and_output_topic():
+    queue = _queue(spec("share"))
+    plan = diff([queue], _state(), "test")
+    created = {c.target for c in plan.changes if c.action == "create"}
+    assert created == {"brew.orders.v1", "brew.orders.v1.dlq", "brew.ready.v1"}
+    groups = {c.field: c.new for c in plan.changes if c.kind == "group-config"}
+    assert groups == {
+        kn.SHARE_LOCK_DURATION_MS: "30000",
+        kn.SHARE_DELIVERY_COUNT_LIMIT: "5",
+        kn.SHARE_MAX_RECORD_LOCKS: "2000",
+        kn.SHARE_AUTO_OFFSET_RESET: "earliest",
+    }
+
+
+def test_existing_output_topic_is_never_altered():
+    queue = _queue(spec("share"))
+    live = _state(topics={"brew.ready.v1": LiveTopic(1, 1)}, topic_configs={"brew.ready.v1": {}})
+    plan = diff([queue], live, "test")
+    assert not [c for c in plan.changes if c.target == "brew.ready.v1"]
+
+
+def test_broker_without_per_group_delivery_limit_refuses_unless_broker_value_matches():
+    queue = _queue(spec("share"))
+    names_42 = GROUP_NAMES_43 - {kn.SHARE_DELIVERY_COUNT_LIMIT}
+    refused = diff(
+        [queue], _state(group_config_names=names_42, broker_configs={kn.BROKER_SHARE_DELIVERY_DEFAULT: "3"}), "t"
+    ).refused
+    (change,) = refused
+    assert change.field == kn.SHARE_DELIVERY_COUNT_LIMIT
+    assert "cannot hold share.delivery.count.limit per group" in change.reason
+    assert kn.BROKER_SHARE_DELIVERY_DEFAULT in change.reason
+    matching = diff(
+        [queue], _state(group_config_names=names_42, broker_configs={kn.BROKER_SHARE_DELIVERY_DEFAULT: "5"}), "t"
+    )
+    assert matching.refused == []
+    assert kn.SHARE_DELIVERY_COUNT_LIMIT not in {c.field for c in matching.changes}
+
+
+def test_cluster_without_group_configs_cannot_run_share_groups():
+    queue = _queue(spec("share"))
+    (change,) = diff([queue], _state(group_config_names=frozenset()), "t").refused
+    assert "cannot run share groups" in change.reason
+
+
+def test_more_replicas_than_brokers_is_refused():
+    doc = spec("share")
+    doc["spec"]["topic"]["replicationFactor"] = 5
+    refused = diff([_queue(doc)], _state(), "t").refused
+    assert {c.target for c in refused} == {"brew.orders.v1", "brew.orders.v1.dlq", "brew.ready.v1"}
+    assert "3 broker(s)" in refused[0].reason
+
+
+def test_inherited_value_equal_to_spec_is_pinned_and_explicit_equal_value_is_not():
+    queue = _queue(spec("consumer"))
+    topics, _ = desired_state([queue])
+    live_topics = {t.name: LiveTopic(t.partitions, 1) for t in topics}
+    doc = spec("consumer")
+    doc["spec"]["topic"]["config"] = {"retention.ms": "1000"}
+    queue = _queue(doc)
+    inherited = _state(topics=live_topics, topic_configs={"pay.events.v1": {"retention.ms": LiveConfig("1000", False)}})
+    (change,) = diff([queue], inherited, "t").changes
+    assert change.old == "1000 (inherited)" and change.new == "1000"
+    explicit = _state(topics=live_topics, topic_configs={"pay.events.v1": {"retention.ms": LiveConfig("1000", True)}})
+    assert diff([queue], explicit, "t").changes == []
