@@ -14,7 +14,7 @@ from confluent_kafka.admin import NewPartitions, NewTopic, ResourceType
 
 from queueplane.cluster import Cluster
 from queueplane.errors import QueueplaneError
-from queueplane.plan import Change, Plan
+from queueplane.plan import Change, Plan, brief
 
 
 @dataclass
@@ -76,11 +76,14 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
     def set_group_configs(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
         return cluster.set_configs(ResourceType.GROUP, grouped(group_configs), validate_only)
 
+    # Config changes go first: a broker publishes metadata changes in order, and one that
+    # creates many partitions takes long to publish (it creates their logs), so configs
+    # queued behind it would stay invisible for tens of seconds.
     return [
+        ("set group configs", group_configs, set_group_configs),
+        ("set topic configs", topic_configs, set_topic_configs),
         ("create topics", creates, new_topics),
         ("add partitions", partitions, more_partitions),
-        ("set topic configs", topic_configs, set_topic_configs),
-        ("set group configs", group_configs, set_group_configs),
     ]
 
 
@@ -95,8 +98,9 @@ def apply_plan(cluster: Cluster, plan: Plan, on_step: Callable[[str, int], None]
                 rejected.append(f"{title} {target}: {error}")
         on_step(f"checked: {title}", 0)
     if rejected:
+        more = f" and {len(rejected) - 5} more" if len(rejected) > 5 else ""
         raise ApplyFailed(
-            "the cluster rejected the plan in a dry run; nothing was applied. " + " ".join(rejected),
+            "the cluster rejected the plan in a dry run; nothing was applied: " + "; ".join(rejected[:5]) + more,
             ApplyReport(not_attempted=plan.actionable),
         )
     report = ApplyReport()
@@ -117,10 +121,9 @@ def apply_plan(cluster: Cluster, plan: Plan, on_step: Callable[[str, int], None]
 
 
 def _failure_message(report: ApplyReport) -> str:
-    parts = [f"apply stopped: {len(report.failed)} change(s) failed."]
-    parts += [f"FAILED {c.kind} {c.target} {c.describe()}: {e}." for c, e in report.failed]
-    applied = ", ".join(f"{c.kind} {c.target} {c.describe()}" for c in report.applied) or "nothing"
-    parts.append(f"Applied: {applied}.")
+    parts = [f"apply stopped: {len(report.failed)} change(s) failed:"]
+    parts += [f"{c.kind} {c.target} {c.describe()}: {e};" for c, e in report.failed[:5]]
+    parts.append(f"applied {len(report.applied)}: {brief(report.applied) or 'nothing'}.")
     if report.not_attempted:
-        parts.append("Not attempted: " + ", ".join(f"{c.kind} {c.target}" for c in report.not_attempted) + ".")
+        parts.append(f"Not attempted {len(report.not_attempted)}: {brief(report.not_attempted)}.")
     return " ".join(parts)

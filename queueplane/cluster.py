@@ -8,7 +8,7 @@ a handful of round trips rather than hundreds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,8 +93,10 @@ def _is_unknown_topic(exc: BaseException) -> bool:
     )
 
 
-def _configs(entries: dict[str, ConfigEntry]) -> dict[str, LiveConfig]:
-    return {name: LiveConfig(entry.value, entry.source not in _INHERITED) for name, entry in entries.items()}
+def _configs(entries: dict[str, ConfigEntry], keys: Iterable[str] | None = None) -> dict[str, LiveConfig]:
+    """The named configs (all when ``keys`` is None) as LiveConfig values."""
+    names = entries.keys() if keys is None else [k for k in keys if k in entries]
+    return {name: LiveConfig(entries[name].value, entries[name].source not in _INHERITED) for name in names}
 
 
 class Cluster:
@@ -130,13 +132,27 @@ class Cluster:
             self._broker_configs = {name: e.value for name, e in entries.items() if e.value is not None}
         return self._broker_configs
 
-    def read_state(self, topics: Iterable[str], groups: Iterable[str]) -> LiveState:
-        """Describe the named topics and groups, all requests in flight at once."""
+    def read_state(
+        self, topics: Iterable[str], groups: Iterable[str], configured: Mapping[str, Iterable[str]] | None = None
+    ) -> LiveState:
+        """Describe the named topics and groups, all requests in flight at once.
+
+        ``configured`` maps the topics whose configs a spec manages to those config names;
+        only these are read (other topics' configs are not queueplane's business).
+        """
+        configured = configured or {}
         topic_names = sorted(set(topics))
+        config_names = sorted(configured)
         group_ids = sorted(set(groups))
         described: dict[str, Future[Any]] = {}
+        topic_config_futures: dict[ConfigResource, Future[Any]] = {}
         if topic_names:
+            # Both requests at once: a topic that does not exist simply answers UNKNOWN_TOPIC.
             described = self.admin.describe_topics(TopicCollection(topic_names), request_timeout=REQUEST_TIMEOUT_S)
+        if config_names:
+            topic_config_futures = self.admin.describe_configs(
+                [ConfigResource(ResourceType.TOPIC, t) for t in config_names], request_timeout=REQUEST_TIMEOUT_S
+            )
         group_resources = [ConfigResource(ResourceType.GROUP, g) for g in group_ids]
         # A made-up group tells which GROUP config names this broker version knows.
         probe = ConfigResource(ResourceType.GROUP, "queueplane.probe.group-config-names")
@@ -151,10 +167,15 @@ class Cluster:
                 raise
             partitions = description.partitions
             state.topics[name] = LiveTopic(len(partitions), len(partitions[0].replicas) if partitions else 0)
-        if state.topics:
-            resources = [ConfigResource(ResourceType.TOPIC, t) for t in state.topics]
-            for resource, future in self.admin.describe_configs(resources, request_timeout=REQUEST_TIMEOUT_S).items():
-                state.topic_configs[resource.name] = _configs(future.result())
+        for resource, future in topic_config_futures.items():
+            try:
+                entries = future.result()
+            except KafkaException as exc:
+                if _is_unknown_topic(exc):
+                    continue
+                raise
+            if resource.name in state.topics:
+                state.topic_configs[resource.name] = _configs(entries, configured[resource.name])
         for resource, future in group_futures.items():
             try:
                 entries = future.result()

@@ -64,6 +64,12 @@ class Change:
         return f"{self.field}: {self.old} -> {self.new}"
 
 
+def brief(changes: list[Change], limit: int = 5) -> str:
+    """A few changes in one line, with a count of the rest: error messages stay one paragraph."""
+    shown = "; ".join(f"{c.kind} {c.target} {c.describe()}".rstrip() for c in changes[:limit])
+    return shown + (f"; and {len(changes) - limit} more" if len(changes) > limit else "")
+
+
 @dataclass
 class Plan:
     cluster: str
@@ -84,8 +90,7 @@ class Plan:
         """Refusals block the whole apply, so a half-applied spec never happens by design."""
         if self.refused:
             raise PlanRefused(
-                f"the plan has {len(self.refused)} refused change(s); nothing was applied. "
-                + " ".join(f"{c.target}: {c.describe()}." for c in self.refused)
+                f"the plan has {len(self.refused)} refused change(s); nothing was applied: {brief(self.refused)}"
             )
 
     def counts(self) -> dict[str, int]:

@@ -6,6 +6,7 @@ its defaults and its field descriptions; everything else reads it from here.
 
 from __future__ import annotations
 
+import copy
 import json
 from functools import cache
 from pathlib import Path
@@ -63,23 +64,41 @@ def subschema_at(path: list[str | int]) -> dict[str, Any] | None:
     return node
 
 
+# (key, has default, default, child defaults) for each property of an object schema
+_DefaultsTree = list[tuple[str, bool, Any, "_DefaultsTree | None"]]
+
+
+def _defaults_tree(node: dict[str, Any]) -> _DefaultsTree | None:
+    node = resolve(node)
+    if "properties" not in node:
+        return None
+    tree: _DefaultsTree = []
+    for key, child in node["properties"].items():
+        child = resolve(child)
+        tree.append((key, "default" in child, child.get("default"), _defaults_tree(child)))
+    return tree
+
+
+@cache
+def _compiled_defaults() -> _DefaultsTree | None:
+    return _defaults_tree(load_schema())
+
+
 def apply_defaults(document: dict[str, Any]) -> dict[str, Any]:
     """Return a copy of a schema-valid document with every schema default filled in.
 
     Defaults live only in the schema so that editors, docs and the runtime agree.
     """
 
-    def fill(value: Any, node: dict[str, Any]) -> Any:
-        node = resolve(node)
-        if not isinstance(value, dict) or "properties" not in node:
+    def fill(value: Any, tree: _DefaultsTree | None) -> Any:
+        if tree is None or not isinstance(value, dict):
             return value
         out = dict(value)
-        for key, child in node["properties"].items():
-            child_resolved = resolve(child)
-            if key not in out and "default" in child_resolved:
-                out[key] = json.loads(json.dumps(child_resolved["default"]))
+        for key, has_default, default, child in tree:
+            if key not in out and has_default:
+                out[key] = copy.deepcopy(default)
             if key in out:
-                out[key] = fill(out[key], child_resolved)
+                out[key] = fill(out[key], child)
         return out
 
-    return fill(document, load_schema())
+    return fill(document, _compiled_defaults())

@@ -7,6 +7,8 @@ silently resolved.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,9 @@ class SpecFile:
     data: Any = None
     lines: dict[str, int] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    sha256: str = ""
+    # True once the schema and the per-file rules passed (now, or for the same bytes before).
+    rules_passed: bool = False
 
     def line_of(self, ptr: str) -> int | None:
         """Line of the field at ``ptr``, or of its nearest ancestor that exists."""
@@ -53,6 +58,16 @@ def _walk(node: yaml.Node, path: list[str | int], spec: SpecFile) -> None:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
             if key == "<<":
                 continue
+            if key_node.tag != "tag:yaml.org,2002:str":
+                spec.problems.append(
+                    Problem(
+                        spec.path,
+                        pointer([*path, key]),
+                        f"key {key!r} is not text",
+                        "quote it; spec keys are strings",
+                        key_node.start_mark.line + 1,
+                    )
+                )
             if key in seen:
                 ptr = pointer([*path, key])
                 spec.problems.append(
@@ -71,11 +86,34 @@ def _walk(node: yaml.Node, path: list[str | int], spec: SpecFile) -> None:
             _walk(item, [*path, index], spec)
 
 
+# libyaml's parser when PyYAML has it (its wheels do): planning hundreds of specs is
+# dominated by YAML parsing otherwise.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def parse_text(text: str, path: str) -> SpecFile:
+    """Parse once: compose nodes (for lines and duplicate keys), then construct the data from them."""
     spec = SpecFile(path)
+    loader = _Loader(text)
     try:
-        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
-        documents = list(yaml.load_all(text, Loader=yaml.SafeLoader))
+        nodes = []
+        while loader.check_node():
+            nodes.append(loader.get_node())
+        nodes = [n for n in nodes if not (isinstance(n, yaml.ScalarNode) and n.tag.endswith(":null"))]
+        if len(nodes) > 1:
+            spec.problems.append(
+                Problem(
+                    path,
+                    "",
+                    f"the file holds {len(nodes)} YAML documents; expected one Queue spec",
+                    "put each queue in a file of its own",
+                )
+            )
+            return spec
+        if not nodes:
+            spec.problems.append(Problem(path, "", "the file is empty; expected one Queue spec"))
+            return spec
+        data = loader.construct_document(nodes[0])
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -90,34 +128,28 @@ def parse_text(text: str, path: str) -> SpecFile:
             )
         )
         return spec
-    nodes = [n for n in nodes if n is not None]
-    documents = [d for d in documents if d is not None]
-    if not documents:
-        spec.problems.append(Problem(path, "", "the file is empty; expected one Queue spec"))
-        return spec
-    if len(documents) > 1:
-        spec.problems.append(
-            Problem(
-                path,
-                "",
-                f"the file holds {len(documents)} YAML documents; expected one Queue spec",
-                "put each queue in a file of its own",
-            )
-        )
-        return spec
+    finally:
+        loader.dispose()
     _walk(nodes[0], [], spec)
-    spec.data = documents[0]
+    spec.data = data
     return spec
 
 
-def read_spec_file(path: Path) -> SpecFile:
+def read_spec_file(path: Path, known: Callable[[str, str], SpecFile | None] = lambda _p, _h: None) -> SpecFile:
+    """Read and parse one spec; ``known`` may answer for bytes checked before (see spec_cache)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        digest = hashlib.sha256(raw).hexdigest()
+        hit = known(str(path), digest)
+        if hit is not None:
+            return hit
+        spec = parse_text(raw.decode("utf-8"), str(path))
     except (OSError, UnicodeDecodeError) as exc:
         spec = SpecFile(str(path))
         spec.problems.append(Problem(str(path), "", f"cannot read the file: {exc}"))
         return spec
-    return parse_text(text, str(path))
+    spec.sha256 = digest
+    return spec
 
 
 def expand_paths(paths: list[str]) -> list[Path]:

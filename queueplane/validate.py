@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +50,27 @@ class ShareBounds:
         )
 
 
-_VALIDATOR: Draft202012Validator | None = None
+def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
+    """The schema with each local $ref replaced by allOf its target: same meaning, no lookups.
+
+    Reference resolution was most of the validation time when planning hundreds of specs.
+    """
+    if isinstance(node, list):
+        return [_inline_refs(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _inline_refs(v, defs) for k, v in node.items() if k not in ("$ref", "$defs")}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        out["allOf"] = [*out.get("allOf", []), _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)]
+    return out
 
 
+@cache
 def _validator() -> Draft202012Validator:
-    global _VALIDATOR
-    if _VALIDATOR is None:
-        schema = load_schema()
-        Draft202012Validator.check_schema(schema)
-        _VALIDATOR = Draft202012Validator(schema)
-    return _VALIDATOR
+    schema = load_schema()
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(_inline_refs(schema, schema["$defs"]))
 
 
 def _show(value: Any) -> str:
@@ -147,8 +159,8 @@ def _within(value: int, bounds: tuple[int, int]) -> bool:
     return bounds[0] <= value <= bounds[1]
 
 
-def semantic_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds | None) -> list[Problem]:
-    """Rules that need more than one field, or knowledge of the broker (skipped when bounds is None)."""
+def semantic_problems(spec: SpecFile, queue: QueueSpec) -> list[Problem]:
+    """Rules that need more than one field."""
     raw_spec = spec.data["spec"]
     group = queue.group
     out: list[Problem] = []
@@ -178,29 +190,6 @@ def semantic_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds | No
         )
     if group.lock_duration_ms <= 0:
         add("/spec/group/lockDuration", "must be longer than 0s")
-    if group.type == "share" and bounds is not None:
-        lo, hi = bounds.lock_ms
-        if not _within(group.lock_duration_ms, bounds.lock_ms):
-            add(
-                "/spec/group/lockDuration",
-                f"{durations.format_ms(group.lock_duration_ms)} is outside the share-group range "
-                f"{durations.format_ms(lo)}..{durations.format_ms(hi)} ({bounds.source})",
-                f"the broker bounds are {kn.BROKER_SHARE_LOCK_MIN} and {kn.BROKER_SHARE_LOCK_MAX}",
-            )
-        if not _within(group.delivery_limit, bounds.delivery_limit):
-            lo, hi = bounds.delivery_limit
-            add(
-                "/spec/group/deliveryLimit",
-                f"{group.delivery_limit} is outside the share-group range {lo}..{hi} ({bounds.source})",
-                f"the broker bounds are {kn.BROKER_SHARE_DELIVERY_MIN} and {kn.BROKER_SHARE_DELIVERY_MAX}",
-            )
-        if not _within(group.max_in_flight, bounds.max_record_locks):
-            lo, hi = bounds.max_record_locks
-            add(
-                "/spec/group/maxInFlight",
-                f"{group.max_in_flight} is outside the share-group range {lo}..{hi} ({bounds.source})",
-                f"the broker bounds are {kn.BROKER_SHARE_LOCKS_MIN} and {kn.BROKER_SHARE_LOCKS_MAX}",
-            )
     if queue.dead_letter.name == queue.topic.name:
         add(
             "/spec/deadLetter/topic",
@@ -249,6 +238,41 @@ def _unpinned(image: str) -> bool:
         return False
     last = image.rsplit("/", 1)[-1]
     return ":" not in last or last.rsplit(":", 1)[1] == "latest"
+
+
+def bound_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds) -> list[Problem]:
+    """Share-group settings inside the range the broker accepts."""
+    group = queue.group
+    out: list[Problem] = []
+    if group.type != "share":
+        return out
+
+    def add(ptr: str, message: str, hint: str | None = None) -> None:
+        out.append(spec.problem(ptr, message, hint))
+
+    lo, hi = bounds.lock_ms
+    if not _within(group.lock_duration_ms, bounds.lock_ms):
+        add(
+            "/spec/group/lockDuration",
+            f"{durations.format_ms(group.lock_duration_ms)} is outside the share-group range "
+            f"{durations.format_ms(lo)}..{durations.format_ms(hi)} ({bounds.source})",
+            f"the broker bounds are {kn.BROKER_SHARE_LOCK_MIN} and {kn.BROKER_SHARE_LOCK_MAX}",
+        )
+    if not _within(group.delivery_limit, bounds.delivery_limit):
+        lo, hi = bounds.delivery_limit
+        add(
+            "/spec/group/deliveryLimit",
+            f"{group.delivery_limit} is outside the share-group range {lo}..{hi} ({bounds.source})",
+            f"the broker bounds are {kn.BROKER_SHARE_DELIVERY_MIN} and {kn.BROKER_SHARE_DELIVERY_MAX}",
+        )
+    if not _within(group.max_in_flight, bounds.max_record_locks):
+        lo, hi = bounds.max_record_locks
+        add(
+            "/spec/group/maxInFlight",
+            f"{group.max_in_flight} is outside the share-group range {lo}..{hi} ({bounds.source})",
+            f"the broker bounds are {kn.BROKER_SHARE_LOCKS_MIN} and {kn.BROKER_SHARE_LOCKS_MAX}",
+        )
+    return out
 
 
 def _collision_key(topic: str) -> str:
@@ -309,33 +333,49 @@ class Loaded:
 
     queues: list[QueueSpec]
     problems: list[Problem]
+    # Every spec that passed the schema (its rules can still fail), for with_bounds.
+    checked: list[tuple[SpecFile, QueueSpec]] = field(default_factory=list, repr=False)
 
     def raise_if_invalid(self) -> list[QueueSpec]:
         if self.problems:
             raise SpecInvalid(self.problems)
         return self.queues
 
+    def with_bounds(self, bounds: ShareBounds) -> Loaded:
+        """Add the broker-bound rules without parsing or schema-checking the files again."""
+        found = [p for spec, queue in self.checked for p in bound_problems(spec, queue, bounds)]
+        failed = {p.file for p in found}
+        return Loaded([q for q in self.queues if q.source not in failed], _sorted(self.problems + found), self.checked)
+
+
+def _sorted(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.file, p.line or 0, p.pointer))
+
 
 def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None) -> Loaded:
     """Check parsed files; ``bounds`` None leaves out the rules that need a broker's limits."""
     problems: list[Problem] = []
+    built: list[tuple[SpecFile, QueueSpec]] = []
     valid: list[tuple[SpecFile, QueueSpec]] = []
     for spec in files:
         problems.extend(spec.problems)
         if spec.data is None or spec.problems:
             continue
-        found = schema_problems(spec)
-        if found:
-            problems.extend(found)
-            continue
+        if not spec.rules_passed:
+            found = schema_problems(spec)
+            if found:
+                problems.extend(found)
+                continue
         queue = build(spec.data, spec.path)
-        found = semantic_problems(spec, queue, bounds)
+        built.append((spec, queue))
+        found = [] if spec.rules_passed else semantic_problems(spec, queue)
         problems.extend(found)
         if not found:
+            spec.rules_passed = True
             valid.append((spec, queue))
     problems.extend(cross_spec_problems(valid))
-    problems.sort(key=lambda p: (p.file, p.line or 0, p.pointer))
-    return Loaded([q for _, q in valid], problems)
+    loaded = Loaded([q for _, q in valid], _sorted(problems), built)
+    return loaded.with_bounds(bounds) if bounds is not None else loaded
 
 
 def load_specs(paths: list[str], bounds: ShareBounds | None = ShareBounds()) -> Loaded:

@@ -15,25 +15,30 @@ from queueplane.apply import ApplyFailed, ApplyReport, apply_plan
 from queueplane.cluster import Cluster
 from queueplane.connection import KafkaTarget
 from queueplane.model import QueueSpec
-from queueplane.plan import Plan, desired_state, diff
-from queueplane.specfile import SpecFile, expand_paths, read_spec_file
-from queueplane.validate import ShareBounds, check_files
+from queueplane.plan import Plan, brief, desired_state, diff
+from queueplane.spec_cache import SpecCache
+from queueplane.specfile import expand_paths, read_spec_file
+from queueplane.validate import Loaded, ShareBounds, check_files
 
-VERIFY_TIMEOUT_S = 15.0
+VERIFY_TIMEOUT_S = 120.0
 
 
-def read_specs(paths: list[str]) -> list[SpecFile]:
-    return [read_spec_file(p) for p in expand_paths(paths)]
+def check_specs(paths: list[str]) -> Loaded:
+    """Read and check every spec under ``paths`` without broker bounds, reusing earlier verdicts."""
+    cache = SpecCache()
+    files = [read_spec_file(p, cache.lookup) for p in expand_paths(paths)]
+    loaded = check_files(files, None)
+    cache.remember(files)
+    return loaded
 
 
 def validate(paths: list[str], target: KafkaTarget | None = None) -> list[QueueSpec]:
     """Valid queues under ``paths``; raises SpecInvalid with every problem. Connects only if given a target."""
-    files = read_specs(paths)
+    loaded = check_specs(paths)
     if target is None:
-        return check_files(files, ShareBounds()).raise_if_invalid()
-    check_files(files, None).raise_if_invalid()
-    cluster = Cluster(target)
-    return check_files(files, broker_bounds(cluster)).raise_if_invalid()
+        return loaded.with_bounds(ShareBounds()).raise_if_invalid()
+    loaded.raise_if_invalid()
+    return loaded.with_bounds(broker_bounds(Cluster(target))).raise_if_invalid()
 
 
 def broker_bounds(cluster: Cluster) -> ShareBounds:
@@ -49,16 +54,16 @@ class Planned:
 
 def plan(paths: list[str], target: KafkaTarget) -> Planned:
     """Check the specs, read the cluster in batched requests, and diff."""
-    files = read_specs(paths)
-    check_files(files, None).raise_if_invalid()
+    loaded = check_specs(paths)
+    loaded.raise_if_invalid()
     cluster = Cluster(target)
-    queues = check_files(files, broker_bounds(cluster)).raise_if_invalid()
-    return plan_queues(queues, cluster)
+    return plan_queues(loaded.with_bounds(broker_bounds(cluster)).raise_if_invalid(), cluster)
 
 
 def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
     topics, groups = desired_state(queues)
-    live = cluster.read_state([t.name for t in topics], [g.id for g in groups])
+    configured = {t.name: list(t.config) for t in topics if t.managed and t.config}
+    live = cluster.read_state([t.name for t in topics], [g.id for g in groups], configured)
     label = f"{cluster.target.label}, {len(cluster.broker_ids)} broker(s)"
     return Planned(queues, diff(queues, live, label), cluster)
 
@@ -70,15 +75,16 @@ def apply(planned: Planned, on_step: Callable[[str, int], None] = lambda _s, _n:
     accepts them; reading back makes "apply finished" mean "a new plan is empty".
     """
     report = apply_plan(planned.cluster, planned.plan, on_step)
+    on_step("waiting for the brokers to show the changes", 0)
     deadline = time.monotonic() + VERIFY_TIMEOUT_S
     while True:
         remaining = plan_queues(planned.queues, planned.cluster).plan.changes
         if not remaining:
             return report
         if time.monotonic() > deadline:
-            pending = "; ".join(f"{c.kind} {c.target} {c.describe()}" for c in remaining)
             raise ApplyFailed(
-                f"every change was accepted, but after {VERIFY_TIMEOUT_S:.0f}s the cluster still differs: {pending}",
+                f"every change was accepted, but after {VERIFY_TIMEOUT_S:.0f}s the cluster still differs: "
+                f"{brief(remaining)}",
                 report,
             )
         time.sleep(0.2)

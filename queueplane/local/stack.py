@@ -26,6 +26,7 @@ from pathlib import Path
 from queueplane import kafka_names as kn
 from queueplane.errors import LocalStackError
 from queueplane.kafka_protocol import api_versions
+from queueplane.paths import cache_dir, home_dir
 
 # Newest Kafka 4.x whose full dependency set Maven Central serves (4.4.0's kafka_2.13
 # depends on a kafka-tools-api 4.4.0 that is not published there).
@@ -65,18 +66,6 @@ LOCAL_BROKER_SETTINGS = {
     kn.BROKER_SHARE_LOCK_MIN: "1000",
     kn.BROKER_SHARE_DELIVERY_MIN: "2",
 }
-
-
-def home_dir() -> Path:
-    """Project state root: $QUEUEPLANE_HOME, else .queueplane in the working directory."""
-    return Path(os.environ.get("QUEUEPLANE_HOME") or Path.cwd() / ".queueplane").resolve()
-
-
-def cache_dir() -> Path:
-    """Download cache shared by all checkouts: $QUEUEPLANE_CACHE, else the user cache."""
-    if os.environ.get("QUEUEPLANE_CACHE"):
-        return Path(os.environ["QUEUEPLANE_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "queueplane"
 
 
 def jars_dir(version: str = KAFKA_VERSION) -> Path:
