@@ -46,4 +46,5 @@ def test_describe_requests_do_not_grow_with_the_number_of_specs(kafka, tmp_path)
     one = _requests_for_plan(kafka, tmp_path / "one")
     many = _requests_for_plan(kafka, tmp_path / "many")
     assert many["DescribeConfigs"] == one["DescribeConfigs"] == 3  # broker, groups, topics
-    assert many["Metadata"] == one["Metadata"] <= 4
+    # librdkafka adds a metadata refresh of its own now and then; per-topic describes would be 100+.
+    assert many["Metadata"] <= 4 and one["Metadata"] <= 4
