@@ -165,8 +165,8 @@ def desired_state(queues: list[QueueSpec]) -> tuple[list[DesiredTopic], list[Des
     return topics, groups
 
 
-def _topic_summary(topic: DesiredTopic) -> str:
-    rf = topic.replication_factor if topic.replication_factor is not None else "default"
+def _topic_summary(topic: DesiredTopic, default_rf: str | None) -> str:
+    rf = topic.replication_factor if topic.replication_factor is not None else f"{default_rf or '?'} (cluster default)"
     parts = [f"partitions={topic.partitions}", f"replicationFactor={rf}"]
     parts += [f"{k}={v}" for k, v in sorted(topic.config.items())]
     if topic.role != "queue":
@@ -252,7 +252,15 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
                     )
                 )
                 continue
-            plan.changes.append(Change("create", "topic", topic.name, topic.spec, new=_topic_summary(topic)))
+            plan.changes.append(
+                Change(
+                    "create",
+                    "topic",
+                    topic.name,
+                    topic.spec,
+                    new=_topic_summary(topic, live.broker_configs.get(kn.BROKER_DEFAULT_REPLICATION)),
+                )
+            )
             plan.new_topics[topic.name] = topic
             continue
         if not topic.managed:

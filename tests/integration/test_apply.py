@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -11,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
-from helpers import run_cli
+from helpers import REPO, run_cli
 from specs_factory import dump, spec
 
 from queueplane import kafka_names as kn
@@ -232,3 +236,46 @@ def test_kafka_config_file_settings_are_used(kafka, tmp_path, cli_env):
     assert f"Cluster: {kafka.bootstrap}" in result.stdout
     missing = run_cli(["plan", "specs/examples", "--kafka-config", str(config)], cli_env)
     assert missing.returncode == EXIT_INVALID and "${TEST_BOOTSTRAP} is not set" in missing.stderr
+
+
+def _run_in_terminal(args: list[str], env: dict[str, str], answer: str) -> tuple[int, str]:
+    """Run the CLI on a pseudo-terminal and type ``answer`` at its prompt, as a person would."""
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "queueplane", *args],
+        stdin=child,
+        stdout=child,
+        stderr=child,
+        env=dict(env, COLUMNS="200"),
+        cwd=REPO,
+        close_fds=True,
+    )
+    os.close(child)
+    seen = b""
+    deadline = time.monotonic() + 60
+    answered = False
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+        if not answered and b"Only 'yes' applies" in seen:
+            os.write(main, answer.encode() + b"\n")
+            answered = True
+    os.close(main)
+    return proc.wait(timeout=60), seen.decode(errors="replace")
+
+
+def test_apply_asks_first_and_only_yes_applies(kafka, tmp_path, cli_env):
+    tag = _unique()
+    path = _write(tmp_path, spec("consumer", name=f"i-{tag}", group=f"gi-{tag}", topic=f"{tag}.ask"))
+    args = ["apply", str(path), "--bootstrap-servers", kafka.bootstrap]
+    code, screen = _run_in_terminal(args, cli_env, "y")
+    assert code == 0 and "Apply cancelled; nothing was changed." in screen
+    assert _topics_with_prefix(kafka, tag) == set()
+    code, screen = _run_in_terminal(args, cli_env, "yes")
+    assert code == 0 and "Apply complete: 2 created, 0 changed." in screen
+    assert _topics_with_prefix(kafka, tag) == {f"{tag}.ask", f"{tag}.ask.dlq"}
