@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from queueplane import __version__, workflow
+from queueplane import __version__, durations, workflow
 from queueplane.connection import ENV_BOOTSTRAP, ENV_KAFKA_CONFIG, named_target, resolve_target
 from queueplane.errors import (
     EXIT_FAILED,
@@ -28,7 +28,9 @@ from queueplane.errors import (
     SpecInvalid,
     UsageError,
 )
+from queueplane.model import QueueSpec
 from queueplane.plan import Plan
+from queueplane.worker.runner import RunOptions
 
 EPILOG = f"""\
 exit codes: {EXIT_OK} ok, {EXIT_FAILED} the cluster or a tool failed, {EXIT_INVALID} invalid input \
@@ -95,6 +97,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
+    _cluster_flags(p)
+    _output_flag(p)
+
+    p = commands.add_parser(
+        "run",
+        help="run a queue's worker (Spark local mode here)",
+        description="Run the worker for one spec: Spark in local mode against the cluster (the local stack by "
+        "default), until a stop condition, then print a summary.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--local", action="store_true", default=True, help="Spark in local mode (the default here)")
+    p.add_argument("--until-idle", metavar="DURATION", help="stop after this long without records, e.g. 10s")
+    p.add_argument("--max-records", type=int, metavar="N", help="stop after N records ended accepted or in the DLQ")
+    p.add_argument("--max-duration", metavar="DURATION", help="stop after this long in any case")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.add_argument("--tasks", type=int, metavar="N", help="parallel Spark tasks per micro-batch (default: cores)")
+    _cluster_flags(p)
+    _output_flag(p)
+
+    p = commands.add_parser(
+        "load",
+        help="produce a realistic test load into a queue's topic",
+        description="Produce JSON orders with ids (some poison, some slow) into the spec's topic.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--count", type=int, required=True, metavar="N")
+    p.add_argument("--keys", type=int, default=64, metavar="K", help="distinct keys (customers), default 64")
+    p.add_argument("--poison-rate", type=float, default=0.0, metavar="R", help="share of records that are not JSON")
+    p.add_argument("--slow-rate", type=float, default=0.0, metavar="R", help="share of records marked slow")
+    p.add_argument("--seed", type=int, default=7)
     _cluster_flags(p)
     _output_flag(p)
 
@@ -261,7 +297,82 @@ def cmd_local(args: argparse.Namespace) -> int:
     return subprocess.run(command).returncode
 
 
-COMMANDS = {"validate": cmd_validate, "plan": cmd_plan, "apply": cmd_apply, "local": cmd_local}
+def _one_spec(path: str, target: object | None = None) -> QueueSpec:
+    queues = workflow.validate([path], target)  # type: ignore[arg-type]
+    if len(queues) != 1:
+        raise UsageError(f"{path}: expected one spec file, found {len(queues)}")
+    return queues[0]
+
+
+def _duration_flag(value: str | None, flag: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return durations.parse_seconds(value)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from queueplane.worker.progress import run_with_progress
+
+    target = resolve_target(args.bootstrap_servers, args.kafka_config)
+    queue = _one_spec(args.spec, target)
+    options = RunOptions(
+        local=True,
+        until_idle_s=_duration_flag(args.until_idle, "--until-idle"),
+        max_records=args.max_records,
+        max_duration_s=_duration_flag(args.max_duration, "--max-duration"),
+        metrics_port=args.metrics_port,
+        tasks=args.tasks,
+    )
+    summary = run_with_progress(queue, target, options, err, show=args.output == "text" and err.is_terminal)
+    if args.output == "json":
+        out.print_json(json.dumps(summary.as_dict()))
+    else:
+        from queueplane.worker.progress import summary_table
+
+        out.print(summary_table(summary))
+    return EXIT_OK
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from queueplane.load import produce_load
+
+    target = resolve_target(args.bootstrap_servers, args.kafka_config)
+    queue = _one_spec(args.spec)
+    if args.count < 1 or args.keys < 1 or not (0 <= args.poison_rate <= 1) or not (0 <= args.slow_rate <= 1):
+        raise UsageError("--count and --keys must be at least 1; rates lie between 0 and 1")
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task(f"producing to {queue.topic.name}", total=args.count)
+        report = produce_load(
+            target,
+            queue.topic.name,
+            args.count,
+            args.keys,
+            args.poison_rate,
+            args.slow_rate,
+            args.seed,
+            on_progress=lambda n: progress.update(task, completed=n),
+        )
+    result = {"topic": report.topic, "count": report.count, "poison": report.poison, "slow": report.slow}
+    if args.output == "json":
+        out.print_json(json.dumps(result))
+    else:
+        out.print(f"produced {report.count} records to {report.topic} ({report.poison} poison, {report.slow} slow)")
+    return EXIT_OK
+
+
+COMMANDS = {
+    "validate": cmd_validate,
+    "plan": cmd_plan,
+    "apply": cmd_apply,
+    "run": cmd_run,
+    "load": cmd_load,
+    "local": cmd_local,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

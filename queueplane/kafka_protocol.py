@@ -116,3 +116,101 @@ def api_versions(host: str, port: int, timeout: float = 5.0) -> ApiVersions:
                 tagged.skip_tags()
                 result.finalized_features[name] = max_level
     return result
+
+
+FIND_COORDINATOR_KEY = 10
+DESCRIBE_SHARE_GROUP_OFFSETS_KEY = 90
+_KEY_TYPE_GROUP = 0
+
+
+def _compact_array(items: list[bytes]) -> bytes:
+    return _uvarint(len(items) + 1) + b"".join(items)
+
+
+class _FlexibleClient:
+    """One connection speaking flexible request/response versions (header v2 / v1)."""
+
+    def __init__(self, host: str, port: int, timeout: float):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.correlation = 0
+
+    def __enter__(self) -> _FlexibleClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def request(self, api_key: int, version: int, body: bytes) -> _Reader:
+        self.correlation += 1
+        client_id = b"queueplane"
+        header = struct.pack(">hhih", api_key, version, self.correlation, len(client_id)) + client_id + _uvarint(0)
+        payload = header + body
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+        size = struct.unpack(">i", _recv_exact(self.sock, 4))[0]
+        reader = _Reader(_recv_exact(self.sock, size))
+        if reader.int32() != self.correlation:
+            raise ConnectionError("Kafka answered another request")
+        reader.skip_tags()
+        return reader
+
+
+def _nullable_compact_string(reader: _Reader) -> str | None:
+    length = reader.uvarint() - 1
+    return None if length < 0 else reader.take(length).decode()
+
+
+def share_partition_lag(
+    host: str, port: int, group: str, topic: str, partitions: list[int], timeout: float = 5.0
+) -> dict[int, int | None]:
+    """Share-partition lag per partition (KIP-1226: DescribeShareGroupOffsets v1, Kafka 4.2+).
+
+    None for a partition means the broker does not know its lag (no state yet, or -1).
+    """
+    with _FlexibleClient(host, port, timeout) as client:
+        body = bytes([_KEY_TYPE_GROUP]) + _compact_array([_compact_string(group)]) + _uvarint(0)
+        reader = client.request(FIND_COORDINATOR_KEY, 6, body)
+        reader.int32()  # throttle
+        coordinators = []
+        for _ in range(reader.uvarint() - 1):
+            reader.compact_string()
+            node, chost, cport, error = reader.int32(), reader.compact_string(), reader.int32(), reader.int16()
+            _nullable_compact_string(reader)
+            reader.skip_tags()
+            coordinators.append((node, chost, cport, error))
+    if not coordinators or coordinators[0][3]:
+        raise ConnectionError(
+            f"no coordinator for group {group!r} (error {coordinators[0][3] if coordinators else '?'})"
+        )
+    _, chost, cport, _ = coordinators[0]
+    partition_items = [struct.pack(">i", p) for p in partitions]
+    topic_item = _compact_string(topic) + _compact_array(partition_items) + _uvarint(0)
+    group_item = _compact_string(group) + _compact_array([topic_item]) + _uvarint(0)
+    with _FlexibleClient(chost, cport, timeout) as client:
+        reader = client.request(DESCRIBE_SHARE_GROUP_OFFSETS_KEY, 1, _compact_array([group_item]) + _uvarint(0))
+    reader.int32()  # throttle
+    lags: dict[int, int | None] = {}
+    for _ in range(reader.uvarint() - 1):
+        reader.compact_string()
+        for _ in range(reader.uvarint() - 1):
+            reader.compact_string()
+            reader.take(16)  # topic id
+            for _ in range(reader.uvarint() - 1):
+                index, start, _epoch, lag, error = (
+                    reader.int32(),
+                    reader.int64(),
+                    reader.int32(),
+                    reader.int64(),
+                    reader.int16(),
+                )
+                _nullable_compact_string(reader)
+                reader.skip_tags()
+                lags[index] = lag if (error == 0 and start >= 0 and lag >= 0) else None
+            reader.skip_tags()
+        group_error = reader.int16()
+        message = _nullable_compact_string(reader)
+        reader.skip_tags()
+        if group_error:
+            raise ConnectionError(
+                f"DescribeShareGroupOffsets failed for {group!r}: error {group_error} {message or ''}"
+            )
+    return lags

@@ -1,0 +1,109 @@
+"""The handler contract every runtime shares.
+
+A team's handler is one callable ``module:function`` that takes a Record. Returning
+accepts the record (optionally with outputs); raising Retry asks for another delivery;
+raising Reject sends the record to the dead-letter queue at once; any other exception
+counts as Retry, because a bug fixed and redeployed should not lose records.
+
+This module imports nothing heavy: handlers import Retry and Reject inside executors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Retry(Exception):
+    """Raise to ask for another delivery of this record (after backoff, or from the broker)."""
+
+
+class Reject(Exception):
+    """Raise when the record can never succeed (poison): it goes to the dead-letter queue now."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One delivery of one record, as the handler sees it."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    topic: str
+    partition: int
+    offset: int
+    delivery_count: int
+    timestamp: int  # ms since the epoch, as Kafka stored it
+
+    def text(self) -> str:
+        return (self.value or b"").decode("utf-8")
+
+    def json(self) -> Any:
+        """The value parsed as JSON; invalid JSON raises Reject, since no retry can fix it."""
+        try:
+            return json.loads(self.value or b"")
+        except ValueError as exc:
+            raise Reject(f"value is not JSON: {exc}") from None
+
+    def header(self, name: str) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True)
+class Output:
+    """A record the handler wants written; topic None means the spec's output topic."""
+
+    value: bytes | str | dict | list | None
+    key: bytes | str | None = None
+    headers: dict[str, bytes | str] = field(default_factory=dict)
+    topic: str | None = None
+
+    def encoded(self) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+        value = self.value
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, separators=(",", ":"))
+        return (
+            _bytes(self.key),
+            _bytes(value),
+            [(k, _bytes(v) or b"") for k, v in self.headers.items()],
+        )
+
+
+def _bytes(value: bytes | str | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
+
+
+Handler = Callable[[Record], Any]
+
+
+def outputs_of(result: Any) -> list[Output]:
+    """What a handler returned, as outputs: None, one Output or value, or an iterable of them."""
+    if result is None:
+        return []
+    if isinstance(result, Output):
+        return [result]
+    if isinstance(result, (bytes, str, dict)):
+        return [Output(result)]
+    if isinstance(result, Iterable):
+        return [r if isinstance(r, Output) else Output(r) for r in result]
+    raise TypeError(f"a handler returns None, an Output, a value or a list of them; got {type(result).__name__}")
+
+
+def load_handler(reference: str, search_paths: Iterable[str] = ()) -> Handler:
+    """Import ``module:function``; ``search_paths`` (the spec's folder) come before sys.path."""
+    module_name, _, function_name = reference.partition(":")
+    for path in reversed(list(search_paths)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    module = importlib.import_module(module_name)
+    handler = getattr(module, function_name, None)
+    if not callable(handler):
+        raise AttributeError(f"{module_name} has no callable {function_name!r}")
+    return handler

@@ -1,0 +1,31 @@
+"""How far behind a queue's group is, per partition.
+
+Share groups: the broker's share-partition lag (KIP-1226), read with DescribeShareGroupOffsets
+v1 straight over the Kafka protocol, because the Python client has no call for it. That
+path speaks PLAINTEXT only; on a secured listener the lag is reported as unknown (None).
+"""
+
+from __future__ import annotations
+
+from queueplane.connection import KafkaTarget
+from queueplane.kafka_protocol import share_partition_lag
+
+
+def _plaintext_bootstrap(target: KafkaTarget) -> tuple[str, int] | None:
+    if target.settings.get("security.protocol", "plaintext").lower() != "plaintext":
+        return None
+    first = target.bootstrap.split(",")[0].strip()
+    host, _, port = first.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def share_lag(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int] | None:
+    """Lag per partition, partitions with unknown lag counted as 0; None if it cannot be read."""
+    address = _plaintext_bootstrap(target)
+    if address is None:
+        return None
+    try:
+        lags = share_partition_lag(address[0], address[1], group, topic, list(range(partitions)))
+    except (OSError, ValueError):
+        return None
+    return {p: (lag or 0) for p, lag in lags.items()}

@@ -1,0 +1,256 @@
+"""The worker on the driver: builds the Spark streaming query for a queue and watches it.
+
+`queueplane run` (local mode) and the chart's spark-submit entrypoint both come here.
+The query's rows are outcomes; a foreachBatch sink on the driver turns them into
+counters, Prometheus metrics, one progress line per batch, and the exit summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from queueplane.connection import KafkaTarget
+from queueplane.errors import QueueplaneError
+from queueplane.model import QueueSpec
+from queueplane.worker.metrics import WorkerMetrics
+from queueplane.worker.share_runtime import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED, ShareSettings
+
+log = logging.getLogger("queueplane.worker")
+STOP_WAIT_S = 60.0
+SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
+
+
+@dataclass
+class RunOptions:
+    local: bool = True
+    until_idle_s: float | None = None
+    max_records: int | None = None
+    max_duration_s: float | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    tasks: int | None = None  # parallel tasks per micro-batch; default: the cores Spark has
+    batch_ms: int = 1000
+    checkpoint_dir: str | None = None
+
+
+@dataclass
+class BatchProgress:
+    batch_id: int
+    counts: dict[str, int]
+    batch_counts: dict[str, int]
+    backlog: int | None
+    elapsed_s: float
+
+
+@dataclass
+class RunSummary:
+    queue: str
+    group_type: str
+    counts: dict[str, int]
+    dead_lettered: list[dict[str, Any]]
+    duration_s: float
+    batches: int
+    records_per_s: float
+    lag_at_exit: int | None
+    lag_by_partition: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class WorkerFailed(QueueplaneError):
+    """The streaming query stopped with an error."""
+
+
+def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions) -> ShareSettings:
+    spec_dir = str(Path(queue.source).resolve().parent)
+    return ShareSettings(
+        kafka=dict(target.settings),
+        queue=queue.name,
+        topic=queue.topic.name,
+        group_id=queue.group.id,
+        dlq_topic=queue.dead_letter.name,
+        output_topic=queue.output_topic,
+        lock_ms=queue.group.lock_duration_ms,
+        delivery_limit=queue.group.delivery_limit,
+        handler=queue.handler,
+        search_paths=[spec_dir],
+        slots=queue.concurrency,
+        max_poll_records=max(1, min(10, queue.group.max_in_flight // max(1, queue.concurrency))),
+        batch_ms=options.batch_ms,
+    )
+
+
+def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"queueplane-{queue.name}")
+    if options.local:
+        # Executors' Python workers must run this interpreter, with the spec's folder importable.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        spec_dir = str(Path(queue.source).resolve().parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (spec_dir, os.environ.get("PYTHONPATH")) if p)
+        builder = builder.master(f"local[{options.tasks or os.cpu_count() or 2}]").config("spark.ui.enabled", "false")
+    spark = (
+        builder.config("spark.python.worker.reuse", "true")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def ship_handler_modules(spark: Any, queue: QueueSpec) -> None:
+    """Zip the handler's top-level module from the spec's folder, if it is there, for the executors."""
+    top = queue.handler.split(":")[0].split(".")[0]
+    spec_dir = Path(queue.source).resolve().parent
+    candidates = [spec_dir / f"{top}.py", spec_dir / top]
+    present = [c for c in candidates if c.exists()]
+    if not present:
+        return  # on PYTHONPATH or installed in the image
+    bundle = Path(tempfile.mkdtemp(prefix="queueplane-handler-")) / f"{top}.zip"
+    with zipfile.ZipFile(bundle, "w") as archive:
+        for path in present:
+            files = [path] if path.is_file() else sorted(p for p in path.rglob("*.py"))
+            for file in files:
+                archive.write(file, file.relative_to(spec_dir))
+    spark.sparkContext.addPyFile(str(bundle))
+
+
+def run_queue(
+    queue: QueueSpec,
+    target: KafkaTarget,
+    options: RunOptions,
+    on_batch: Callable[[BatchProgress], None] = lambda _p: None,
+    backlog: Callable[[], dict[int, int] | None] = lambda: None,
+) -> RunSummary:
+    """Run the worker until a stop condition holds; return what it did."""
+    if queue.group.type != "share":
+        raise QueueplaneError(f"{queue.source}: group type {queue.group.type} has no runtime yet")
+    from queueplane.worker.share_source import SOURCE_NAME, ShareSource
+
+    spark = spark_session(queue, options)
+    ship_handler_modules(spark, queue)
+    spark.dataSource.register(ShareSource)
+    tasks = options.tasks or spark.sparkContext.defaultParallelism
+    settings = share_settings(queue, target, options)
+    metrics = WorkerMetrics(queue.name)
+    if options.metrics_port is not None:
+        metrics.serve(options.metrics_port, options.metrics_host)
+
+    counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
+    dead: list[dict[str, Any]] = []
+    state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "backlog": None}
+    started = time.monotonic()
+    stop_requested, may_return = threading.Event(), threading.Event()
+
+    def sink(frame: Any, batch_id: int) -> None:
+        rows = frame.collect()
+        batch_counts = Counter(r.outcome for r in rows)
+        counts.update(batch_counts)
+        for r in rows:
+            if r.outcome == DEAD_LETTERED:
+                dead.append(
+                    {
+                        "partition": r.partition,
+                        "offset": r.offset,
+                        "key": r.key,
+                        "delivery_count": r.delivery_count,
+                        "error": r.error,
+                    }
+                )
+        metrics.observe(rows)
+        lag = backlog()
+        total_lag = sum(lag.values()) if lag else None
+        metrics.set_backlog(lag)
+        state["batches"] += 1
+        state["backlog"] = total_lag
+        if rows:
+            state["last_activity"] = time.monotonic()
+        elapsed = time.monotonic() - started
+        log.info(
+            "batch %d: %d accepted, %d released, %d dlq (totals %d/%d/%d), backlog %s, %.0f records/s",
+            batch_id,
+            batch_counts[ACCEPTED],
+            batch_counts[RELEASED],
+            batch_counts[DEAD_LETTERED],
+            counts[ACCEPTED],
+            counts[RELEASED],
+            counts[DEAD_LETTERED],
+            "?" if total_lag is None else total_lag,
+            sum(counts[o] for o in FINAL_OUTCOMES) / max(elapsed, 1e-6),
+        )
+        on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total_lag, elapsed))
+        if should_stop():
+            # Hold the stream thread here, between batches, while the query stops: no task is
+            # running, so no record is left acquired-but-unacknowledged by the shutdown.
+            stop_requested.set()
+            may_return.wait(STOP_WAIT_S)
+
+    def should_stop() -> bool:
+        final = sum(counts[o] for o in FINAL_OUTCOMES)
+        if options.max_records is not None and final >= options.max_records:
+            return True
+        idle = time.monotonic() - state["last_activity"]
+        drained = state["backlog"] in (None, 0)
+        if options.until_idle_s is not None and idle >= options.until_idle_s and drained:
+            return True
+        return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
+
+    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-ckpt-")
+    query = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("settings", settings.to_json())
+        .option("tasks", str(tasks))
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        while query.isActive and not stop_requested.is_set():
+            if query.awaitTermination(0.25):
+                break
+        if stop_requested.is_set():
+            stopper = threading.Thread(target=query.stop, name="qp-stop")
+            stopper.start()
+            time.sleep(0.5)
+            may_return.set()
+            stopper.join()
+        error = query.exception()
+        if error is not None:
+            raise WorkerFailed(f"the streaming query of {queue.name} failed: {str(error).splitlines()[0]}")
+    finally:
+        may_return.set()
+        if query.isActive:
+            query.stop()
+        metrics.stop()
+    duration = time.monotonic() - started
+    lag = backlog()
+    spark.stop()
+    final = sum(counts[o] for o in FINAL_OUTCOMES)
+    return RunSummary(
+        queue=queue.name,
+        group_type=queue.group.type,
+        counts=dict(counts),
+        dead_lettered=dead,
+        duration_s=round(duration, 2),
+        batches=state["batches"],
+        records_per_s=round(final / duration, 1) if duration else 0.0,
+        lag_at_exit=sum(lag.values()) if lag else (0 if lag == {} else None),
+        lag_by_partition={str(p): n for p, n in (lag or {}).items()},
+    )
