@@ -19,8 +19,8 @@ def _plaintext_bootstrap(target: KafkaTarget) -> tuple[str, int] | None:
     return (host, int(port)) if host and port.isdigit() else None
 
 
-def share_lag(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int] | None:
-    """Lag per partition, partitions with unknown lag counted as 0; None if it cannot be read."""
+def share_lag(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int | None] | None:
+    """Lag per partition (None where the broker has no state for it yet); None if it cannot be read."""
     address = _plaintext_bootstrap(target)
     if address is None:
         return None
@@ -28,4 +28,11 @@ def share_lag(target: KafkaTarget, group: str, topic: str, partitions: int) -> d
         lags = share_partition_lag(address[0], address[1], group, topic, list(range(partitions)))
     except (OSError, ValueError):
         return None
-    return {p: (lag or 0) for p, lag in lags.items()}
+    return lags
+
+
+def total_lag(lags: dict[int, int | None] | None) -> int | None:
+    """The sum, or None while any partition's lag is unknown."""
+    if lags is None or any(v is None for v in lags.values()):
+        return None
+    return sum(v for v in lags.values() if v is not None)

@@ -65,9 +65,10 @@ class WorkerMetrics:
             peak = max(peak, row.inflight or 0)
         self.inflight.labels(self.queue).set(peak)
 
-    def set_backlog(self, lag: dict[int, int] | None) -> None:
+    def set_backlog(self, lag: dict[int, int | None] | None) -> None:
         for partition, value in (lag or {}).items():
-            self.backlog.labels(self.queue, str(partition)).set(value)
+            if value is not None:
+                self.backlog.labels(self.queue, str(partition)).set(value)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from queueplane.connection import KafkaTarget
 from queueplane.errors import QueueplaneError
+from queueplane.lag import total_lag
 from queueplane.model import QueueSpec
 from queueplane.worker.metrics import WorkerMetrics
 from queueplane.worker.share_runtime import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED, ShareSettings
@@ -63,7 +64,7 @@ class RunSummary:
     batches: int
     records_per_s: float
     lag_at_exit: int | None
-    lag_by_partition: dict[str, int] = field(default_factory=dict)
+    lag_by_partition: dict[str, int | None] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +88,8 @@ def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions) -
         handler=queue.handler,
         search_paths=[spec_dir],
         slots=queue.concurrency,
-        max_poll_records=max(1, min(10, queue.group.max_in_flight // max(1, queue.concurrency))),
+        # Few records a poll: every record of a poll is locked from the poll on, and one slot handles them in turn.
+        max_poll_records=max(1, min(5, queue.group.max_in_flight // max(1, queue.concurrency))),
         batch_ms=options.batch_ms,
     )
 
@@ -135,7 +137,7 @@ def run_queue(
     target: KafkaTarget,
     options: RunOptions,
     on_batch: Callable[[BatchProgress], None] = lambda _p: None,
-    backlog: Callable[[], dict[int, int] | None] = lambda: None,
+    backlog: Callable[[], dict[int, int | None] | None] = lambda: None,
 ) -> RunSummary:
     """Run the worker until a stop condition holds; return what it did."""
     if queue.group.type != "share":
@@ -143,7 +145,8 @@ def run_queue(
     from queueplane.worker.share_source import SOURCE_NAME, ShareSource
 
     spark = spark_session(queue, options)
-    ship_handler_modules(spark, queue)
+    if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
+        ship_handler_modules(spark, queue)
     spark.dataSource.register(ShareSource)
     tasks = options.tasks or spark.sparkContext.defaultParallelism
     settings = share_settings(queue, target, options)
@@ -153,7 +156,7 @@ def run_queue(
 
     counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
     dead: list[dict[str, Any]] = []
-    state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "backlog": None}
+    state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "backlog": None, "lag_readable": False}
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
 
@@ -174,10 +177,11 @@ def run_queue(
                 )
         metrics.observe(rows)
         lag = backlog()
-        total_lag = sum(lag.values()) if lag else None
+        total = total_lag(lag)
         metrics.set_backlog(lag)
         state["batches"] += 1
-        state["backlog"] = total_lag
+        state["backlog"] = total
+        state["lag_readable"] = lag is not None
         if rows:
             state["last_activity"] = time.monotonic()
         elapsed = time.monotonic() - started
@@ -190,10 +194,10 @@ def run_queue(
             counts[ACCEPTED],
             counts[RELEASED],
             counts[DEAD_LETTERED],
-            "?" if total_lag is None else total_lag,
+            "?" if total is None else total,
             sum(counts[o] for o in FINAL_OUTCOMES) / max(elapsed, 1e-6),
         )
-        on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total_lag, elapsed))
+        on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total, elapsed))
         if should_stop():
             # Hold the stream thread here, between batches, while the query stops: no task is
             # running, so no record is left acquired-but-unacknowledged by the shutdown.
@@ -205,7 +209,8 @@ def run_queue(
         if options.max_records is not None and final >= options.max_records:
             return True
         idle = time.monotonic() - state["last_activity"]
-        drained = state["backlog"] in (None, 0)
+        # Drained: the broker says no lag; where lag cannot be read at all, idleness alone decides.
+        drained = state["backlog"] == 0 or not state["lag_readable"]
         if options.until_idle_s is not None and idle >= options.until_idle_s and drained:
             return True
         return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
@@ -251,6 +256,6 @@ def run_queue(
         duration_s=round(duration, 2),
         batches=state["batches"],
         records_per_s=round(final / duration, 1) if duration else 0.0,
-        lag_at_exit=sum(lag.values()) if lag else (0 if lag == {} else None),
+        lag_at_exit=total_lag(lag),
         lag_by_partition={str(p): n for p, n in (lag or {}).items()},
     )

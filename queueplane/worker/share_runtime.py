@@ -19,14 +19,13 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message, Producer, ShareConsumer
 
 from queueplane.dlq import Failure, dlq_headers
-from queueplane.handler import Handler, Output, Record, Reject, Retry, load_handler, outputs_of
+from queueplane.handler import Handler, Output, Record, Reject, load_handler, outputs_of
 
 log = logging.getLogger("queueplane.worker")
 
@@ -39,6 +38,7 @@ ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
 FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
 
 HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
+FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least one)
 DELIVERY_TIMEOUT_S = 30.0
 
 
@@ -94,64 +94,99 @@ class Outcome:
         )
 
 
-class _HandlerTimeout(Exception):
-    pass
+class _Call:
+    """One handler call handed to the pool; the fetcher that owns the record waits on it.
 
-
-class _HandlerThread:
-    """Runs handler calls on a daemon thread, so a call that overruns its deadline can be abandoned.
-
-    A Python thread cannot be killed; an overrunning call keeps its thread, which is left
-    behind (daemon, so it never blocks process exit) while the slot gets a fresh one.
+    A call the fetcher gave up on (deadline passed) is abandoned: if the handler returns
+    later, its outputs are dropped, so a released record never also produces output.
     """
 
-    def __init__(self, name: str):
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+    RUNNING, PRODUCING, DONE, ABANDONED = range(4)
+
+    def __init__(self, record: Record, budget_s: float):
+        self.record = record
+        self.budget_s = budget_s
+        self.state = _Call.RUNNING
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.result: tuple[str, Failure | None] | None = None
+        self.inflight = 0
+        self.started = time.monotonic()
+
+
+class HandlerPool:
+    """``size`` daemon threads running handler calls for every fetcher of the process.
+
+    A call stuck past its deadline keeps its thread (a Python thread cannot be stopped);
+    the pool starts a replacement so the number of usable threads stays ``size``.
+    """
+
+    def __init__(self, runtime: ProcessRuntime, size: int):
+        self.runtime = runtime
+        self.size = size
+        self.calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.live = 0
+        self.inflight = 0
+        for _ in range(size):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        with self.lock:
+            self.live += 1
+        threading.Thread(target=self._loop, name="qp-handler", daemon=True).start()
+
+    def replace_stuck(self) -> None:
+        self._spawn()
 
     def _loop(self) -> None:
         while True:
-            item = self._calls.get()
-            if item is None:
+            call = self.calls.get()
+            self._run(call)
+            with self.lock:
+                if self.live > self.size:  # a replacement took this thread's place while it was stuck
+                    self.live -= 1
+                    return
+
+    def _run(self, call: _Call) -> None:
+        s = self.runtime.settings
+        remaining = call.budget_s - (time.monotonic() - call.started)
+        if remaining <= 0:
+            return self._finish(call, (RELEASED, Failure("Timeout", "the lock ran out before the handler started")))
+        with self.lock:
+            self.inflight += 1
+            call.inflight = self.inflight
+        try:
+            outputs = outputs_of(self.runtime.handler(call.record))
+            with call.lock:
+                if call.state == _Call.ABANDONED:
+                    return None
+                call.state = _Call.PRODUCING
+            self.runtime.produce_and_wait([self.runtime.output_record(o, call.record) for o in outputs])
+            result: tuple[str, Failure | None] = (ACCEPTED, None)
+        except Reject as exc:
+            result = (DEAD_LETTERED, Failure.of(exc))
+        except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
+            result = (RELEASED, Failure.of(exc))
+        finally:
+            with self.lock:
+                self.inflight -= 1
+        if result[0] == RELEASED and call.record.delivery_count >= s.delivery_limit:
+            result = (DEAD_LETTERED, result[1])
+        return self._finish(call, result)
+
+    @staticmethod
+    def _finish(call: _Call, result: tuple[str, Failure | None]) -> None:
+        with call.lock:
+            if call.state == _Call.ABANDONED:
                 return
-            fn, arg, box, done = item
-            try:
-                box.append((True, fn(arg)))
-            except BaseException as exc:
-                box.append((False, exc))
-            done.set()
-
-    def call(self, fn: Callable[[Record], Any], arg: Record, timeout: float) -> Any:
-        box: list = []
-        done = threading.Event()
-        self._calls.put((fn, arg, box, done))
-        if not done.wait(timeout):
-            self._calls.put(None)  # lets the thread end if the call ever returns
-            raise _HandlerTimeout(f"handler ran past its deadline of {timeout:.1f}s")
-        ok, value = box[0]
-        if ok:
-            return value
-        raise value
-
-
-class _InFlight:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-
-    def __enter__(self) -> int:
-        with self._lock:
-            self.count += 1
-            return self.count
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self.count -= 1
+            call.state = _Call.DONE
+            call.result = result
+        call.done.set()
 
 
 class ProcessRuntime:
-    """One per Python worker process and queue: the producer, the handler and the slots."""
+    """One per Python worker process and queue: producer, handler, handler pool and fetchers."""
 
     def __init__(self, settings: ShareSettings):
         from queueplane.cluster import quiet_logger
@@ -170,8 +205,8 @@ class ProcessRuntime:
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._serve_deliveries, name="qp-delivery", daemon=True)
         self._poller.start()
-        self.slots: list[ShareSlot] = []
-        self.inflight = _InFlight()
+        self.pool = HandlerPool(self, settings.slots)
+        self.fetchers: list[ShareFetcher] = []
         # First attempt times this process saw, for the DLQ headers (bounded).
         self.first_attempts: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._first_lock = threading.Lock()
@@ -189,6 +224,13 @@ class ProcessRuntime:
             while len(self.first_attempts) > 100_000:
                 self.first_attempts.popitem(last=False)
             return first
+
+    def output_record(self, output: Output, record: Record) -> tuple[str, bytes | None, bytes | None, list]:
+        topic = output.topic or self.settings.output_topic
+        if topic is None:
+            raise RuntimeError("the handler returned outputs but the spec names no processing.output.topic")
+        key, value, headers = output.encoded()
+        return (topic, key if output.key is not None else record.key, value, headers)
 
     def produce_and_wait(self, records: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]]) -> None:
         """Produce and block until every record is acknowledged by the brokers (durable), or raise."""
@@ -217,15 +259,16 @@ class ProcessRuntime:
             raise RuntimeError(f"output delivery failed: {errors[0]}")
 
     def run_batch(self) -> list[Outcome]:
-        """Lend every slot the batch's time budget, in parallel; return what they did."""
-        with self._batch_lock:  # two tasks in one process never share slots
-            while len(self.slots) < self.settings.slots:
-                self.slots.append(ShareSlot(self, len(self.slots)))
+        """Lend every fetcher the batch's time budget, in parallel; return what they did."""
+        with self._batch_lock:  # two tasks in one process never share fetchers
+            wanted = max(1, -(-self.settings.slots // FETCHER_SHARE))
+            while len(self.fetchers) < wanted:
+                self.fetchers.append(ShareFetcher(self, len(self.fetchers)))
             deadline = time.monotonic() + self.settings.batch_ms / 1000
-            results: list[list[Outcome]] = [[] for _ in self.slots]
+            results: list[list[Outcome]] = [[] for _ in self.fetchers]
             threads = [
-                threading.Thread(target=lambda i=i, s=s: results[i].extend(s.run(deadline)), name=f"qp-slot-{i}")
-                for i, s in enumerate(self.slots)
+                threading.Thread(target=lambda i=i, f=f: results[i].extend(f.run(deadline)), name=f"qp-fetch-{i}")
+                for i, f in enumerate(self.fetchers)
             ]
             for t in threads:
                 t.start()
@@ -234,15 +277,20 @@ class ProcessRuntime:
             return [o for r in results for o in r]
 
     def close(self) -> None:
-        for slot in self.slots:
-            slot.close()
+        for fetcher in self.fetchers:
+            fetcher.close()
         self._stop.set()
         with contextlib.suppress(Exception):
             self.producer.flush(10)
 
 
-class ShareSlot:
-    """One slot: a ShareConsumer in explicit acknowledgement mode and its handler thread."""
+class ShareFetcher:
+    """A ShareConsumer in explicit acknowledgement mode feeding the process's handler pool.
+
+    It hands every record of a poll to the pool at once, so one slow record does not hold
+    up the others locked by the same poll, and acknowledges each as soon as its outcome is
+    durable; acknowledgements ride on the next poll or are committed when time runs short.
+    """
 
     def __init__(self, runtime: ProcessRuntime, index: int):
         from queueplane.cluster import quiet_logger
@@ -261,11 +309,11 @@ class ShareSlot:
             }
         )
         self.consumer.subscribe([s.topic])
-        self.handler_thread = _HandlerThread(f"qp-handler-{index}")
         self._closed = False
 
     def run(self, deadline: float) -> list[Outcome]:
         outcomes: list[Outcome] = []
+        pending = False
         while time.monotonic() < deadline and not self._closed:
             try:
                 messages = self.consumer.poll(min(0.2, max(0.01, deadline - time.monotonic())))
@@ -276,108 +324,115 @@ class ShareSlot:
             if not messages:
                 continue
             polled_at = time.monotonic()
+            calls = []
             for message in messages:
                 if message.error():
                     log.warning("share consumer error: %s", message.error())
                     continue
-                outcome, ack = self.handle(message, polled_at)
+                record = _record(message)
+                self.runtime.first_attempt(record, int(time.time() * 1000))
+                call = _Call(record, self._budget(polled_at))
+                self.runtime.pool.calls.put(call)
+                calls.append((message, call))
+            for message, call in calls:
+                outcome, ack = self._settle(call)
                 self.consumer.acknowledge(message, ack)
                 outcomes.append(outcome)
-            try:
-                self.consumer.commit_sync()
-            except KafkaException as exc:
-                # The broker redelivers what it did not record; outcomes stay as the handler decided.
-                log.warning("acknowledgement commit failed: %s", exc)
+                pending = True
+            if time.monotonic() - polled_at > self.runtime.settings.lock_ms / 2000:
+                pending = not self._commit()
+        if pending:
+            self._commit()
         return outcomes
 
-    def handle(self, message: Message, polled_at: float) -> tuple[Outcome, int]:
-        s = self.runtime.settings
-        record = Record(
-            key=message.key(),
-            value=message.value(),
-            headers=tuple(message.headers() or ()),
-            topic=message.topic(),
-            partition=message.partition(),
-            offset=message.offset(),
-            delivery_count=message.delivery_count() or 1,
-            timestamp=message.timestamp()[1],
-        )
-        now_ms = int(time.time() * 1000)
-        first_ms = self.runtime.first_attempt(record, now_ms)
-        started = time.monotonic()
-        lock_s = s.lock_ms / 1000
-        # Both the handler's share of the lock and what remains of the lock acquired at poll time.
-        budget = min(lock_s * HANDLER_SHARE_OF_LOCK, polled_at + lock_s * 0.9 - started)
-        inflight = 0
-        try:
-            if budget <= 0:
-                raise _HandlerTimeout("the acquisition lock ran out before the handler could start")
-            with self.runtime.inflight as inflight:
-                result = self.handler_thread.call(self.runtime.handler, record, budget)
-            self.runtime.produce_and_wait([self._output(o, record) for o in outputs_of(result)])
-            return self._outcome(record, ACCEPTED, None, started, inflight), AcknowledgeType.ACCEPT
-        except _HandlerTimeout as exc:
-            self.handler_thread = _HandlerThread(f"qp-handler-{self.index}")
-            failure = Failure("Timeout", str(exc))
-        except Reject as exc:
-            return self._dead_letter(record, Failure.of(exc), first_ms, started, inflight)
-        except Retry as exc:
-            failure = Failure.of(exc)
-        except Exception as exc:
-            failure = Failure.of(exc)
-        if record.delivery_count >= s.delivery_limit:
-            return self._dead_letter(record, failure, first_ms, started, inflight)
-        return self._outcome(record, RELEASED, failure, started, inflight), AcknowledgeType.RELEASE
+    def _budget(self, polled_at: float) -> float:
+        lock_s = self.runtime.settings.lock_ms / 1000
+        return max(0.0, min(lock_s * HANDLER_SHARE_OF_LOCK, polled_at + lock_s * 0.9 - time.monotonic()))
 
-    def _output(self, output: Output, record: Record) -> tuple[str, bytes | None, bytes | None, list]:
-        topic = output.topic or self.runtime.settings.output_topic
-        if topic is None:
-            raise RuntimeError("the handler returned outputs but the spec names no processing.output.topic")
-        key, value, headers = output.encoded()
-        return (topic, key if output.key is not None else record.key, value, headers)
+    def _settle(self, call: _Call) -> tuple[Outcome, int]:
+        """Wait for the call within its budget; give up on it (RELEASE or DLQ) when the budget is spent."""
+        if not call.done.wait(max(0.0, call.budget_s - (time.monotonic() - call.started))):
+            with call.lock:
+                producing = call.state == _Call.PRODUCING
+                if not producing and call.state != _Call.DONE:
+                    call.state = _Call.ABANDONED
+            if producing or call.state == _Call.DONE:
+                call.done.wait(DELIVERY_TIMEOUT_S)  # outputs are on their way: let them land
+            else:
+                self.runtime.pool.replace_stuck()
+                failure = Failure("Timeout", f"handler ran past its deadline of {call.budget_s:.1f}s")
+                final = call.record.delivery_count >= self.runtime.settings.delivery_limit
+                return self._decide(call, DEAD_LETTERED if final else RELEASED, failure)
+        assert call.result is not None
+        return self._decide(call, *call.result)
 
-    def _dead_letter(
-        self, record: Record, failure: Failure, first_ms: int, started: float, inflight: int
-    ) -> tuple[Outcome, int]:
-        headers = dlq_headers(
-            record.headers,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            delivery_count=record.delivery_count,
-            failure=failure,
-            first_attempt_ms=first_ms,
-            last_attempt_ms=int(time.time() * 1000),
-        )
-        try:
-            self.runtime.produce_and_wait([(self.runtime.settings.dlq_topic, record.key, record.value, headers)])
-        except Exception as exc:
-            # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
-            return (
-                self._outcome(record, RELEASED, Failure("DeadLetterWriteFailed", str(exc)), started, inflight),
-                AcknowledgeType.RELEASE,
+    def _decide(self, call: _Call, outcome: str, failure: Failure | None) -> tuple[Outcome, int]:
+        record = call.record
+        if outcome == DEAD_LETTERED:
+            headers = dlq_headers(
+                record.headers,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                delivery_count=record.delivery_count,
+                failure=failure or Failure("Unknown", ""),
+                first_attempt_ms=self.runtime.first_attempt(record, int(time.time() * 1000)),
+                last_attempt_ms=int(time.time() * 1000),
             )
-        return self._outcome(record, DEAD_LETTERED, failure, started, inflight), AcknowledgeType.REJECT
+            try:
+                self.runtime.produce_and_wait([(self.runtime.settings.dlq_topic, record.key, record.value, headers)])
+            except Exception as exc:
+                # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
+                return _outcome(call, RELEASED, Failure("DeadLetterWriteFailed", str(exc))), AcknowledgeType.RELEASE
+            return _outcome(call, DEAD_LETTERED, failure), AcknowledgeType.REJECT
+        ack = AcknowledgeType.ACCEPT if outcome == ACCEPTED else AcknowledgeType.RELEASE
+        return _outcome(call, outcome, failure), ack
 
-    @staticmethod
-    def _outcome(record: Record, outcome: str, failure: Failure | None, started: float, inflight: int) -> Outcome:
-        return Outcome(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key.decode("utf-8", "replace") if record.key is not None else None,
-            delivery_count=record.delivery_count,
-            outcome=outcome,
-            error=f"{failure.error_class}: {failure.message}" if failure else None,
-            latency_ms=(time.monotonic() - started) * 1000,
-            inflight=inflight,
-        )
+    def _commit(self) -> bool:
+        try:
+            results = self.consumer.commit_sync()
+            failed = {tp: err for tp, err in (results or {}).items() if err is not None}
+            if failed:
+                log.warning("acknowledgements not recorded for %s", failed)
+            return not failed
+        except KafkaException as exc:
+            # The broker redelivers what it did not record; outcomes stay as the handler decided.
+            log.warning("acknowledgement commit failed: %s", exc)
+            return False
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             with contextlib.suppress(Exception):
                 self.consumer.close()
+
+
+def _record(message: Message) -> Record:
+    return Record(
+        key=message.key(),
+        value=message.value(),
+        headers=tuple(message.headers() or ()),
+        topic=message.topic(),
+        partition=message.partition(),
+        offset=message.offset(),
+        delivery_count=message.delivery_count() or 1,
+        timestamp=message.timestamp()[1],
+    )
+
+
+def _outcome(call: _Call, outcome: str, failure: Failure | None) -> Outcome:
+    record = call.record
+    return Outcome(
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key.decode("utf-8", "replace") if record.key is not None else None,
+        delivery_count=record.delivery_count,
+        outcome=outcome,
+        error=f"{failure.error_class}: {failure.message}" if failure else None,
+        latency_ms=(time.monotonic() - call.started) * 1000,
+        inflight=call.inflight,
+    )
 
 
 _RUNTIMES: dict[str, ProcessRuntime] = {}
@@ -387,6 +442,10 @@ _RUNTIMES_LOCK = threading.Lock()
 def runtime_for(settings: ShareSettings) -> ProcessRuntime:
     """This process's runtime for a queue, created on first use and kept for later batches."""
     key = settings.to_json()
+    if not logging.getLogger().handlers:  # Spark's Python workers: log to stderr, which Spark keeps
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
+        )
     with _RUNTIMES_LOCK:
         runtime = _RUNTIMES.get(key)
         if runtime is None:

@@ -1,0 +1,100 @@
+"""The share-group worker on real Spark against the real broker (KIP-932 semantics)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+
+import pytest
+from worker_support import make_queue, order, produce, read_all, run_worker
+
+from queueplane import dlq
+
+pytestmark = pytest.mark.kafka
+
+
+def _header(message, name: str) -> str | None:
+    for key, value in message.headers() or []:
+        if key == name:
+            return value.decode()
+    return None
+
+
+def test_poison_goes_to_the_dlq_at_once_retries_stop_at_the_limit_and_the_rest_is_accepted_once(kafka, tmp_path):
+    queue = make_queue(tmp_path, kafka, delivery_limit=3, concurrency=4)
+    good = [order(i) for i in range(40)]
+    values = [*good, b'{"id": "id-poison", "broken', order(999, mode="retry")]
+    produce(kafka, queue.topic, values)
+
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == 40
+    assert summary["counts"]["dlq"] == 2
+    by_error = {d["error"].split(":")[0]: d for d in summary["dead_lettered"]}
+    assert by_error["Reject"]["delivery_count"] == 1  # poison: first delivery, straight to the DLQ
+    assert by_error["Retry"]["delivery_count"] == 3  # always-retry: exactly deliveryLimit deliveries
+
+    events = queue.events()
+    retry_calls = [e for e in events if e.get("id") == "id-000999"]
+    assert sorted(e["dc"] for e in retry_calls) == [1, 2, 3]
+    assert next(e for e in events if e.get("result") == "not-json")["dc"] == 1
+
+    dead = read_all(kafka, queue.dlq, expect_at_least=2)
+    assert len(dead) == 2
+    for message in dead:
+        assert _header(message, dlq.HEADER_SOURCE_TOPIC) == queue.topic
+        assert _header(message, dlq.HEADER_SOURCE_OFFSET) is not None
+        assert int(_header(message, dlq.HEADER_FIRST_ATTEMPT_MS)) <= int(_header(message, dlq.HEADER_LAST_ATTEMPT_MS))
+    poison = next(m for m in dead if _header(m, dlq.HEADER_ERROR_CLASS) == "Reject")
+    assert poison.value() == b'{"id": "id-poison", "broken'  # original key and value kept
+    assert _header(poison, dlq.HEADER_DELIVERY_COUNT) == "1"
+    retried = next(m for m in dead if _header(m, dlq.HEADER_ERROR_CLASS) == "Retry")
+    assert _header(retried, dlq.HEADER_DELIVERY_COUNT) == "3"
+    assert _header(retried, dlq.HEADER_ERROR_MESSAGE) == "always retry"
+
+    outputs = Counter(m.value() for m in read_all(kafka, queue.output, expect_at_least=40))
+    assert len(outputs) == 40 and set(outputs.values()) == {1}, "each valid record exactly once in the output"
+    # Rejected (archived) records are not delivered again: a second run finds nothing to do.
+    again = run_worker(queue, kafka, "--until-idle", "3s")
+    assert again["counts"] == {"accepted": 0, "released": 0, "dlq": 0}
+    assert again["lag_at_exit"] == 0
+
+
+def test_a_hung_handler_loses_its_record_to_a_redelivery_and_holds_up_nothing_else(kafka, tmp_path):
+    queue = make_queue(tmp_path, kafka, lock="3s", concurrency=4, delivery_limit=3)
+    produce(kafka, queue.topic, [order(0, mode="hang", hang_s=12), *[order(i, sleep_ms=20) for i in range(1, 60)]])
+
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == 60 and summary["counts"]["dlq"] == 0
+    assert summary["counts"]["released"] == 1
+
+    events = queue.events()
+    hung = [e for e in events if e["id"] == "id-000000"]
+    first = next(e for e in hung if e["dc"] == 1 and e["result"] == "started")
+    # The hung call never finished while the worker ran (it sleeps 12s): it logged no end.
+    first_end = next((e["end"] for e in hung if e["dc"] == 1 and e["result"] != "started"), float("inf"))
+    second = next(e for e in hung if e["dc"] == 2 and e["result"] == "ok")
+    assert second["start"] < first_end, "the redelivery ran while the first call was still hung"
+    assert (second["pid"], second["thread"]) != (first["pid"], first["thread"]), "redelivered to another slot"
+    others = [e for e in events if e["id"] != "id-000000"]
+    assert all(e["dc"] == 1 for e in others), "no other record was delayed past its lock"
+    assert max(e["end"] for e in others) < second["start"], "every other record finished without waiting for it"
+
+
+def test_more_handler_calls_in_flight_than_partitions(kafka, tmp_path):
+    queue = make_queue(tmp_path, kafka, partitions=2, concurrency=8, lock="10s")
+    produce(kafka, queue.topic, [order(i, sleep_ms=300) for i in range(120)])
+    summary = run_worker(queue, kafka, "--until-idle", "4s", "--tasks", "1")
+    assert summary["counts"]["accepted"] == 120
+    events = queue.events()
+    points = sorted(
+        itertools.chain.from_iterable(((e["start"], 1), (e["end"], -1)) for e in events), key=lambda p: (p[0], p[1])
+    )
+    running = peak = 0
+    for _, step in points:
+        running += step
+        peak = max(peak, running)
+    assert peak >= 6, f"at most {peak} handler calls overlapped"
+    per_partition = defaultdict(set)
+    for e in events:
+        per_partition[e["partition"]].add(e["thread"])
+    assert sum(len(t) for t in per_partition.values()) > 2

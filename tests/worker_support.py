@@ -1,0 +1,208 @@
+"""Test queues for the worker: a spec, a handler module next to it, and an event log.
+
+The handler runs in Spark's Python worker processes, so it reports what it did by
+appending JSON lines to files in the queue's folder, which the test reads afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+from helpers import REPO
+from specs_factory import dump
+
+from queueplane import workflow
+from queueplane.connection import KafkaTarget
+
+HANDLER_SOURCE = '''
+"""Test handler: behaviour per record from its JSON value; every call logged."""
+import json, os, threading, time
+from queueplane import Output, Retry
+
+LOG_DIR = "{log_dir}"
+
+
+def _log(event):
+    os.makedirs(LOG_DIR, exist_ok=True)
+    with open(os.path.join(LOG_DIR, f"{os.getpid()}.jsonl"), "a") as handle:
+        handle.write(json.dumps(event) + "\\n")
+
+
+def handle(record):
+    start = time.time()
+    event = {"offset": record.offset, "partition": record.partition, "dc": record.delivery_count,
+             "pid": os.getpid(), "thread": threading.get_ident(), "start": start}
+    try:
+        order = record.json()
+    except Exception:
+        event.update(id=None, end=time.time(), result="not-json")
+        _log(event)
+        raise
+    event["id"] = order["id"]
+    mode = order.get("mode", "ok")
+    if mode == "hang":
+        _log(dict(event, result="started"))
+    try:
+        if mode == "retry":
+            raise Retry("always retry")
+        if mode == "hang" and record.delivery_count == 1:
+            time.sleep(order.get("hang_s", 10))
+        if order.get("sleep_ms"):
+            time.sleep(order["sleep_ms"] / 1000)
+        event["result"] = "ok"
+        return Output({"id": order["id"]}, key=record.key)
+    except Retry:
+        event["result"] = "retry"
+        raise
+    finally:
+        event["end"] = time.time()
+        _log(event)
+'''
+
+
+@dataclass
+class TestQueue:
+    folder: Path
+    spec_path: Path
+    topic: str
+    dlq: str
+    output: str
+    group: str
+
+    def events(self) -> list[dict]:
+        out = []
+        for file in (self.folder / "events").glob("*.jsonl"):
+            out += [json.loads(line) for line in file.read_text().splitlines() if line]
+        return out
+
+
+def make_queue(
+    tmp_path: Path,
+    kafka: KafkaTarget,
+    *,
+    partitions: int = 2,
+    concurrency: int = 4,
+    lock: str = "5s",
+    delivery_limit: int = 3,
+) -> TestQueue:
+    tag = uuid.uuid4().hex[:8]
+    module = f"qp_handler_{tag}"
+    folder = tmp_path / f"queue-{tag}"
+    folder.mkdir()
+    (folder / f"{module}.py").write_text(HANDLER_SOURCE.replace("{log_dir}", str(folder / "events")))
+    topic = f"{tag}.work"
+    doc = {
+        "apiVersion": "queueplane.io/v1",
+        "kind": "Queue",
+        "metadata": {"name": f"w-{tag}", "team": "test"},
+        "spec": {
+            "topic": {"name": topic, "partitions": partitions},
+            "group": {
+                "type": "share",
+                "id": f"g-{tag}",
+                "lockDuration": lock,
+                "deliveryLimit": delivery_limit,
+                "maxInFlight": 100,
+            },
+            "processing": {
+                "handler": f"{module}:handle",
+                "concurrency": concurrency,
+                "output": {"topic": f"{topic}.out"},
+            },
+        },
+    }
+    spec_path = folder / "queue.yaml"
+    spec_path.write_text(dump(doc))
+    workflow.apply(workflow.plan([str(spec_path)], kafka))
+    return TestQueue(folder, spec_path, topic, f"{topic}.dlq", f"{topic}.out", f"g-{tag}")
+
+
+def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[bytes] | None = None) -> None:
+    producer = Producer(dict(kafka.settings))
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, key=(keys[i] if keys else f"k{i % 16}".encode()))
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def order(i: int, **fields: object) -> bytes:
+    return json.dumps({"id": f"id-{i:06d}", **fields}).encode()
+
+
+def read_all(kafka: KafkaTarget, topic: str, expect_at_least: int = 0, timeout_s: float = 30) -> list:
+    """Every record of a topic (read_committed), waiting until at least ``expect_at_least`` arrived."""
+    consumer = Consumer(
+        {
+            **kafka.settings,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    records, deadline, quiet_since = [], time.monotonic() + timeout_s, time.monotonic()
+    while time.monotonic() < deadline:
+        batch = consumer.consume(500, 0.5)
+        good = [m for m in batch if not m.error()]
+        records += good
+        if good:
+            quiet_since = time.monotonic()
+        elif len(records) >= expect_at_least and time.monotonic() - quiet_since > 2:
+            break
+    consumer.close()
+    return records
+
+
+def run_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float = 300) -> dict:
+    """`queueplane run` in a subprocess, as a user runs it; returns its JSON summary."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "queueplane",
+            "run",
+            str(queue.spec_path),
+            "--bootstrap-servers",
+            kafka.bootstrap,
+            "-o",
+            "json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def start_worker(queue: TestQueue, kafka: KafkaTarget, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "queueplane",
+            "run",
+            str(queue.spec_path),
+            "--bootstrap-servers",
+            kafka.bootstrap,
+            "-o",
+            "json",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+    )
