@@ -33,6 +33,13 @@ demo: setup
 	@echo "== 6. look with Kafka's own tools"
 	$(QP) local kafka topics --describe --topic cafe.coffee-orders.v1
 	$(QP) local kafka configs --describe --entity-type groups --entity-name cafe-baristas
+	@echo "== 7. load the coffee-orders share queue: 2000 orders, some poison (not JSON), some slow"
+	$(QP) load specs/examples/coffee-orders.yaml --count 2000 --poison-rate 0.01 --slow-rate 0.02
+	@echo "== 8. run its worker on Spark (local mode) until the queue is drained"
+	$(QP) run specs/examples/coffee-orders.yaml --until-idle 5s
+	@echo "== 9. the dead-letter queue, with Kafka's own console consumer"
+	$(QP) local kafka console-consumer --topic cafe.coffee-orders.v1.dlq --from-beginning --max-messages 3 \
+	  --timeout-ms 5000 --property print.headers=true || true
 	@echo "== done. The broker keeps running: 'queueplane local status', stop it with 'make local-down'."
 
 lint: setup

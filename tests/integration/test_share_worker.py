@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import signal
+import socket
+import time
+import urllib.request
 from collections import Counter, defaultdict
 
 import pytest
-from worker_support import make_queue, order, produce, read_all, run_worker
+from worker_support import make_queue, order, produce, read_all, run_worker, start_worker
 
 from queueplane import dlq
 
@@ -98,3 +104,64 @@ def test_more_handler_calls_in_flight_than_partitions(kafka, tmp_path):
     for e in events:
         per_partition[e["partition"]].add(e["thread"])
     assert sum(len(t) for t in per_partition.values()) > 2
+
+
+def test_kill_9_mid_run_then_restart_loses_nothing(kafka, tmp_path, record_property):
+    total = 20_000
+    queue = make_queue(tmp_path, kafka, partitions=6, concurrency=8, lock="5s")
+    produce(kafka, queue.topic, [order(i) for i in range(total)])
+
+    worker = start_worker(queue, kafka, "--until-idle", "30s")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # let it get well into the work, then kill it mid-way
+        handled = sum(1 for _ in (queue.folder / "events").glob("*.jsonl")) and len(queue.events())
+        if handled >= total // 4:
+            break
+        time.sleep(0.5)
+    os.killpg(worker.pid, signal.SIGKILL)  # the driver, its JVM and every Python worker, as a pod dies
+    worker.wait(30)
+    handled_before_kill = len(queue.events())
+    assert 0 < handled_before_kill < total, "the kill must land mid-way"
+
+    summary = run_worker(queue, kafka, "--until-idle", "6s")
+    assert summary["lag_at_exit"] == 0
+
+    outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total, timeout_s=120)]
+    dead = read_all(kafka, queue.dlq, timeout_s=5)
+    ended = set(outputs) | {json.loads(m.value())["id"] for m in dead}
+    missing = {f"id-{i:06d}" for i in range(total)} - ended
+    assert not missing, f"{len(missing)} records neither accepted nor in the DLQ, e.g. {sorted(missing)[:5]}"
+    duplicates = len(outputs) - len(set(outputs))
+    record_property("share_kill_duplicates", duplicates)
+    print(
+        f"\nshare kill test: {total} records, {handled_before_kill} handled before kill -9, "
+        f"{duplicates} duplicate outputs after restart"
+    )
+
+
+def test_worker_serves_prometheus_metrics_while_it_runs(kafka, tmp_path):
+    queue = make_queue(tmp_path, kafka, partitions=2, concurrency=4)
+    produce(kafka, queue.topic, [*[order(i, sleep_ms=5) for i in range(300)], b"not json"])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    worker = start_worker(queue, kafka, "--until-idle", "5s", "--metrics-port", str(port))
+    try:
+        deadline, text = time.monotonic() + 120, ""
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+            if 'queueplane_records_total{outcome="dlq"' in text and "queueplane_backlog_records" in text:
+                break
+        labels = f'queue="{queue.spec_path.parent.name.replace("queue-", "w-")}"'
+        assert f'queueplane_records_total{{outcome="dlq",{labels}}} 1.0' in text
+        assert f"queueplane_handler_latency_seconds_count{{{labels}}}" in text
+        assert f'queueplane_delivery_count_bucket{{le="1.0",{labels}}}' in text
+        assert "queueplane_inflight" in text
+    finally:
+        worker.wait(180)
+    summary = json.loads(worker.stdout.read())
+    assert summary["counts"]["accepted"] == 300 and summary["counts"]["dlq"] == 1

@@ -1,0 +1,65 @@
+"""spark-submit entrypoint of a queue worker (the Helm chart runs this file).
+
+    spark-submit [--master k8s://...] spark_apps/queue_worker.py --spec /etc/queueplane/spec.yaml
+
+Kafka settings come from $QUEUEPLANE_KAFKA_CONFIG (a librdkafka properties file, mounted
+from a Secret) or $QUEUEPLANE_BOOTSTRAP_SERVERS; metrics are served on --metrics-port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from queueplane import durations, workflow
+from queueplane.connection import named_target
+from queueplane.errors import QueueplaneError, SpecInvalid
+from queueplane.lag import share_lag
+from queueplane.worker.runner import RunOptions, run_queue
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="queue_worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--spec", required=True, help="the queue spec (YAML)")
+    parser.add_argument("--metrics-port", type=int, default=9404)
+    parser.add_argument("--metrics-host", default="0.0.0.0")
+    parser.add_argument("--local", action="store_true", help="Spark local mode instead of the submitted master")
+    parser.add_argument("--until-idle", help="stop after this long without records (tests, contract runs)")
+    parser.add_argument("--max-records", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        target = named_target()
+        if target is None:
+            raise QueueplaneError("set QUEUEPLANE_BOOTSTRAP_SERVERS or QUEUEPLANE_KAFKA_CONFIG")
+        (queue,) = workflow.validate([args.spec], target)
+        options = RunOptions(
+            local=args.local,
+            until_idle_s=durations.parse_seconds(args.until_idle) if args.until_idle else None,
+            max_records=args.max_records,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+        )
+        summary = run_queue(
+            queue,
+            target,
+            options,
+            backlog=lambda: share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions),
+        )
+    except SpecInvalid as exc:
+        for problem in exc.problems:
+            print(problem.render(), file=sys.stderr)
+        return exc.exit_code
+    except QueueplaneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(summary.as_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
