@@ -44,13 +44,14 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check queueplane tests bench
+	$(BIN)/ruff format --check queueplane tests bench spark_apps specs
 
 test: lint
 	$(BIN)/pytest
 
 bench: setup
 	$(BIN)/python bench/provision.py
+	$(BIN)/python bench/share.py
 
 local-down: setup
 	$(QP) local down

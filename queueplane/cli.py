@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -326,7 +327,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         tasks=args.tasks,
     )
-    summary = run_with_progress(queue, target, options, err, show=args.output == "text" and err.is_terminal)
+    show = args.output == "text" and err.is_terminal
+    if not show:  # no progress bars: one log line per micro-batch instead
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("py4j").setLevel(logging.WARNING)
+    summary = run_with_progress(queue, target, options, err, show=show)
     if args.output == "json":
         out.print_json(json.dumps(summary.as_dict()))
     else:

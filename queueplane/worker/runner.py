@@ -25,7 +25,14 @@ from queueplane.errors import QueueplaneError
 from queueplane.lag import total_lag
 from queueplane.model import QueueSpec
 from queueplane.worker.metrics import WorkerMetrics
-from queueplane.worker.share_runtime import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED, ShareSettings
+from queueplane.worker.share_runtime import (
+    ACCEPTED,
+    DEAD_LETTERED,
+    FETCHER_SHARE,
+    FINAL_OUTCOMES,
+    RELEASED,
+    ShareSettings,
+)
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
@@ -74,8 +81,10 @@ class WorkerFailed(QueueplaneError):
     """The streaming query stopped with an error."""
 
 
-def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions) -> ShareSettings:
+def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions, tasks: int) -> ShareSettings:
+    """``processing.concurrency`` is per executor; its ``tasks`` Python processes split it."""
     spec_dir = str(Path(queue.source).resolve().parent)
+    slots = max(1, -(-queue.concurrency // max(1, tasks)))
     return ShareSettings(
         kafka=dict(target.settings),
         queue=queue.name,
@@ -87,9 +96,10 @@ def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions) -
         delivery_limit=queue.group.delivery_limit,
         handler=queue.handler,
         search_paths=[spec_dir],
-        slots=queue.concurrency,
-        # Few records a poll: every record of a poll is locked from the poll on, and one slot handles them in turn.
-        max_poll_records=max(1, min(5, queue.group.max_in_flight // max(1, queue.concurrency))),
+        slots=slots,
+        # Each fetcher asks for twice its share of the pool: enough to keep the pool busy while it
+        # polls again, few enough that records do not sit locked in the pool's queue.
+        max_poll_records=max(1, min(queue.group.max_in_flight, 2 * FETCHER_SHARE)),
         batch_ms=options.batch_ms,
     )
 
@@ -149,7 +159,7 @@ def run_queue(
         ship_handler_modules(spark, queue)
     spark.dataSource.register(ShareSource)
     tasks = options.tasks or spark.sparkContext.defaultParallelism
-    settings = share_settings(queue, target, options)
+    settings = share_settings(queue, target, options, tasks)
     metrics = WorkerMetrics(queue.name)
     if options.metrics_port is not None:
         metrics.serve(options.metrics_port, options.metrics_host)

@@ -363,7 +363,8 @@ class ShareFetcher:
                 failure = Failure("Timeout", f"handler ran past its deadline of {call.budget_s:.1f}s")
                 final = call.record.delivery_count >= self.runtime.settings.delivery_limit
                 return self._decide(call, DEAD_LETTERED if final else RELEASED, failure)
-        assert call.result is not None
+        if call.result is None:  # outputs still not delivered: another delivery may duplicate them, never lose
+            return self._decide(call, RELEASED, Failure("OutputTimeout", "outputs not delivered in time"))
         return self._decide(call, *call.result)
 
     def _decide(self, call: _Call, outcome: str, failure: Failure | None) -> tuple[Outcome, int]:
