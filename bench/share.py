@@ -30,21 +30,33 @@ from queueplane.cluster import quiet_logger
 from queueplane.connection import KafkaTarget
 from queueplane.lag import share_lag
 from queueplane.local.stack import LocalStack
-from queueplane.worker.runner import BatchProgress, RunOptions, run_queue
+from queueplane.worker.runner import RunOptions, run_queue
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 6
 console = Console(stderr=True)
 
 HANDLERS = """
+import os
 import time
+
+_FIRST = os.environ.get("QP_BENCH_FIRST_CALLS", "/tmp")
+
+
+def _mark_first():
+    path = os.path.join(_FIRST, f"first-{os.getpid()}")
+    if not os.path.exists(path):
+        with open(path, "w") as handle:
+            handle.write(repr(time.time()))
 
 
 def sleep_10ms(record):
+    _mark_first()
     time.sleep(0.010)
 
 
 def trivial(record):
+    _mark_first()
     return None
 """
 
@@ -123,7 +135,9 @@ def make_spec(folder: Path, target: KafkaTarget, handler: str, slots: int) -> Pa
         "metadata": {"name": f"bench-{tag}", "team": "bench"},
         "spec": {
             "topic": {"name": f"bench.{tag}", "partitions": PARTITIONS},
-            "group": {"type": "share", "id": f"bench-{tag}", "lockDuration": "15s", "maxInFlight": 2000},
+            # maxInFlight bounds what one poll can acquire (librdkafka's max.poll.records is best-effort):
+            # sized so the slots can start every acquired record well within the lock.
+            "group": {"type": "share", "id": f"bench-{tag}", "lockDuration": "15s", "maxInFlight": 200},
             "processing": {"handler": f"bench_handlers:{handler}", "concurrency": slots},
         },
     }
@@ -145,29 +159,21 @@ def fill(target: KafkaTarget, topic: str, count: int) -> None:
     assert producer.flush(60) == 0
 
 
-def worker_throughput(spec: Path, target: KafkaTarget, records: int) -> dict:
-    """Records/s from the end of the first batch that did work to the last record (start-up excluded)."""
+def worker_throughput(spec: Path, target: KafkaTarget, records: int, marks_dir: Path) -> dict:
+    """Records/s from the first handler call to the last record: Spark and group start-up excluded."""
     (queue,) = workflow.validate([str(spec)], target)
-    marks: list[tuple[float, int]] = []
-
-    def on_batch(p: BatchProgress) -> None:
-        done = p.counts.get("accepted", 0) + p.counts.get("dlq", 0)
-        if done:
-            marks.append((time.monotonic(), done))
-
+    for old in marks_dir.glob("first-*"):
+        old.unlink()
     summary = run_queue(
         queue,
         target,
-        RunOptions(max_records=records, batch_ms=2000),
-        on_batch=on_batch,
+        RunOptions(max_records=records),
         backlog=lambda: share_lag(target, queue.group.id, queue.topic.name, PARTITIONS),
     )
-    (t0, n0), (t1, n1) = marks[0], marks[-1]
-    return {
-        "records": n1,
-        "steady_records_per_s": round((n1 - n0) / (t1 - t0), 1) if t1 > t0 else None,
-        "counts": summary.counts,
-    }
+    ended = time.time()
+    first = min(float(p.read_text()) for p in marks_dir.glob("first-*"))
+    done = summary.counts.get("accepted", 0) + summary.counts.get("dlq", 0)
+    return {"records": done, "steady_records_per_s": round(done / (ended - first), 1), "counts": summary.counts}
 
 
 def plain_loop_throughput(target: KafkaTarget, topic: str, group: str, slots: int, records: int) -> float:
@@ -195,6 +201,7 @@ def plain_loop_throughput(target: KafkaTarget, topic: str, group: str, slots: in
                 if not m.error():
                     consumer.acknowledge(m, AcknowledgeType.ACCEPT)
             if messages:
+                consumer.commit_sync()  # counted once the broker has the acknowledgements, as in the worker
                 with lock:
                     if not first:
                         first.append(time.monotonic())
@@ -230,6 +237,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="qp-bench-share-") as tmp:
         os.environ["QUEUEPLANE_HOME"] = tmp
         folder = Path(tmp)
+        marks = folder / "marks"
+        marks.mkdir()
+        os.environ["QP_BENCH_FIRST_CALLS"] = str(marks)
         (folder / "bench_handlers.py").write_text(HANDLERS)
         stack = LocalStack(folder / "local")
         with console.status("starting a local Kafka broker for the benchmark"):
@@ -241,7 +251,7 @@ def main() -> int:
                     spec = make_spec(folder, target, "sleep_10ms", slots)
                     fill(target, yaml.safe_load(spec.read_text())["spec"]["topic"]["name"], args.records)
                     console.print(f"sleep 10ms handler, {slots} slots")
-                    measured = worker_throughput(spec, target, args.records)
+                    measured = worker_throughput(spec, target, args.records, marks)
                     ideal = slots / 0.010
                     measured["ideal_records_per_s"] = ideal
                     measured["ratio_to_ideal"] = round(measured["steady_records_per_s"] / ideal, 3)
@@ -252,7 +262,7 @@ def main() -> int:
                 topic = yaml.safe_load(spec.read_text())["spec"]["topic"]["name"]
                 fill(target, topic, args.records)
                 console.print(f"trivial handler, {slots} slots")
-                trivial = worker_throughput(spec, target, args.records)
+                trivial = worker_throughput(spec, target, args.records, marks)
             plain_topic_spec = make_spec(folder, target, "trivial", slots)
             doc = yaml.safe_load(plain_topic_spec.read_text())["spec"]
             fill(target, doc["topic"]["name"], args.records)

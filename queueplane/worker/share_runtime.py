@@ -38,7 +38,7 @@ ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
 FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
 
 HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
-FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least one)
+FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least two a process)
 DELIVERY_TIMEOUT_S = 30.0
 
 
@@ -261,7 +261,8 @@ class ProcessRuntime:
     def run_batch(self) -> list[Outcome]:
         """Lend every fetcher the batch's time budget, in parallel; return what they did."""
         with self._batch_lock:  # two tasks in one process never share fetchers
-            wanted = max(1, -(-self.settings.slots // FETCHER_SHARE))
+            # At least two: one polls while the other waits for the tail of its poll.
+            wanted = max(2, -(-self.settings.slots // FETCHER_SHARE))
             while len(self.fetchers) < wanted:
                 self.fetchers.append(ShareFetcher(self, len(self.fetchers)))
             deadline = time.monotonic() + self.settings.batch_ms / 1000
