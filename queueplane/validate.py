@@ -155,10 +155,6 @@ def schema_problems(spec: SpecFile) -> list[Problem]:
     return list(unique.values())
 
 
-def _within(value: int, bounds: tuple[int, int]) -> bool:
-    return bounds[0] <= value <= bounds[1]
-
-
 def semantic_problems(spec: SpecFile, queue: QueueSpec) -> list[Problem]:
     """Rules that need more than one field."""
     raw_spec = spec.data["spec"]
@@ -243,36 +239,40 @@ def _unpinned(image: str) -> bool:
 def bound_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds) -> list[Problem]:
     """Share-group settings inside the range the broker accepts."""
     group = queue.group
-    out: list[Problem] = []
     if group.type != "share":
-        return out
-
-    def add(ptr: str, message: str, hint: str | None = None) -> None:
-        out.append(spec.problem(ptr, message, hint))
-
-    lo, hi = bounds.lock_ms
-    if not _within(group.lock_duration_ms, bounds.lock_ms):
-        add(
+        return []
+    checks = [
+        (
             "/spec/group/lockDuration",
-            f"{durations.format_ms(group.lock_duration_ms)} is outside the share-group range "
-            f"{durations.format_ms(lo)}..{durations.format_ms(hi)} ({bounds.source})",
-            f"the broker bounds are {kn.BROKER_SHARE_LOCK_MIN} and {kn.BROKER_SHARE_LOCK_MAX}",
-        )
-    if not _within(group.delivery_limit, bounds.delivery_limit):
-        lo, hi = bounds.delivery_limit
-        add(
+            group.lock_duration_ms,
+            bounds.lock_ms,
+            durations.format_ms,
+            (kn.BROKER_SHARE_LOCK_MIN, kn.BROKER_SHARE_LOCK_MAX),
+        ),
+        (
             "/spec/group/deliveryLimit",
-            f"{group.delivery_limit} is outside the share-group range {lo}..{hi} ({bounds.source})",
-            f"the broker bounds are {kn.BROKER_SHARE_DELIVERY_MIN} and {kn.BROKER_SHARE_DELIVERY_MAX}",
-        )
-    if not _within(group.max_in_flight, bounds.max_record_locks):
-        lo, hi = bounds.max_record_locks
-        add(
+            group.delivery_limit,
+            bounds.delivery_limit,
+            str,
+            (kn.BROKER_SHARE_DELIVERY_MIN, kn.BROKER_SHARE_DELIVERY_MAX),
+        ),
+        (
             "/spec/group/maxInFlight",
-            f"{group.max_in_flight} is outside the share-group range {lo}..{hi} ({bounds.source})",
-            f"the broker bounds are {kn.BROKER_SHARE_LOCKS_MIN} and {kn.BROKER_SHARE_LOCKS_MAX}",
+            group.max_in_flight,
+            bounds.max_record_locks,
+            str,
+            (kn.BROKER_SHARE_LOCKS_MIN, kn.BROKER_SHARE_LOCKS_MAX),
+        ),
+    ]
+    return [
+        spec.problem(
+            ptr,
+            f"{show(value)} is outside the share-group range {show(lo)}..{show(hi)} ({bounds.source})",
+            f"the broker bounds are {names[0]} and {names[1]}",
         )
-    return out
+        for ptr, value, (lo, hi), show, names in checks
+        if not lo <= value <= hi
+    ]
 
 
 def _collision_key(topic: str) -> str:

@@ -162,44 +162,32 @@ def read_all(kafka: KafkaTarget, topic: str, expect_at_least: int = 0, timeout_s
     return records
 
 
+def _run_command(queue: TestQueue, kafka: KafkaTarget, args: tuple[str, ...]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "queueplane",
+        "run",
+        str(queue.spec_path),
+        "--bootstrap-servers",
+        kafka.bootstrap,
+        "-o",
+        "json",
+        *args,
+    ]
+
+
 def run_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float = 300) -> dict:
     """`queueplane run` in a subprocess, as a user runs it; returns its JSON summary."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "queueplane",
-            "run",
-            str(queue.spec_path),
-            "--bootstrap-servers",
-            kafka.bootstrap,
-            "-o",
-            "json",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
+    result = subprocess.run(_run_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
 
 def start_worker(queue: TestQueue, kafka: KafkaTarget, *args: str) -> subprocess.Popen:
+    """The same command, left running (to be killed, or scraped for metrics)."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "queueplane",
-            "run",
-            str(queue.spec_path),
-            "--bootstrap-servers",
-            kafka.bootstrap,
-            "-o",
-            "json",
-            *args,
-        ],
+        _run_command(queue, kafka, args),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -48,7 +48,7 @@ class RunOptions:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     tasks: int | None = None  # parallel tasks per micro-batch; default: the cores Spark has
-    batch_ms: int = 1000
+    batch_ms: int = 1000  # time slice of one micro-batch
     checkpoint_dir: str | None = None
 
 
