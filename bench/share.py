@@ -28,7 +28,7 @@ from rich.console import Console
 from queueplane import workflow
 from queueplane.cluster import quiet_logger
 from queueplane.connection import KafkaTarget
-from queueplane.lag import share_lag
+from queueplane.lag import queue_backlog
 from queueplane.local.stack import LocalStack
 from queueplane.worker.runner import RunOptions, run_queue
 
@@ -168,7 +168,7 @@ def worker_throughput(spec: Path, target: KafkaTarget, records: int, marks_dir: 
         queue,
         target,
         RunOptions(max_records=records),
-        backlog=lambda: share_lag(target, queue.group.id, queue.topic.name, PARTITIONS),
+        backlog=queue_backlog(target, queue),
     )
     ended = time.time()
     first = min(float(p.read_text()) for p in marks_dir.glob("first-*"))

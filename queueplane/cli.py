@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -55,6 +56,13 @@ def _output_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
 
 
+def _command(commands: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand with the shared epilog (exit codes, how the cluster is chosen)."""
+    return commands.add_parser(
+        name, help=help, description=description, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="queueplane",
@@ -65,49 +73,45 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"queueplane {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = commands.add_parser(
+    p = _command(
+        commands,
         "validate",
-        help="check specs against the schema and the rules",
-        description="Check specs (files or directories). Offline, with Kafka's default "
+        "check specs against the schema and the rules",
+        "Check specs (files or directories). Offline, with Kafka's default "
         "share-group bounds, unless a cluster is named; then with its bounds.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("paths", nargs="+", metavar="PATH")
     _cluster_flags(p)
     _output_flag(p)
 
-    p = commands.add_parser(
+    p = _command(
+        commands,
         "plan",
-        help="show what apply would change on the cluster",
-        description="Diff the specs against the live cluster: + create, ~ change, ! refused. Changes nothing.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "show what apply would change on the cluster",
+        "Diff the specs against the live cluster: + create, ~ change, ! refused. Changes nothing.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH")
     _cluster_flags(p)
     _output_flag(p)
 
-    p = commands.add_parser(
+    p = _command(
+        commands,
         "apply",
-        help="make the cluster match the specs",
-        description="Plan, show the plan, ask, then apply it. The cluster checks every "
+        "make the cluster match the specs",
+        "Plan, show the plan, ask, then apply it. The cluster checks every "
         "request in a dry run first; a failure reports what was applied.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
     _cluster_flags(p)
     _output_flag(p)
 
-    p = commands.add_parser(
+    p = _command(
+        commands,
         "run",
-        help="run a queue's worker (Spark local mode here)",
-        description="Run the worker for one spec: Spark in local mode against the cluster (the local stack by "
+        "run a queue's worker (Spark local mode here)",
+        "Run the worker for one spec: Spark in local mode against the cluster (the local stack by "
         "default), until a stop condition, then print a summary.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--local", action="store_true", default=True, help="Spark in local mode (the default here)")
@@ -119,12 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_flags(p)
     _output_flag(p)
 
-    p = commands.add_parser(
+    p = _command(
+        commands,
         "load",
-        help="produce a realistic test load into a queue's topic",
-        description="Produce JSON orders with ids (some poison, some slow) into the spec's topic.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "produce a realistic test load into a queue's topic",
+        "Produce JSON orders with ids (some poison, some slow) into the spec's topic.",
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--count", type=int, required=True, metavar="N")
@@ -320,7 +323,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
     queue = _one_spec(args.spec, target)
     options = RunOptions(
-        local=True,
+        local=args.local,
         until_idle_s=_duration_flag(args.until_idle, "--until-idle"),
         max_records=args.max_records,
         max_duration_s=_duration_flag(args.max_duration, "--max-duration"),

@@ -8,7 +8,7 @@ a handful of round trips rather than hundreds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +93,16 @@ def _is_unknown_topic(exc: BaseException) -> bool:
     )
 
 
+def _existing(futures: Mapping[Any, Future[Any]]) -> Iterator[tuple[Any, Any]]:
+    """(key, result) of each future, leaving out topics the cluster does not have."""
+    for key, future in futures.items():
+        try:
+            yield key, future.result()
+        except KafkaException as exc:
+            if not _is_unknown_topic(exc):
+                raise
+
+
 def _configs(entries: dict[str, ConfigEntry], keys: Iterable[str] | None = None) -> dict[str, LiveConfig]:
     """The named configs (all when ``keys`` is None) as LiveConfig values."""
     names = entries.keys() if keys is None else [k for k in keys if k in entries]
@@ -158,22 +168,10 @@ class Cluster:
         probe = ConfigResource(ResourceType.GROUP, "queueplane.probe.group-config-names")
         group_futures = self.admin.describe_configs([*group_resources, probe], request_timeout=REQUEST_TIMEOUT_S)
         state = LiveState(self.cluster_id, self.broker_ids, self.broker_configs())
-        for name, future in described.items():
-            try:
-                description = future.result()
-            except KafkaException as exc:
-                if _is_unknown_topic(exc):
-                    continue
-                raise
+        for name, description in _existing(described):
             partitions = description.partitions
             state.topics[name] = LiveTopic(len(partitions), len(partitions[0].replicas) if partitions else 0)
-        for resource, future in topic_config_futures.items():
-            try:
-                entries = future.result()
-            except KafkaException as exc:
-                if _is_unknown_topic(exc):
-                    continue
-                raise
+        for resource, entries in _existing(topic_config_futures):
             if resource.name in state.topics:
                 state.topic_configs[resource.name] = _configs(entries, configured[resource.name])
         for resource, future in group_futures.items():

@@ -7,8 +7,11 @@ path speaks PLAINTEXT only; on a secured listener the lag is reported as unknown
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from queueplane.connection import KafkaTarget
 from queueplane.kafka_protocol import share_partition_lag
+from queueplane.model import QueueSpec
 
 
 def _plaintext_bootstrap(target: KafkaTarget) -> tuple[str, int] | None:
@@ -29,6 +32,11 @@ def share_lag(target: KafkaTarget, group: str, topic: str, partitions: int) -> d
     except (OSError, ValueError):
         return None
     return lags
+
+
+def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> Callable[[], dict[int, int | None] | None]:
+    """The backlog reader a worker polls once per micro-batch."""
+    return lambda: share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions)
 
 
 def total_lag(lags: dict[int, int | None] | None) -> int | None:

@@ -265,29 +265,18 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
             continue
         if not topic.managed:
             continue
-        if topic.partitions > existing.partitions:
+        if topic.partitions != existing.partitions:
+            grow = topic.partitions > existing.partitions
             plan.changes.append(
                 Change(
-                    "change",
+                    "change" if grow else "refuse",
                     "partitions",
                     topic.name,
                     topic.spec,
                     "partitions",
                     str(existing.partitions),
                     str(topic.partitions),
-                )
-            )
-        elif topic.partitions < existing.partitions:
-            plan.changes.append(
-                Change(
-                    "refuse",
-                    "partitions",
-                    topic.name,
-                    topic.spec,
-                    "partitions",
-                    str(existing.partitions),
-                    str(topic.partitions),
-                    "Kafka cannot remove partitions; keep the count or create a new topic",
+                    "" if grow else "Kafka cannot remove partitions; keep the count or create a new topic",
                 )
             )
         if topic.replication_factor is not None and topic.replication_factor != existing.replication_factor:

@@ -11,7 +11,6 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -386,7 +385,3 @@ def load_specs(paths: list[str], bounds: ShareBounds | None = ShareBounds()) -> 
 def check_text(text: str, source: str = "spec.yaml", bounds: ShareBounds | None = ShareBounds()) -> Loaded:
     """Check one spec given as YAML text (tests, and the Airflow DAG factory's import errors)."""
     return check_files([parse_text(text, source)], bounds)
-
-
-def check_path(path: Path, bounds: ShareBounds | None = ShareBounds()) -> Loaded:
-    return check_files([read_spec_file(path)], bounds)

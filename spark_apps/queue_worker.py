@@ -16,7 +16,7 @@ import sys
 from queueplane import durations, workflow
 from queueplane.connection import named_target
 from queueplane.errors import QueueplaneError, SpecInvalid
-from queueplane.lag import share_lag
+from queueplane.lag import queue_backlog
 from queueplane.worker.runner import RunOptions, run_queue
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             queue,
             target,
             options,
-            backlog=lambda: share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions),
+            backlog=queue_backlog(target, queue),
         )
     except SpecInvalid as exc:
         for problem in exc.problems:

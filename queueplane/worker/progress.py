@@ -7,7 +7,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from queueplane.connection import KafkaTarget
-from queueplane.lag import share_lag, total_lag
+from queueplane.lag import queue_backlog, total_lag
 from queueplane.model import QueueSpec
 from queueplane.worker.runner import BatchProgress, RunOptions, RunSummary, run_queue
 from queueplane.worker.share_runtime import ACCEPTED, DEAD_LETTERED, RELEASED
@@ -16,8 +16,7 @@ from queueplane.worker.share_runtime import ACCEPTED, DEAD_LETTERED, RELEASED
 def run_with_progress(
     queue: QueueSpec, target: KafkaTarget, options: RunOptions, console: Console, show: bool
 ) -> RunSummary:
-    def backlog() -> dict[int, int | None] | None:
-        return share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions)
+    backlog = queue_backlog(target, queue)
 
     if not show:
         return run_queue(queue, target, options, backlog=backlog)
