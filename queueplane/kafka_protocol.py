@@ -166,6 +166,14 @@ def share_partition_lag(
 
     None for a partition means the broker does not know its lag (no state yet, or -1).
     """
+    offsets = share_partition_offsets(host, port, group, topic, partitions, timeout)
+    return {p: (lag if start is not None else None) for p, (start, lag) in offsets.items()}
+
+
+def share_partition_offsets(
+    host: str, port: int, group: str, topic: str, partitions: list[int], timeout: float = 5.0
+) -> dict[int, tuple[int | None, int | None]]:
+    """(start offset, lag) per partition: the start offset is the oldest record the group has not finished."""
     with _FlexibleClient(host, port, timeout) as client:
         body = bytes([_KEY_TYPE_GROUP]) + _compact_array([_compact_string(group)]) + _uvarint(0)
         reader = client.request(FIND_COORDINATOR_KEY, 6, body)
@@ -188,7 +196,7 @@ def share_partition_lag(
     with _FlexibleClient(chost, cport, timeout) as client:
         reader = client.request(DESCRIBE_SHARE_GROUP_OFFSETS_KEY, 1, _compact_array([group_item]) + _uvarint(0))
     reader.int32()  # throttle
-    lags: dict[int, int | None] = {}
+    offsets: dict[int, tuple[int | None, int | None]] = {}
     for _ in range(reader.uvarint() - 1):
         reader.compact_string()
         for _ in range(reader.uvarint() - 1):
@@ -204,7 +212,8 @@ def share_partition_lag(
                 )
                 _nullable_compact_string(reader)
                 reader.skip_tags()
-                lags[index] = lag if (error == 0 and start >= 0 and lag >= 0) else None
+                known = error == 0 and start >= 0
+                offsets[index] = (start if known else None, lag if known and lag >= 0 else None)
             reader.skip_tags()
         group_error = reader.int16()
         message = _nullable_compact_string(reader)
@@ -213,4 +222,4 @@ def share_partition_lag(
             raise ConnectionError(
                 f"DescribeShareGroupOffsets failed for {group!r}: error {group_error} {message or ''}"
             )
-    return lags
+    return offsets

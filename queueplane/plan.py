@@ -17,6 +17,9 @@ from queueplane.model import QueueSpec
 Action = Literal["create", "change", "refuse"]
 Kind = Literal["topic", "partitions", "replication", "topic-config", "group-config"]
 SYMBOLS: dict[str, str] = {"create": "+", "change": "~", "refuse": "!"}
+# The two halves an orchestrator applies as separate steps (each with its own log).
+TOPIC_KINDS: frozenset[str] = frozenset({"topic", "partitions", "replication", "topic-config"})
+GROUP_KINDS: frozenset[str] = frozenset({"group-config"})
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,11 @@ class Plan:
             raise PlanRefused(
                 f"the plan has {len(self.refused)} refused change(s); nothing was applied: {brief(self.refused)}"
             )
+
+    def only(self, kinds: frozenset[str]) -> Plan:
+        """The changes of these kinds; refusals of every kind stay, so a part never applies past one."""
+        kept = [c for c in self.changes if c.kind in kinds or c.action == "refuse"]
+        return Plan(self.cluster, self.specs, kept, {n: t for n, t in self.new_topics.items() if "topic" in kinds})
 
     def counts(self) -> dict[str, int]:
         return {a: sum(1 for c in self.changes if c.action == a) for a in SYMBOLS}

@@ -68,17 +68,23 @@ def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
     return Planned(queues, diff(queues, live, label), cluster)
 
 
-def apply(planned: Planned, on_step: Callable[[str, int], None] = lambda _s, _n: None) -> ApplyReport:
-    """Apply the plan, then read the cluster back until it matches the specs.
+def apply(
+    planned: Planned,
+    on_step: Callable[[str, int], None] = lambda _s, _n: None,
+    kinds: frozenset[str] | None = None,
+) -> ApplyReport:
+    """Apply the plan (only changes of ``kinds`` if given), then read the cluster back until it matches.
 
     Brokers pick up config changes from the metadata log a moment after the controller
     accepts them; reading back makes "apply finished" mean "a new plan is empty".
     """
-    report = apply_plan(planned.cluster, planned.plan, on_step)
+    plan = planned.plan.only(kinds) if kinds is not None else planned.plan
+    report = apply_plan(planned.cluster, plan, on_step)
     on_step("waiting for the brokers to show the changes", 0)
     deadline = time.monotonic() + VERIFY_TIMEOUT_S
     while True:
-        remaining = plan_queues(planned.queues, planned.cluster).plan.changes
+        remaining = plan_queues(planned.queues, planned.cluster).plan
+        remaining = (remaining.only(kinds) if kinds is not None else remaining).changes
         if not remaining:
             return report
         if time.monotonic() > deadline:

@@ -1,0 +1,101 @@
+"""How long the oldest record a queue's group has not finished has been waiting, in seconds.
+
+A spec states its target lag in seconds (`autoscaling.targetLagSeconds`), so a readiness
+check compares time, not record counts: the age of the first unfinished record of each
+partition, taken from its own timestamp. For a share group that record sits at the
+share-partition start offset; for a consumer group (consumer and kmq queues) at the
+committed offset.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConsumerGroupTopicPartitions
+
+from queueplane.cluster import REQUEST_TIMEOUT_S, quiet_logger
+from queueplane.connection import KafkaTarget
+from queueplane.kafka_protocol import share_partition_offsets
+from queueplane.lag import _plaintext_bootstrap as plaintext_bootstrap
+from queueplane.model import QueueSpec
+
+READ_TIMEOUT_S = 10.0
+
+
+def _client_settings(target: KafkaTarget) -> dict[str, Any]:
+    return {**target.settings, "logger": quiet_logger()}
+
+
+def _share_positions(target: KafkaTarget, queue: QueueSpec, consumer: Consumer) -> dict[int, int] | None:
+    address = plaintext_bootstrap(target)
+    if address is None:
+        return None
+    partitions = list(range(queue.topic.partitions))
+    offsets = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, partitions)
+    positions: dict[int, int] = {}
+    for p in partitions:
+        start, lag = offsets.get(p, (None, None))
+        if start is None:
+            # No share-partition state yet: the group starts at startFrom; with "earliest" everything waits.
+            low, high = consumer.get_watermark_offsets(TopicPartition(queue.topic.name, p), REQUEST_TIMEOUT_S)
+            if queue.group.start_from == "earliest" and high > low:
+                positions[p] = low
+        elif lag:
+            positions[p] = start
+    return positions
+
+
+def _consumer_positions(target: KafkaTarget, queue: QueueSpec, consumer: Consumer) -> dict[int, int]:
+    admin = AdminClient(_client_settings(target))
+    request = [ConsumerGroupTopicPartitions(queue.group.id)]
+    committed = admin.list_consumer_group_offsets(request, request_timeout=REQUEST_TIMEOUT_S)[queue.group.id]
+    offsets = {tp.partition: tp.offset for tp in committed.result().topic_partitions if tp.topic == queue.topic.name}
+    positions: dict[int, int] = {}
+    for p in range(queue.topic.partitions):
+        low, high = consumer.get_watermark_offsets(TopicPartition(queue.topic.name, p), REQUEST_TIMEOUT_S)
+        at = offsets.get(p, -1)
+        at = low if at < 0 else at
+        if at < high:
+            positions[p] = at
+    return positions
+
+
+def oldest_waiting_seconds(target: KafkaTarget, queue: QueueSpec, now: float | None = None) -> float | None:
+    """Seconds since the oldest unfinished record was written; 0.0 when nothing waits, None if unknown."""
+    consumer = Consumer(
+        {
+            **_client_settings(target),
+            "group.id": f"queueplane-backlog-age-{queue.group.id}",  # never joined or committed: assign() only
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        if queue.group.type == "share":
+            positions = _share_positions(target, queue, consumer)
+        else:
+            positions = _consumer_positions(target, queue, consumer)
+        if positions is None:
+            return None
+        if not positions:
+            return 0.0
+        consumer.assign(
+            [TopicPartition(queue.topic.name, p, at if at >= 0 else OFFSET_BEGINNING) for p, at in positions.items()]
+        )
+        oldest_ms: int | None = None
+        waiting = set(positions)
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while waiting and time.monotonic() < deadline:
+            record = consumer.poll(0.5)
+            if record is None or record.error() or record.partition() not in waiting:
+                continue
+            waiting.discard(record.partition())
+            _, stamp = record.timestamp()
+            oldest_ms = stamp if oldest_ms is None else min(oldest_ms, stamp)
+        if oldest_ms is None:
+            return None
+        return max(0.0, (now if now is not None else time.time()) - oldest_ms / 1000)
+    finally:
+        consumer.close()

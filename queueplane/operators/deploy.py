@@ -1,0 +1,169 @@
+"""Render and deploy a queue's worker with Helm, and wait until it keeps up.
+
+Rendering always runs (and validates every object), so a run without a cluster still
+proves the chart and the spec fit together; only the `helm upgrade` needs the Kubernetes
+connection. Without one the task ends skipped, not failed: provisioning Kafka alone is a
+valid use, and the log shows the manifests that would have been applied.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseOperator, BaseSensorOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from queueplane import workflow
+from queueplane.operators.connections import KAFKA_CONN_ID, KUBERNETES_CONN_ID, KubeAccess, kafka_target, kube_access
+from queueplane.operators.provision import task_errors
+
+HELM_TIMEOUT = "10m"
+
+
+def _is_true(value: bool | str) -> bool:
+    return str(value).lower() == "true"
+
+
+def _worker_deployment(objects: list[dict[str, Any]]) -> tuple[str, str]:
+    """(namespace, name) of the worker's Deployment among the rendered objects."""
+    for obj in objects:
+        if obj.get("kind") == "Deployment":
+            meta = obj.get("metadata", {})
+            return str(meta.get("namespace", "")), str(meta["name"])
+    raise ValueError("the rendered chart holds no Deployment")
+
+
+class HelmDeployOperator(BaseOperator):
+    """`helm upgrade --install --atomic --wait` of the queue's release, values from the spec."""
+
+    template_fields: Sequence[str] = ("spec_path", "kubernetes_conn_id", "deploy", "dry_run")
+    ui_color = "#e6f4ea"
+
+    def __init__(
+        self,
+        *,
+        spec_path: str,
+        kubernetes_conn_id: str = KUBERNETES_CONN_ID,
+        deploy: bool | str = True,
+        dry_run: bool | str = False,
+        helm_timeout: str = HELM_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.spec_path = spec_path
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.deploy = deploy
+        self.dry_run = dry_run
+        self.helm_timeout = helm_timeout
+
+    def execute(self, context: Any) -> dict[str, str]:
+        from queueplane.helm import run_helm
+        from queueplane.render import render, validate_manifests
+
+        if not _is_true(self.deploy):
+            raise AirflowSkipException("deploy is off for this run (param deploy): nothing rendered or deployed")
+        with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
+            (queue,) = workflow.validate([self.spec_path])
+            rendered = render(queue, output_dir=out)
+            validate_manifests(rendered.objects)
+            self.log.info(
+                "Rendered release %s (namespace %s, chart %s): %d object(s), all valid.\n%s",
+                rendered.release,
+                rendered.namespace,
+                rendered.chart,
+                len(rendered.objects),
+                rendered.manifests,
+            )
+            if _is_true(self.dry_run):
+                raise AirflowSkipException(f"dry run: release {rendered.release} rendered and validated, not deployed")
+            with kube_access(self.kubernetes_conn_id) as access:
+                if access is None:
+                    raise AirflowSkipException(
+                        f"no Airflow connection {self.kubernetes_conn_id!r}: release {rendered.release} was rendered "
+                        "and validated (manifests above) but not deployed. Create the connection (type kubernetes, "
+                        "with a kubeconfig path or content, or in-cluster) to deploy."
+                    )
+                args = [
+                    "upgrade",
+                    "--install",
+                    rendered.release,
+                    str(rendered.chart),
+                    "--namespace",
+                    rendered.namespace,
+                    "--create-namespace",
+                    "--values",
+                    str(rendered.values_file),
+                    "--atomic",
+                    "--wait",
+                    "--timeout",
+                    self.helm_timeout,
+                ]
+                if access.context:
+                    args += ["--kube-context", access.context]
+                result = run_helm(args, kubeconfig=access.kubeconfig)
+                self.log.info("helm: %s", getattr(result, "stdout", result))
+        return {"release": rendered.release, "namespace": rendered.namespace}
+
+
+def _deployment_available(access: KubeAccess, namespace: str, name: str) -> tuple[bool, str]:
+    from kubernetes import client, config
+
+    if access.in_cluster:
+        config.load_incluster_config()
+        api = client.ApiClient()
+    else:
+        api = config.new_client_from_config(config_file=access.kubeconfig, context=access.context)
+    with api:
+        status = client.AppsV1Api(api).read_namespaced_deployment_status(name, namespace).status
+    available = any(c.type == "Available" and c.status == "True" for c in status.conditions or [])
+    ready = status.ready_replicas or 0
+    return available and ready > 0, f"deployment {namespace}/{name}: {ready} ready, available={available}"
+
+
+class QueueReadySensor(BaseSensorOperator):
+    """Waits until the worker's Deployment is available and the queue's lag is under the spec's target.
+
+    Lag is the age of the oldest record the group has not finished (see
+    queueplane.backlog_age), compared with `autoscaling.targetLagSeconds`. Runs in
+    reschedule mode: between checks the task gives its worker slot back.
+    """
+
+    template_fields: Sequence[str] = ("spec_path", "kafka_conn_id", "kubernetes_conn_id")
+
+    def __init__(
+        self,
+        *,
+        spec_path: str,
+        kafka_conn_id: str = KAFKA_CONN_ID,
+        kubernetes_conn_id: str = KUBERNETES_CONN_ID,
+        poke_interval: timedelta | float = 30,
+        timeout: timedelta | float = timedelta(minutes=30),
+        mode: str = "reschedule",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, timeout=timeout, mode=mode, **kwargs)
+        self.spec_path = spec_path
+        self.kafka_conn_id = kafka_conn_id
+        self.kubernetes_conn_id = kubernetes_conn_id
+
+    def poke(self, context: Any) -> bool:
+        from queueplane.backlog_age import oldest_waiting_seconds
+        from queueplane.render import render
+
+        with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
+            (queue,) = workflow.validate([self.spec_path])
+            namespace, name = _worker_deployment(render(queue, output_dir=out).objects)
+            with kube_access(self.kubernetes_conn_id) as access:
+                if access is None:
+                    raise AirflowSkipException(f"no connection {self.kubernetes_conn_id!r}: no worker to wait for")
+                ready, status = _deployment_available(access, namespace or queue.namespace, name)
+            self.log.info(status)
+            if not ready:
+                return False
+            age = oldest_waiting_seconds(kafka_target(self.kafka_conn_id), queue)
+        target = queue.target_lag_seconds
+        self.log.info("oldest unfinished record: %s (target %ds)", "unknown" if age is None else f"{age:.1f}s", target)
+        return age is not None and age <= target

@@ -1,0 +1,139 @@
+"""Validate, plan and apply as Airflow tasks: each one call into queueplane.workflow.
+
+The tasks re-read the spec and the cluster themselves instead of passing a plan through
+XCom: a task may be retried or cleared hours later, and apply must act on the cluster as it
+is then. The plan task's XCom (the plan as JSON) is the record of what was planned.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from rich.console import Console
+
+from queueplane import workflow
+from queueplane.errors import EXIT_FAILED, QueueplaneError
+from queueplane.operators.connections import KAFKA_CONN_ID, kafka_target
+from queueplane.plan import GROUP_KINDS, TOPIC_KINDS, Plan, brief
+
+
+@contextmanager
+def task_errors() -> Iterator[None]:
+    """A queueplane error ends the task with its one-paragraph message.
+
+    Bad input (a spec, a connection, a refused plan) fails at once; a cluster that failed
+    may be retried.
+    """
+    try:
+        yield
+    except QueueplaneError as exc:
+        kind = AirflowException if exc.exit_code == EXIT_FAILED else AirflowFailException
+        raise kind(str(exc)) from None
+
+
+def plan_text(plan: Plan) -> str:
+    """The plan as `queueplane plan` prints it, for the task log."""
+    from queueplane.cli import render_plan
+
+    buffer = io.StringIO()
+    render_plan(plan, Console(file=buffer, width=160, color_system=None, highlight=False))
+    return buffer.getvalue()
+
+
+class _SpecOperator(BaseOperator):
+    """A task about the specs under ``spec_path`` (a file or a directory) and one Kafka connection."""
+
+    template_fields: Sequence[str] = ("spec_path", "kafka_conn_id")
+    ui_color = "#e8f1fb"
+
+    def __init__(self, *, spec_path: str, kafka_conn_id: str = KAFKA_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec_path = spec_path
+        self.kafka_conn_id = kafka_conn_id
+
+
+class ValidateSpecOperator(_SpecOperator):
+    """Check the spec against the schema, the rules, and the connected broker's share-group bounds."""
+
+    def execute(self, context: Any) -> list[dict[str, str]]:
+        with task_errors():
+            target = kafka_target(self.kafka_conn_id)
+            queues = workflow.validate([self.spec_path], target)
+        for q in queues:
+            self.log.info("ok %s %s/%s (%s group %s)", q.source, q.team, q.name, q.group.type, q.group.id)
+        return [{"file": q.source, "team": q.team, "name": q.name, "group": q.group.type} for q in queues]
+
+
+class PlanQueueOperator(_SpecOperator):
+    """Diff the specs against the cluster; the plan goes to the log and to XCom.
+
+    With ``fail_on_changes`` (the reconcile DAG) any change is drift: the task fails and
+    lists it, so an alert fires when the cluster no longer matches git.
+    """
+
+    def __init__(self, *, fail_on_changes: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail_on_changes = fail_on_changes
+
+    def execute(self, context: Any) -> dict[str, object]:
+        with task_errors():
+            planned = workflow.plan([self.spec_path], kafka_target(self.kafka_conn_id))
+            plan = planned.plan
+            self.log.info("Plan:\n%s", plan_text(plan))
+            plan.raise_if_refused()
+        if self.fail_on_changes and plan.changes:
+            raise AirflowFailException(
+                f"drift: the cluster differs from {len(plan.specs)} spec(s) in {len(plan.changes)} place(s): "
+                + brief(plan.changes, limit=20)
+            )
+        return plan.as_dict()
+
+
+class _ApplyOperator(_SpecOperator):
+    """Apply one part of the plan; ``dry_run`` shows that part and ends skipped."""
+
+    template_fields: Sequence[str] = (*_SpecOperator.template_fields, "dry_run")
+    kinds: frozenset[str] = frozenset()
+    part = ""
+
+    def __init__(self, *, dry_run: bool | str = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dry_run = dry_run
+
+    def execute(self, context: Any) -> dict[str, object]:
+        with task_errors():
+            planned = workflow.plan([self.spec_path], kafka_target(self.kafka_conn_id))
+            part = planned.plan.only(self.kinds)
+            self.log.info("Plan (%s):\n%s", self.part, plan_text(part))
+            part.raise_if_refused()
+            if not part.changes:
+                self.log.info("No %s changes.", self.part)
+                return {"applied": [], "failed": [], "not_attempted": []}
+            if str(self.dry_run).lower() == "true":
+                raise AirflowSkipException(f"dry run: {len(part.changes)} {self.part} change(s) not applied")
+
+            def on_step(title: str, count: int) -> None:
+                self.log.info("%s%s", title, f" ({count})" if count else "")
+
+            report = workflow.apply(planned, on_step, kinds=self.kinds)
+        self.log.info("Applied %d %s change(s).", len(report.applied), self.part)
+        return report.as_dict()
+
+
+class ApplyTopicsOperator(_ApplyOperator):
+    """Create the queue, dead-letter, markers and output topics; add partitions; set topic configs."""
+
+    kinds = TOPIC_KINDS
+    part = "topic"
+
+
+class ApplyGroupConfigsOperator(_ApplyOperator):
+    """Set the share group's GROUP configs (lock duration, delivery limit, records in flight)."""
+
+    kinds = GROUP_KINDS
+    part = "group config"
