@@ -1,0 +1,80 @@
+"""The DAG files as Airflow's own DagBag loads them: one DAG per spec, broken specs as import errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+from airflow.dag_processing.dagbag import DagBag
+from airflow.sdk.definitions.timetables.simple import NullTimetable
+from helpers import EXAMPLES, REPO
+
+from queueplane.dag_factory import RECONCILE_DAG_ID, SPECS_DIR_ENV
+
+DAGS = REPO / "dags"
+TASKS = ["validate", "plan", "apply_topics", "apply_group_configs", "deploy", "wait_until_ready"]
+
+
+def _bag() -> DagBag:
+    return DagBag(DAGS, bundle_path=DAGS)
+
+
+def _expected_ids(directory: Path) -> dict[str, tuple[Path, dict]]:
+    """dag_id -> (spec file, document) for every spec under ``directory``."""
+    out = {}
+    for path in sorted(directory.rglob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        out[f"queue__{doc['metadata']['team']}__{doc['metadata']['name']}"] = (path.resolve(), doc)
+    return out
+
+
+def test_every_example_spec_is_one_dag_and_nothing_fails_to_import(airflow_db, monkeypatch):
+    monkeypatch.delenv(SPECS_DIR_ENV, raising=False)
+    bag = _bag()
+    assert bag.import_errors == {}
+    expected = _expected_ids(REPO / "specs")
+    assert set(bag.dag_ids) == {*expected, RECONCILE_DAG_ID}
+    for dag_id, (path, doc) in expected.items():
+        dag = bag.dags[dag_id]
+        meta = doc["metadata"]
+        assert dag.owner == meta["team"]
+        assert dag.tags == {"queueplane", f"team:{meta['team']}", f"group:{doc['spec']['group']['type']}"}
+        assert isinstance(dag.timetable, NullTimetable)  # schedule None: triggered by hand
+        assert dict(dag.params) == {"dry_run": False, "deploy": True}
+        assert meta["description"] in dag.doc_md
+        assert doc["spec"]["topic"]["name"] in dag.doc_md
+        assert [t.task_id for t in dag.topological_sort()] == TASKS
+        assert {t.spec_path for t in dag.tasks} == {str(path)}
+    assert bag.dags[RECONCILE_DAG_ID].timetable.expression == "0 * * * *"  # @hourly
+
+
+def test_a_broken_spec_is_one_import_error_naming_file_and_field_while_the_others_load(
+    airflow_db, monkeypatch, tmp_path
+):
+    specs = tmp_path / "specs"
+    shutil.copytree(EXAMPLES, specs / "examples")
+    broken = yaml.safe_load((EXAMPLES / "coffee-orders.yaml").read_text())
+    broken["metadata"] = {"name": "tea-orders", "team": "tearoom"}
+    broken["spec"]["topic"]["name"] = "tearoom.tea-orders.v1"
+    broken["spec"]["group"]["id"] = "tearoom-brewers"
+    broken["spec"]["group"]["type"] = "shared"
+    del broken["spec"]["deadLetter"]
+    del broken["spec"]["processing"]["output"]
+    (specs / "tearoom").mkdir()
+    (specs / "tearoom" / "tea-orders.yaml").write_text(yaml.safe_dump(broken, sort_keys=False))
+    monkeypatch.setenv(SPECS_DIR_ENV, str(specs))
+
+    bag = _bag()
+
+    assert list(bag.import_errors) == ["queue_spec_check.py"]
+    message = bag.import_errors["queue_spec_check.py"]
+    assert "tearoom/tea-orders.yaml: /spec/group/type: must be one of consumer, share, kmq" in message
+    assert 'Hint: did you mean "share"?' in message
+    assert set(bag.dag_ids) == {*_expected_ids(EXAMPLES), RECONCILE_DAG_ID}
+    assert "queue__tearoom__tea-orders" not in bag.dag_ids
+
+
+def test_the_reconcile_schedule_is_configurable(airflow_db, monkeypatch):
+    monkeypatch.setenv("QUEUEPLANE_RECONCILE_SCHEDULE", "*/15 * * * *")
+    assert _bag().dags[RECONCILE_DAG_ID].timetable.expression == "*/15 * * * *"
