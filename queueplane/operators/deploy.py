@@ -60,11 +60,11 @@ class HelmDeployOperator(BaseOperator):
         self.helm_timeout = helm_timeout
 
     def execute(self, context: Any) -> dict[str, str]:
+        if not _is_true(self.deploy):
+            raise AirflowSkipException("deploy is off for this run (param deploy): nothing rendered or deployed")
         from queueplane.helm import run_helm
         from queueplane.render import render, validate_manifests
 
-        if not _is_true(self.deploy):
-            raise AirflowSkipException("deploy is off for this run (param deploy): nothing rendered or deployed")
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
             (queue,) = workflow.validate([self.spec_path])
             rendered = render(queue, output_dir=out)

@@ -1,0 +1,116 @@
+"""A spec's DAG run with dag.test() against the real local broker (deploy off)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from airflow.models.xcom import XComModel
+from airflow.sdk.exceptions import AirflowFailException
+from airflow.utils.session import create_session
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from conftest import kafka_connection, tagged_examples, unique_tag
+
+from queueplane.cluster import quiet_logger
+from queueplane.dag_factory import queue_dags, reconcile_dag
+
+pytestmark = pytest.mark.kafka
+
+COFFEE = "queue__cafe__coffee-orders"
+
+
+@pytest.fixture
+def specs(tmp_path: Path, kafka, airflow_db, monkeypatch) -> Iterator[tuple[Path, str]]:
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", kafka_connection(kafka))
+    tag = unique_tag()
+    tagged_examples(tmp_path / "specs", tag)
+    yield tmp_path / "specs", tag
+
+
+def _states(run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in run.get_task_instances()}
+
+
+def _xcom(run, task_id: str) -> object:
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id).one()
+        return XComModel.deserialize_value(row)
+
+
+def _admin(kafka) -> AdminClient:
+    return AdminClient({**kafka.settings, "logger": quiet_logger()})
+
+
+def _config(admin: AdminClient, kind: ResourceType, name: str) -> dict[str, str]:
+    resource = ConfigResource(kind, name)
+    return {k: e.value for k, e in admin.describe_configs([resource])[resource].result().items()}
+
+
+def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka):
+    root, tag = specs
+    dag = queue_dags(root)[COFFEE]
+
+    first = dag.test(run_conf={"deploy": False})
+
+    assert first.state == "success", _states(first)
+    assert _states(first) == {
+        "validate": "success",
+        "plan": "success",
+        "apply_topics": "success",
+        "apply_group_configs": "success",
+        "deploy": "skipped",
+        "wait_until_ready": "skipped",
+    }
+    planned = _xcom(first, "plan")
+    assert planned["summary"] == {"create": 3, "change": 4, "refuse": 0}
+    admin = _admin(kafka)
+    topics = admin.list_topics(timeout=10).topics
+    for name in (f"{tag}.cafe.coffee-orders.v1", f"{tag}.cafe.coffee-orders.v1.dlq", f"{tag}.cafe.drinks-ready.v1"):
+        assert name in topics
+    assert len(topics[f"{tag}.cafe.coffee-orders.v1"].partitions) == 6
+    assert _config(admin, ResourceType.TOPIC, f"{tag}.cafe.coffee-orders.v1")["retention.ms"] == "604800000"
+    group = _config(admin, ResourceType.GROUP, f"{tag}-cafe-baristas")
+    assert group["share.record.lock.duration.ms"] == "30000"
+    assert group["share.delivery.count.limit"] == "5"
+    assert len(_xcom(first, "apply_topics")["applied"]) == 3
+    assert len(_xcom(first, "apply_group_configs")["applied"]) == 4
+
+    second = dag.test(run_conf={"deploy": False})
+
+    assert second.state == "success", _states(second)
+    assert _xcom(second, "plan")["summary"] == {"create": 0, "change": 0, "refuse": 0}
+    assert _xcom(second, "apply_topics")["applied"] == []
+    assert _xcom(second, "apply_group_configs")["applied"] == []
+
+
+def test_dry_run_plans_and_applies_nothing(specs, kafka):
+    root, tag = specs
+    run = queue_dags(root)["queue__payments__payment-events"].test(run_conf={"dry_run": True, "deploy": False})
+    assert run.state == "success", _states(run)
+    assert _states(run)["apply_topics"] == "skipped"
+    assert _xcom(run, "plan")["summary"]["create"] > 0
+    assert f"{tag}.payments.events.v1" not in _admin(kafka).list_topics(timeout=10).topics
+
+
+def test_reconcile_passes_when_the_cluster_matches_and_fails_on_drift(specs, kafka):
+    root, tag = specs
+    for dag in queue_dags(root).values():
+        assert dag.test(run_conf={"deploy": False}).state == "success"
+    reconcile = reconcile_dag(root)
+    assert reconcile.test().state == "success"
+
+    admin = _admin(kafka)
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        f"{tag}.cafe.coffee-orders.v1",
+        incremental_configs=[ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)],
+    )
+    admin.incremental_alter_configs([resource])[resource].result()
+
+    drifted = reconcile.test()
+    assert drifted.state == "failed"
+    assert _states(drifted) == {"plan_all": "failed"}
+    drift = rf"drift: .*topic-config {tag}\.cafe\.coffee-orders\.v1 retention\.ms: 3600000 -> 604800000"
+    with pytest.raises(AirflowFailException, match=drift):
+        reconcile.get_task("plan_all").execute(context={})
