@@ -2,9 +2,9 @@
 
 A spec states its target lag in seconds (`autoscaling.targetLagSeconds`), so a readiness
 check compares time, not record counts: the age of the first unfinished record of each
-partition, taken from its own timestamp. For a share group that record sits at the
-share-partition start offset; for a consumer group (consumer and kmq queues) at the
-committed offset.
+partition, taken from its own timestamp. For a consumer group (consumer and kmq queues)
+that record sits at the committed offset; for a share group at the high watermark minus
+the share-partition lag (KIP-1226), never before the share-partition start offset.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConsumerGroupTopicPartitions
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from queueplane.cluster import REQUEST_TIMEOUT_S, quiet_logger
 from queueplane.connection import KafkaTarget
@@ -33,17 +33,22 @@ def _share_positions(target: KafkaTarget, queue: QueueSpec, consumer: Consumer) 
     if address is None:
         return None
     partitions = list(range(queue.topic.partitions))
-    offsets = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, partitions)
+    try:
+        offsets = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, partitions)
+    except (OSError, ValueError):  # coordinator still loading, broker restarting: unknown this time
+        return None
     positions: dict[int, int] = {}
     for p in partitions:
         start, lag = offsets.get(p, (None, None))
+        low, high = consumer.get_watermark_offsets(TopicPartition(queue.topic.name, p), REQUEST_TIMEOUT_S)
         if start is None:
             # No share-partition state yet: the group starts at startFrom; with "earliest" everything waits.
-            low, high = consumer.get_watermark_offsets(TopicPartition(queue.topic.name, p), REQUEST_TIMEOUT_S)
             if queue.group.start_from == "earliest" and high > low:
                 positions[p] = low
         elif lag:
-            positions[p] = start
+            # The start offset only moves once a whole acquired batch is finished, so records past it may be
+            # done already; the lag counts the unfinished ones, taken as the newest: high - lag.
+            positions[p] = max(start, high - lag)
     return positions
 
 
@@ -81,9 +86,7 @@ def oldest_waiting_seconds(target: KafkaTarget, queue: QueueSpec, now: float | N
             return None
         if not positions:
             return 0.0
-        consumer.assign(
-            [TopicPartition(queue.topic.name, p, at if at >= 0 else OFFSET_BEGINNING) for p, at in positions.items()]
-        )
+        consumer.assign([TopicPartition(queue.topic.name, p, at) for p, at in positions.items()])
         oldest_ms: int | None = None
         waiting = set(positions)
         deadline = time.monotonic() + READ_TIMEOUT_S

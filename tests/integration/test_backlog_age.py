@@ -1,0 +1,86 @@
+"""The age of a queue's oldest unfinished record, read from a real broker (the Airflow sensor's lag)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import AcknowledgeType, Consumer, Producer, ShareConsumer, TopicPartition
+from specs_factory import spec
+
+from queueplane import workflow
+from queueplane.backlog_age import oldest_waiting_seconds
+from queueplane.cluster import Cluster
+from queueplane.model import build
+
+pytestmark = pytest.mark.kafka
+
+
+def _queue(kafka, kind: str, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    doc = spec(kind, name=f"age-{tag}", group=f"age-{tag}", topic=f"age.{tag}.v1")
+    doc["spec"]["topic"]["partitions"] = 2
+    queue = build(doc, str(tmp_path / "q.yaml"))
+    planned = workflow.plan_queues([queue], Cluster(kafka))
+    workflow.apply(planned)
+    return queue
+
+
+def _produce(kafka, topic: str, partition: int, ages_s: list[float]) -> None:
+    producer = Producer(dict(kafka.settings))
+    now_ms = int(time.time() * 1000)
+    for age in ages_s:
+        producer.produce(topic, b"x", partition=partition, timestamp=now_ms - int(age * 1000))
+    assert producer.flush(10) == 0
+
+
+def _age(kafka, queue) -> float:
+    """The age once the group coordinator answers (right after the topic is created it may still be loading)."""
+    deadline = time.monotonic() + 60
+    while (age := oldest_waiting_seconds(kafka, queue)) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert age is not None
+    return age
+
+
+def test_share_queue_age_is_its_oldest_record_until_the_group_finishes_it(kafka, tmp_path):
+    queue = _queue(kafka, "share", tmp_path)
+    assert _age(kafka, queue) == 0.0
+    _produce(kafka, queue.topic.name, 0, [120, 5])
+    _produce(kafka, queue.topic.name, 1, [40])
+    assert 120 <= _age(kafka, queue) < 180
+
+    # The group finishes the oldest record and gives the others back: the 40 s one is now the oldest.
+    consumer = ShareConsumer({**kafka.settings, "group.id": queue.group.id, "share.acknowledgement.mode": "explicit"})
+    consumer.subscribe([queue.topic.name])
+    seen = 0
+    deadline = time.monotonic() + 60
+    while seen < 3 and time.monotonic() < deadline:
+        for message in consumer.poll(0.5) or []:
+            if message.error():
+                continue
+            seen += 1
+            oldest = message.partition() == 0 and message.offset() == 0
+            consumer.acknowledge(message, AcknowledgeType.ACCEPT if oldest else AcknowledgeType.RELEASE)
+    consumer.commit_sync()
+    consumer.close()
+    assert seen == 3
+    deadline = time.monotonic() + 60
+    while not (40 <= _age(kafka, queue) < 100) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert 40 <= _age(kafka, queue) < 100
+
+
+def test_consumer_group_age_starts_at_the_committed_offset(kafka, tmp_path):
+    queue = _queue(kafka, "consumer", tmp_path)
+    _produce(kafka, queue.topic.name, 0, [600, 60])
+    assert 600 <= _age(kafka, queue) < 660  # nothing committed: from the start
+
+    committer = Consumer({**kafka.settings, "group.id": queue.group.id, "enable.auto.commit": False})
+    committer.commit(offsets=[TopicPartition(queue.topic.name, 0, 1)], asynchronous=False)
+    assert 60 <= _age(kafka, queue) < 120
+
+    committer.commit(offsets=[TopicPartition(queue.topic.name, 0, 2)], asynchronous=False)
+    committer.close()
+    assert _age(kafka, queue) == 0.0
