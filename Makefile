@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 QP := $(BIN)/queueplane
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean local-down
+.PHONY: setup demo test lint bench clean local-down chromium
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queueplane needs Python >= 3.11")'
@@ -44,9 +44,15 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check queueplane tests bench spark_apps specs
+	$(BIN)/ruff format --check queueplane tests bench spark_apps specs dags
 
-test: lint
+# The Airflow UI test drives Debian's chromium with Playwright (no browser download from a CDN).
+chromium:
+	@command -v chromium >/dev/null || { echo "== installing chromium (apt) for the Airflow UI test"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+
+test: lint chromium
 	$(BIN)/pytest
 
 bench: setup

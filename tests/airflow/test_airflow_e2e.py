@@ -8,6 +8,7 @@ afterwards. The screenshot lands in tests/results/airflow-trigger.png.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from urllib.parse import unquote
 
@@ -22,7 +23,7 @@ from queueplane.cluster import quiet_logger
 pytestmark = pytest.mark.kafka
 
 DAG_ID = "queue__cafe__coffee-orders"
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package; `make test` installs it
 SCREENSHOT = REPO / "tests" / "results" / "airflow-trigger.png"
 
 
