@@ -14,8 +14,8 @@ from urllib.parse import unquote
 
 import pytest
 from airflow_stack import AirflowStack
+from airflow_support import kafka_connection, tagged_examples, unique_tag
 from confluent_kafka.admin import AdminClient
-from conftest import kafka_connection, tagged_examples, unique_tag
 from helpers import REPO
 
 from queueplane.cluster import quiet_logger

@@ -9,8 +9,8 @@ import pytest
 from airflow.models.xcom import XComModel
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.utils.session import create_session
+from airflow_support import kafka_connection, tagged_examples, unique_tag
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
-from conftest import kafka_connection, tagged_examples, unique_tag
 
 from queueplane.cluster import quiet_logger
 from queueplane.dag_factory import queue_dags, reconcile_dag
