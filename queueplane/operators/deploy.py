@@ -11,6 +11,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
@@ -20,20 +21,19 @@ from queueplane import workflow
 from queueplane.operators.connections import KAFKA_CONN_ID, KUBERNETES_CONN_ID, KubeAccess, kafka_target, kube_access
 from queueplane.operators.provision import task_errors
 
-HELM_TIMEOUT = "10m"
+HELM_TIMEOUT_S = 600
 
 
 def _is_true(value: bool | str) -> bool:
     return str(value).lower() == "true"
 
 
-def _worker_deployment(objects: list[dict[str, Any]]) -> tuple[str, str]:
-    """(namespace, name) of the worker's Deployment among the rendered objects."""
-    for obj in objects:
-        if obj.get("kind") == "Deployment":
-            meta = obj.get("metadata", {})
-            return str(meta.get("namespace", "")), str(meta["name"])
-    raise ValueError("the rendered chart holds no Deployment")
+def _worker_deployment(objects: list[dict[str, Any]]) -> str:
+    """The name of the worker's (driver's) Deployment among the rendered objects."""
+    names = [obj["metadata"]["name"] for obj in objects if obj.get("kind") == "Deployment"]
+    if len(names) != 1:
+        raise ValueError(f"the rendered chart holds {len(names)} Deployments, expected the driver's one")
+    return str(names[0])
 
 
 class HelmDeployOperator(BaseOperator):
@@ -49,7 +49,7 @@ class HelmDeployOperator(BaseOperator):
         kubernetes_conn_id: str = KUBERNETES_CONN_ID,
         deploy: bool | str = True,
         dry_run: bool | str = False,
-        helm_timeout: str = HELM_TIMEOUT,
+        helm_timeout_s: int = HELM_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -57,7 +57,7 @@ class HelmDeployOperator(BaseOperator):
         self.kubernetes_conn_id = kubernetes_conn_id
         self.deploy = deploy
         self.dry_run = dry_run
-        self.helm_timeout = helm_timeout
+        self.helm_timeout_s = helm_timeout_s
 
     def execute(self, context: Any) -> dict[str, str]:
         if not _is_true(self.deploy):
@@ -67,7 +67,7 @@ class HelmDeployOperator(BaseOperator):
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
             (queue,) = workflow.validate([self.spec_path])
-            rendered = render(queue, output_dir=out)
+            rendered = render(queue, output_dir=Path(out))
             validate_manifests(rendered.objects)
             self.log.info(
                 "Rendered release %s (namespace %s, chart %s): %d object(s), all valid.\n%s",
@@ -99,12 +99,12 @@ class HelmDeployOperator(BaseOperator):
                     "--atomic",
                     "--wait",
                     "--timeout",
-                    self.helm_timeout,
+                    f"{self.helm_timeout_s}s",
                 ]
                 if access.context:
                     args += ["--kube-context", access.context]
-                result = run_helm(args, kubeconfig=access.kubeconfig)
-                self.log.info("helm: %s", getattr(result, "stdout", result))
+                result = run_helm(args, kubeconfig=access.kubeconfig, timeout=self.helm_timeout_s + 60)
+                self.log.info("helm upgrade --install %s:\n%s", rendered.release, result.stdout)
         return {"release": rendered.release, "namespace": rendered.namespace}
 
 
@@ -155,11 +155,12 @@ class QueueReadySensor(BaseSensorOperator):
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
             (queue,) = workflow.validate([self.spec_path])
-            namespace, name = _worker_deployment(render(queue, output_dir=out).objects)
+            rendered = render(queue, output_dir=Path(out))
+            name = _worker_deployment(rendered.objects)
             with kube_access(self.kubernetes_conn_id) as access:
                 if access is None:
                     raise AirflowSkipException(f"no connection {self.kubernetes_conn_id!r}: no worker to wait for")
-                ready, status = _deployment_available(access, namespace or queue.namespace, name)
+                ready, status = _deployment_available(access, rendered.namespace, name)
             self.log.info(status)
             if not ready:
                 return False
