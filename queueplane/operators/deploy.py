@@ -117,7 +117,12 @@ def _deployment_available(access: KubeAccess, namespace: str, name: str) -> tupl
     else:
         api = config.new_client_from_config(config_file=access.kubeconfig, context=access.context)
     with api:
-        status = client.AppsV1Api(api).read_namespaced_deployment_status(name, namespace).status
+        try:
+            status = client.AppsV1Api(api).read_namespaced_deployment_status(name, namespace).status
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return False, f"deployment {namespace}/{name} does not exist yet"
+            raise
     available = any(c.type == "Available" and c.status == "True" for c in status.conditions or [])
     ready = status.ready_replicas or 0
     return available and ready > 0, f"deployment {namespace}/{name}: {ready} ready, available={available}"

@@ -1,0 +1,56 @@
+"""The deploy task with the real render path and the real helm binary (no Kubernetes cluster here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from helpers import EXAMPLES
+
+from queueplane.operators import HelmDeployOperator
+
+SPEC = str(EXAMPLES / "coffee-orders.yaml")
+
+NOWHERE = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    "clusters": [{"name": "nowhere", "cluster": {"server": "https://127.0.0.1:1"}}],
+    "users": [{"name": "queueplane", "user": {"token": "not-a-secret"}}],
+    "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "queueplane"}}],
+    "current-context": "nowhere",
+}
+
+
+def _deploy(**kwargs) -> HelmDeployOperator:
+    return HelmDeployOperator(task_id="deploy", spec_path=SPEC, **kwargs)
+
+
+def test_without_a_kubernetes_connection_the_release_is_rendered_validated_logged_and_skipped(
+    airflow_db, monkeypatch, caplog
+):
+    monkeypatch.delenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", raising=False)
+    with pytest.raises(
+        AirflowSkipException, match=r"no Airflow connection 'kubernetes_default': release coffee-orders"
+    ):
+        _deploy().execute(context={})
+    logged = caplog.text
+    assert "Rendered release coffee-orders (namespace cafe" in logged
+    assert "kind: Deployment" in logged  # the manifests themselves are in the log
+
+
+def test_dry_run_renders_and_skips_and_deploy_off_skips_at_once(airflow_db):
+    with pytest.raises(AirflowSkipException, match="dry run: release coffee-orders rendered and validated"):
+        _deploy(dry_run=True).execute(context={})
+    with pytest.raises(AirflowSkipException, match="deploy is off"):
+        _deploy(deploy="False").execute(context={})
+
+
+def test_with_a_kubernetes_connection_helm_upgrade_runs_against_its_cluster(airflow_db, monkeypatch, tmp_path: Path):
+    """The inline kubeconfig of the connection reaches helm: its (unreachable) cluster is the one helm dials."""
+    connection = {"conn_type": "kubernetes", "extra": {"kube_config": yaml.safe_dump(NOWHERE)}}
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(connection))
+    with pytest.raises(AirflowException, match=r"helm upgrade --install failed: .*127\.0\.0\.1:1"):
+        _deploy(helm_timeout_s=20).execute(context={})
