@@ -1,11 +1,15 @@
 """The share-group runtime that runs inside Spark's Python workers (KIP-932).
 
-Each worker process keeps its ShareConsumers for its whole life, one per slot thread, so
-consumers stay group members across micro-batches instead of joining and leaving every
-batch; they leave the group when the process exits. A micro-batch task lends the slots a
-time budget: each slot polls a few records, runs the handler under a deadline shorter
-than the acquisition lock, makes outputs and dead-letter records durable, and only then
-acknowledges (ACCEPT, RELEASE or REJECT) and commits the acknowledgements.
+Each worker process keeps its ShareConsumers for its whole life, so consumers stay group
+members across micro-batches instead of joining and leaving every batch; they leave the
+group when the process exits. The fetchers run continuously in background threads while
+the driver holds a lease on them, so Spark's pause between two micro-batches costs no
+throughput; a micro-batch task renews the lease, waits one time slice and takes the
+outcomes settled meanwhile. Per record: the handler runs under a deadline shorter than
+the acquisition lock, outputs and dead-letter records are made durable, and only then is
+the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement committed.
+The last micro-batch of a run drains: fetchers stop acquiring, settle what they hold and
+report it, so a stopped worker leaves nothing acquired and nothing unreported.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
 HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
 FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least two a process)
 DELIVERY_TIMEOUT_S = 30.0
+# Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
+# before the next batch; without a renewal they stop and only settle what they hold.
+LEASE_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -211,6 +218,11 @@ class ProcessRuntime:
         self.first_attempts: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._first_lock = threading.Lock()
         self._batch_lock = threading.Lock()
+        # The lease: fetchers acquire records only before ``_lease_until`` (monotonic seconds).
+        self._lease = threading.Condition()
+        self._lease_until = 0.0
+        self._outbox: list[Outcome] = []
+        self._outbox_lock = threading.Lock()
 
     def _serve_deliveries(self) -> None:
         while not self._stop.is_set():
@@ -258,26 +270,58 @@ class ProcessRuntime:
         if errors:
             raise RuntimeError(f"output delivery failed: {errors[0]}")
 
-    def run_batch(self) -> list[Outcome]:
-        """Lend every fetcher the batch's time budget, in parallel; return what they did."""
+    def run_batch(self, final: bool = False) -> list[Outcome]:
+        """Renew the lease for one time slice and return what the fetchers settled meanwhile.
+
+        ``final`` drains instead: the lease ends now, every fetcher settles and commits what it
+        holds, and the task returns all of it, so the driver can stop with nothing in flight.
+        """
         with self._batch_lock:  # two tasks in one process never share fetchers
             # At least two: one polls while the other waits for the tail of its poll.
             wanted = max(2, -(-self.settings.slots // FETCHER_SHARE))
             while len(self.fetchers) < wanted:
                 self.fetchers.append(ShareFetcher(self, len(self.fetchers)))
-            deadline = time.monotonic() + self.settings.batch_ms / 1000
-            results: list[list[Outcome]] = [[] for _ in self.fetchers]
-            threads = [
-                threading.Thread(target=lambda i=i, f=f: results[i].extend(f.run(deadline)), name=f"qp-fetch-{i}")
-                for i, f in enumerate(self.fetchers)
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            return [o for r in results for o in r]
+            slice_s = self.settings.batch_ms / 1000
+            if final:
+                with self._lease:
+                    self._lease_until = 0.0
+                    self._lease.notify_all()
+                    limit = time.monotonic() + self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S
+                    self._lease.wait_for(lambda: not any(f.busy for f in self.fetchers), limit - time.monotonic())
+            else:
+                with self._lease:
+                    self._lease_until = time.monotonic() + slice_s + LEASE_GRACE_S
+                    self._lease.notify_all()
+                time.sleep(slice_s)
+            with self._outbox_lock:
+                settled, self._outbox = self._outbox, []
+            return settled
+
+    def leased(self) -> bool:
+        return time.monotonic() < self._lease_until
+
+    def enter_cycle(self, fetcher: ShareFetcher) -> bool:
+        """Mark the fetcher busy if it may poll (lease held) or must commit (lease ended with
+        acknowledgements pending); otherwise wait a little for a renewal and say no."""
+        with self._lease:
+            if self.leased() or fetcher.pending:
+                fetcher.busy = True
+                return True
+            self._lease.wait(0.5)
+            return False
+
+    def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[Outcome]) -> None:
+        if outcomes:
+            with self._outbox_lock:
+                self._outbox.extend(outcomes)
+        with self._lease:
+            fetcher.busy = False
+            self._lease.notify_all()
 
     def close(self) -> None:
+        with self._lease:
+            self._lease_until = 0.0
+            self._lease.notify_all()
         for fetcher in self.fetchers:
             fetcher.close()
         self._stop.set()
@@ -288,9 +332,10 @@ class ProcessRuntime:
 class ShareFetcher:
     """A ShareConsumer in explicit acknowledgement mode feeding the process's handler pool.
 
-    It hands every record of a poll to the pool at once, so one slow record does not hold
-    up the others locked by the same poll, and acknowledges each as soon as its outcome is
-    durable; acknowledgements ride on the next poll or are committed when time runs short.
+    Its thread hands every record of a poll to the pool at once, so one slow record does
+    not hold up the others locked by the same poll, and acknowledges each as soon as its
+    outcome is durable; acknowledgements ride on the next poll, or are committed when the
+    lease ends or time runs short.
     """
 
     def __init__(self, runtime: ProcessRuntime, index: int):
@@ -310,41 +355,59 @@ class ShareFetcher:
             }
         )
         self.consumer.subscribe([s.topic])
+        self.busy = False
+        self.pending = False  # acknowledgements not yet committed
         self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
+        self._thread.start()
 
-    def run(self, deadline: float) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        pending = False
-        while time.monotonic() < deadline and not self._closed:
+    def _loop(self) -> None:
+        while not self._closed:
+            if not self.runtime.enter_cycle(self):
+                continue
+            outcomes: list[Outcome] = []
             try:
-                messages = self.consumer.poll(min(0.2, max(0.01, deadline - time.monotonic())))
-            except KafkaException as exc:
-                log.warning("share poll failed: %s", exc)
+                if self.runtime.leased():
+                    self._cycle(outcomes)
+                if self.pending and not self.runtime.leased():
+                    # The lease ended: nothing stays uncommitted. A failed commit is not retried
+                    # forever; the broker redelivers whatever it did not record.
+                    self._commit()
+                    self.pending = False
+            except Exception:  # a fetcher thread must outlive any one bad poll
+                log.exception("share fetcher %d failed a poll; continuing", self.index)
                 time.sleep(0.2)
+            finally:
+                self.runtime.leave_cycle(self, outcomes)
+
+    def _cycle(self, outcomes: list[Outcome]) -> None:
+        """One poll: hand its records to the pool, acknowledge each as it settles."""
+        try:
+            messages = self.consumer.poll(0.2)
+        except KafkaException as exc:
+            log.warning("share poll failed: %s", exc)
+            time.sleep(0.2)
+            return
+        if not messages:
+            return
+        polled_at = time.monotonic()
+        calls = []
+        for message in messages:
+            if message.error():
+                log.warning("share consumer error: %s", message.error())
                 continue
-            if not messages:
-                continue
-            polled_at = time.monotonic()
-            calls = []
-            for message in messages:
-                if message.error():
-                    log.warning("share consumer error: %s", message.error())
-                    continue
-                record = _record(message)
-                self.runtime.first_attempt(record, int(time.time() * 1000))
-                call = _Call(record, self._budget(polled_at))
-                self.runtime.pool.calls.put(call)
-                calls.append((message, call))
-            for message, call in calls:
-                outcome, ack = self._settle(call)
-                self.consumer.acknowledge(message, ack)
-                outcomes.append(outcome)
-                pending = True
-            if time.monotonic() - polled_at > self.runtime.settings.lock_ms / 2000:
-                pending = not self._commit()
-        if pending:
-            self._commit()
-        return outcomes
+            record = _record(message)
+            self.runtime.first_attempt(record, int(time.time() * 1000))
+            call = _Call(record, self._budget(polled_at))
+            self.runtime.pool.calls.put(call)
+            calls.append((message, call))
+        for message, call in calls:
+            outcome, ack = self._settle(call)
+            self.consumer.acknowledge(message, ack)
+            outcomes.append(outcome)
+            self.pending = True
+        if time.monotonic() - polled_at > self.runtime.settings.lock_ms / 2000:
+            self.pending = not self._commit()
 
     def _budget(self, polled_at: float) -> float:
         lock_s = self.runtime.settings.lock_ms / 1000
@@ -405,6 +468,7 @@ class ShareFetcher:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
             with contextlib.suppress(Exception):
                 self.consumer.close()
 
