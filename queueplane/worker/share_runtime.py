@@ -75,50 +75,50 @@ class ShareSettings:
         return cls(**json.loads(text))
 
 
-@dataclass
-class Outcome:
-    topic: str
-    partition: int
-    offset: int
-    key: str | None
-    delivery_count: int
-    outcome: str
-    error: str | None
-    latency_ms: float
-    inflight: int
-
-    def row(self) -> tuple:
-        return (
-            self.topic,
-            self.partition,
-            self.offset,
-            self.key,
-            self.delivery_count,
-            self.outcome,
-            self.error,
-            self.latency_ms,
-            self.inflight,
-        )
+# One outcome row (OUTCOME_SCHEMA order): plain tuples, because every record makes one.
+Outcome = tuple
 
 
 class _Call:
-    """One handler call handed to the pool; the fetcher that owns the record waits on it.
+    """One handler call handed to the pool; the fetcher that owns the record settles it.
 
-    A call the fetcher gave up on (deadline passed) is abandoned: if the handler returns
-    later, its outputs are dropped, so a released record never also produces output.
+    State changes happen under the call's poll condition. A call the fetcher gave up on
+    (deadline passed) is abandoned: if the handler returns later, its outputs are dropped,
+    so a released record never also produces output.
     """
 
-    RUNNING, PRODUCING, DONE, ABANDONED = range(4)
+    QUEUED, RUNNING, PRODUCING, DONE, ABANDONED = range(5)
+    __slots__ = ("deadline", "inflight", "poll", "record", "result", "started", "started_wall", "state")
 
-    def __init__(self, record: Record, budget_s: float):
+    def __init__(self, record: Record, poll: _Poll, deadline: float):
         self.record = record
-        self.budget_s = budget_s
-        self.state = _Call.RUNNING
-        self.lock = threading.Lock()
-        self.done = threading.Event()
+        self.poll = poll
+        self.deadline = deadline
+        self.state = _Call.QUEUED
         self.result: tuple[str, Failure | None] | None = None
         self.inflight = 0
         self.started = time.monotonic()
+        self.started_wall = 0.0
+
+
+class _Poll:
+    """The calls of one poll: the fetcher waits on one condition for all of them, not on each."""
+
+    __slots__ = ("cond", "unsettled")
+
+    def __init__(self, size: int):
+        self.cond = threading.Condition(threading.Lock())
+        self.unsettled = size
+
+    def settle(self, call: _Call, state: int, result: tuple[str, Failure | None] | None) -> bool:
+        """Move a call to DONE or ABANDONED once; False if it was settled already. Caller holds cond."""
+        if call.state in (_Call.DONE, _Call.ABANDONED):
+            return False
+        call.state, call.result = state, result
+        self.unsettled -= 1
+        if self.unsettled == 0:
+            self.cond.notify_all()
+        return True
 
 
 class HandlerPool:
@@ -156,20 +156,28 @@ class HandlerPool:
                     return
 
     def _run(self, call: _Call) -> None:
-        s = self.runtime.settings
-        remaining = call.budget_s - (time.monotonic() - call.started)
-        if remaining <= 0:
-            return self._finish(call, (RELEASED, Failure("Timeout", "the lock ran out before the handler started")))
+        poll = call.poll
+        with poll.cond:
+            if call.state != _Call.QUEUED:
+                return  # the fetcher gave up on it while it waited in the queue
+            if time.monotonic() >= call.deadline:
+                poll.settle(
+                    call, _Call.DONE, (RELEASED, Failure("Timeout", "the lock ran out before the handler started"))
+                )
+                return
+            call.state = _Call.RUNNING
+        call.started_wall = time.time()
         with self.lock:
             self.inflight += 1
             call.inflight = self.inflight
         try:
             outputs = outputs_of(self.runtime.handler(call.record))
-            with call.lock:
-                if call.state == _Call.ABANDONED:
-                    return None
-                call.state = _Call.PRODUCING
-            self.runtime.produce_and_wait([self.runtime.output_record(o, call.record) for o in outputs])
+            if outputs:
+                with poll.cond:
+                    if call.state == _Call.ABANDONED:
+                        return
+                    call.state = _Call.PRODUCING
+                self.runtime.produce_and_wait([self.runtime.output_record(o, call.record) for o in outputs])
             result: tuple[str, Failure | None] = (ACCEPTED, None)
         except Reject as exc:
             result = (DEAD_LETTERED, Failure.of(exc))
@@ -178,18 +186,8 @@ class HandlerPool:
         finally:
             with self.lock:
                 self.inflight -= 1
-        if result[0] == RELEASED and call.record.delivery_count >= s.delivery_limit:
-            result = (DEAD_LETTERED, result[1])
-        return self._finish(call, result)
-
-    @staticmethod
-    def _finish(call: _Call, result: tuple[str, Failure | None]) -> None:
-        with call.lock:
-            if call.state == _Call.ABANDONED:
-                return
-            call.state = _Call.DONE
-            call.result = result
-        call.done.set()
+        with poll.cond:
+            poll.settle(call, _Call.DONE, result)
 
 
 class ProcessRuntime:
@@ -214,7 +212,7 @@ class ProcessRuntime:
         self._poller.start()
         self.pool = HandlerPool(self, settings.slots)
         self.fetchers: list[ShareFetcher] = []
-        # First attempt times this process saw, for the DLQ headers (bounded).
+        # When a record's first failed delivery started in this process, for the DLQ headers (bounded).
         self.first_attempts: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._first_lock = threading.Lock()
         self._batch_lock = threading.Lock()
@@ -381,7 +379,7 @@ class ShareFetcher:
                 self.runtime.leave_cycle(self, outcomes)
 
     def _cycle(self, outcomes: list[Outcome]) -> None:
-        """One poll: hand its records to the pool, acknowledge each as it settles."""
+        """One poll: hand its records to the pool, settle them together, acknowledge each."""
         try:
             messages = self.consumer.poll(0.2)
         except KafkaException as exc:
@@ -391,48 +389,60 @@ class ShareFetcher:
         if not messages:
             return
         polled_at = time.monotonic()
-        calls = []
-        for message in messages:
-            if message.error():
-                log.warning("share consumer error: %s", message.error())
-                continue
-            record = _record(message)
-            self.runtime.first_attempt(record, int(time.time() * 1000))
-            call = _Call(record, self._budget(polled_at))
-            self.runtime.pool.calls.put(call)
-            calls.append((message, call))
-        for message, call in calls:
-            outcome, ack = self._settle(call)
-            self.consumer.acknowledge(message, ack)
+        lock_s = self.runtime.settings.lock_ms / 1000
+        # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
+        deadline = polled_at + lock_s * HANDLER_SHARE_OF_LOCK
+        good = [m for m in messages if not m.error()]
+        for m in messages:
+            if m.error():
+                log.warning("share consumer error: %s", m.error())
+        poll = _Poll(len(good))
+        calls = [_Call(_record(m), poll, deadline) for m in good]
+        put = self.runtime.pool.calls.put
+        for call in calls:
+            put(call)
+        self._await(poll, calls, deadline)
+        acknowledge = self.consumer.acknowledge
+        for message, call in zip(good, calls, strict=True):
+            outcome, ack = self._decide(call)
+            acknowledge(message, ack)
             outcomes.append(outcome)
-            self.pending = True
-        if time.monotonic() - polled_at > self.runtime.settings.lock_ms / 2000:
+        self.pending = True
+        if time.monotonic() - polled_at > lock_s / 2:
             self.pending = not self._commit()
 
-    def _budget(self, polled_at: float) -> float:
-        lock_s = self.runtime.settings.lock_ms / 1000
-        return max(0.0, min(lock_s * HANDLER_SHARE_OF_LOCK, polled_at + lock_s * 0.9 - time.monotonic()))
+    def _await(self, poll: _Poll, calls: list[_Call], deadline: float) -> None:
+        """Wait until every call settled; at the deadline give up on the unfinished (RELEASE or DLQ).
 
-    def _settle(self, call: _Call) -> tuple[Outcome, int]:
-        """Wait for the call within its budget; give up on it (RELEASE or DLQ) when the budget is spent."""
-        if not call.done.wait(max(0.0, call.budget_s - (time.monotonic() - call.started))):
-            with call.lock:
-                producing = call.state == _Call.PRODUCING
-                if not producing and call.state != _Call.DONE:
-                    call.state = _Call.ABANDONED
-            if producing or call.state == _Call.DONE:
-                call.done.wait(DELIVERY_TIMEOUT_S)  # outputs are on their way: let them land
-            else:
-                self.runtime.pool.replace_stuck()
-                failure = Failure("Timeout", f"handler ran past its deadline of {call.budget_s:.1f}s")
-                final = call.record.delivery_count >= self.runtime.settings.delivery_limit
-                return self._decide(call, DEAD_LETTERED if final else RELEASED, failure)
-        if call.result is None:  # outputs still not delivered: another delivery may duplicate them, never lose
-            return self._decide(call, RELEASED, Failure("OutputTimeout", "outputs not delivered in time"))
-        return self._decide(call, *call.result)
+        Calls already producing outputs get DELIVERY_TIMEOUT_S more: their outputs are on the
+        way and must not be duplicated by a redelivery if they can still land.
+        """
+        with poll.cond:
+            if poll.cond.wait_for(lambda: poll.unsettled == 0, max(0.0, deadline - time.monotonic())):
+                return
+            timeout = Failure("Timeout", f"handler ran past its deadline of {deadline - calls[0].started:.1f}s")
+            for call in calls:
+                if call.state in (_Call.QUEUED, _Call.RUNNING):
+                    if call.state == _Call.RUNNING:
+                        self.runtime.pool.replace_stuck()
+                    poll.settle(call, _Call.ABANDONED, (RELEASED, timeout))
+            if poll.cond.wait_for(lambda: poll.unsettled == 0, DELIVERY_TIMEOUT_S):
+                return
+            late = (RELEASED, Failure("OutputTimeout", "outputs not delivered in time"))
+            for call in calls:  # outputs still not delivered: another delivery may duplicate them, never lose
+                poll.settle(call, _Call.ABANDONED, late)
 
-    def _decide(self, call: _Call, outcome: str, failure: Failure | None) -> tuple[Outcome, int]:
+    def _decide(self, call: _Call) -> tuple[Outcome, int]:
+        """The acknowledgement for a settled call; the last allowed delivery never ends RELEASEd,
+        because the broker would archive it: it goes to the DLQ instead."""
         record = call.record
+        outcome, failure = call.result or (RELEASED, Failure("Unknown", "no result"))
+        if outcome == RELEASED and record.delivery_count >= self.runtime.settings.delivery_limit:
+            outcome = DEAD_LETTERED
+        if outcome == ACCEPTED:
+            return _outcome(call, ACCEPTED, None), AcknowledgeType.ACCEPT
+        now_ms = int(time.time() * 1000)
+        first = self.runtime.first_attempt(record, int(call.started_wall * 1000) or now_ms)
         if outcome == DEAD_LETTERED:
             headers = dlq_headers(
                 record.headers,
@@ -441,17 +451,17 @@ class ShareFetcher:
                 offset=record.offset,
                 delivery_count=record.delivery_count,
                 failure=failure or Failure("Unknown", ""),
-                first_attempt_ms=self.runtime.first_attempt(record, int(time.time() * 1000)),
-                last_attempt_ms=int(time.time() * 1000),
+                first_attempt_ms=first,
+                last_attempt_ms=now_ms,
             )
             try:
                 self.runtime.produce_and_wait([(self.runtime.settings.dlq_topic, record.key, record.value, headers)])
             except Exception as exc:
                 # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
+                log.error("DLQ write failed for %s-%d@%d: %s", record.topic, record.partition, record.offset, exc)
                 return _outcome(call, RELEASED, Failure("DeadLetterWriteFailed", str(exc))), AcknowledgeType.RELEASE
             return _outcome(call, DEAD_LETTERED, failure), AcknowledgeType.REJECT
-        ack = AcknowledgeType.ACCEPT if outcome == ACCEPTED else AcknowledgeType.RELEASE
-        return _outcome(call, outcome, failure), ack
+        return _outcome(call, RELEASED, failure), AcknowledgeType.RELEASE
 
     def _commit(self) -> bool:
         try:
@@ -488,16 +498,16 @@ def _record(message: Message) -> Record:
 
 def _outcome(call: _Call, outcome: str, failure: Failure | None) -> Outcome:
     record = call.record
-    return Outcome(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key.decode("utf-8", "replace") if record.key is not None else None,
-        delivery_count=record.delivery_count,
-        outcome=outcome,
-        error=f"{failure.error_class}: {failure.message}" if failure else None,
-        latency_ms=(time.monotonic() - call.started) * 1000,
-        inflight=call.inflight,
+    return (
+        record.topic,
+        record.partition,
+        record.offset,
+        record.key.decode("utf-8", "replace") if record.key is not None else None,
+        record.delivery_count,
+        outcome,
+        f"{failure.error_class}: {failure.message}" if failure else None,
+        (time.monotonic() - call.started) * 1000,
+        call.inflight,
     )
 
 

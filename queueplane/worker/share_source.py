@@ -48,8 +48,7 @@ class ShareStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         runtime = runtime_for(ShareSettings.from_json(self.settings_json))
-        for outcome in runtime.run_batch(final=getattr(partition, "final", False)):
-            yield outcome.row()
+        yield from runtime.run_batch(final=getattr(partition, "final", False))
 
     def commit(self, end: dict) -> None:
         # Acknowledgements were committed to the broker inside the tasks, before they returned.
