@@ -29,6 +29,7 @@ from queueplane import workflow
 from queueplane.cluster import quiet_logger
 from queueplane.connection import KafkaTarget
 from queueplane.lag import queue_backlog
+from queueplane.load import QUEUE_PRODUCER
 from queueplane.local.stack import LocalStack
 from queueplane.worker.runner import RunOptions, run_queue
 
@@ -166,7 +167,7 @@ def make_spec(folder: Path, target: KafkaTarget, handler: str, slots: int) -> Pa
 
 
 def fill(target: KafkaTarget, topic: str, count: int) -> None:
-    producer = Producer({**target.settings, "linger.ms": 5, "logger": quiet_logger()})
+    producer = Producer({**target.settings, **QUEUE_PRODUCER, "logger": quiet_logger()})
     for i in range(count):
         while True:
             try:
