@@ -29,6 +29,7 @@ from queueplane import workflow
 from queueplane.cluster import quiet_logger
 from queueplane.connection import KafkaTarget
 from queueplane.lag import queue_backlog
+from queueplane.load import QUEUE_PRODUCER
 from queueplane.local.stack import LocalStack
 from queueplane.worker.runner import RunOptions, run_queue
 
@@ -37,26 +38,44 @@ PARTITIONS = 6
 console = Console(stderr=True)
 
 HANDLERS = """
+import atexit
 import os
 import time
 
-_FIRST = os.environ.get("QP_BENCH_FIRST_CALLS", "/tmp")
+_MARKS = os.environ.get("QP_BENCH_MARKS", "/tmp")
+_last = [0.0, 0.0]  # last call's end, last time it was written
+
+
+def _write(kind, value):
+    with open(os.path.join(_MARKS, f"{kind}-{os.getpid()}"), "w") as handle:
+        handle.write(repr(value))
 
 
 def _mark_first():
-    path = os.path.join(_FIRST, f"first-{os.getpid()}")
-    if not os.path.exists(path):
-        with open(path, "w") as handle:
-            handle.write(repr(time.time()))
+    if not os.path.exists(os.path.join(_MARKS, f"first-{os.getpid()}")):
+        _write("first", time.time())
+
+
+def _mark_last():
+    now = time.time()
+    _last[0] = now
+    if now - _last[1] > 0.05:
+        _last[1] = now
+        _write("last", now)
+
+
+atexit.register(lambda: _last[0] and _write("last", _last[0]))
 
 
 def sleep_10ms(record):
     _mark_first()
     time.sleep(0.010)
+    _mark_last()
 
 
 def trivial(record):
     _mark_first()
+    _mark_last()
     return None
 """
 
@@ -148,7 +167,7 @@ def make_spec(folder: Path, target: KafkaTarget, handler: str, slots: int) -> Pa
 
 
 def fill(target: KafkaTarget, topic: str, count: int) -> None:
-    producer = Producer({**target.settings, "linger.ms": 5, "logger": quiet_logger()})
+    producer = Producer({**target.settings, **QUEUE_PRODUCER, "logger": quiet_logger()})
     for i in range(count):
         while True:
             try:
@@ -160,9 +179,10 @@ def fill(target: KafkaTarget, topic: str, count: int) -> None:
 
 
 def worker_throughput(spec: Path, target: KafkaTarget, records: int, marks_dir: Path) -> dict:
-    """Records/s from the first handler call to the last record: Spark and group start-up excluded."""
+    """Records/s from the first handler call to the end of the last: Spark and group start-up and the
+    shutdown excluded (the handlers mark both ends; Python workers write the last mark on exit)."""
     (queue,) = workflow.validate([str(spec)], target)
-    for old in marks_dir.glob("first-*"):
+    for old in marks_dir.glob("*-*"):
         old.unlink()
     summary = run_queue(
         queue,
@@ -170,8 +190,8 @@ def worker_throughput(spec: Path, target: KafkaTarget, records: int, marks_dir: 
         RunOptions(max_records=records),
         backlog=queue_backlog(target, queue),
     )
-    ended = time.time()
     first = min(float(p.read_text()) for p in marks_dir.glob("first-*"))
+    ended = max(float(p.read_text()) for p in marks_dir.glob("last-*"))
     done = summary.counts.get("accepted", 0) + summary.counts.get("dlq", 0)
     return {"records": done, "steady_records_per_s": round(done / (ended - first), 1), "counts": summary.counts}
 
@@ -239,7 +259,7 @@ def main() -> int:
         folder = Path(tmp)
         marks = folder / "marks"
         marks.mkdir()
-        os.environ["QP_BENCH_FIRST_CALLS"] = str(marks)
+        os.environ["QP_BENCH_MARKS"] = str(marks)
         (folder / "bench_handlers.py").write_text(HANDLERS)
         stack = LocalStack(folder / "local")
         with console.status("starting a local Kafka broker for the benchmark"):

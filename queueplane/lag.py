@@ -35,7 +35,7 @@ def share_lag(target: KafkaTarget, group: str, topic: str, partitions: int) -> d
 
 
 def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> Callable[[], dict[int, int | None] | None]:
-    """The backlog reader a worker polls once per micro-batch."""
+    """The backlog reader a worker polls in the background while it runs."""
     return lambda: share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions)
 
 

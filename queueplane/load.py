@@ -15,6 +15,10 @@ from confluent_kafka import Producer
 
 from queueplane.connection import KafkaTarget
 
+# A share group's broker acquires whole producer batches, whatever max.poll.records says
+# (librdkafka has no share.acquire.mode, KIP-1206). Batches of thousands of records would
+# lock more than a worker can start within lockDuration, so queue producers keep them small.
+QUEUE_PRODUCER = {"linger.ms": 5, "batch.num.messages": 100}
 ID_HEADER = "queueplane.load.id"
 DRINKS = ("espresso", "flat white", "cappuccino", "latte", "mocha", "cortado", "americano")
 SIZES = ("small", "medium", "large")
@@ -56,7 +60,7 @@ def produce_load(
     from queueplane.cluster import quiet_logger
 
     rng = random.Random(seed)
-    producer = Producer({**target.settings, "linger.ms": 5, "enable.idempotence": True, "logger": quiet_logger()})
+    producer = Producer({**target.settings, **QUEUE_PRODUCER, "enable.idempotence": True, "logger": quiet_logger()})
     report = LoadReport(topic, count, 0, 0, [])
     failures: list[str] = []
 

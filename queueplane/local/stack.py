@@ -331,8 +331,9 @@ class LocalStack:
             self._classpath(),
             "kafka.tools.StorageTool",
             "format",
-            "-t",
-            _cluster_id(),
+            # One argument, "--cluster-id=ID": a URL-safe id may start with "-", which the
+            # tool's argument parser would otherwise take for an option.
+            f"--cluster-id={_cluster_id()}",
             "-c",
             str(self.properties_file),
             "--feature",

@@ -106,6 +106,33 @@ def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions, t
     )
 
 
+class BacklogWatcher:
+    """Reads the queue's backlog in the background, so no micro-batch waits for a broker round trip."""
+
+    INTERVAL_S = 1.0
+
+    def __init__(self, read: Callable[[], dict[int, int | None] | None]):
+        self.read = read
+        self.latest: dict[int, int | None] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="qp-backlog", daemon=True)
+
+    def start(self) -> None:
+        self.latest = self.read()
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            try:
+                self.latest = self.read()
+            except Exception as exc:  # lag is advisory: a failed read must not stop the worker
+                log.warning("backlog read failed: %s", exc)
+                self.latest = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
     from pyspark.sql import SparkSession
 
@@ -168,9 +195,12 @@ def run_queue(
 
     counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
     dead: list[dict[str, Any]] = []
-    state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "backlog": None, "lag_readable": False}
+    state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "draining": False}
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
+    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-ckpt-")
+    drain_file = Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain"
+    watcher = BacklogWatcher(backlog)
 
     def sink(frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
@@ -184,12 +214,10 @@ def run_queue(
             for row in table.filter(mask).select(["partition", "offset", "key", "delivery_count", "error"]).to_pylist():
                 dead.append(row)
         metrics.observe(batch_counts, table)
-        lag = backlog()
+        lag = watcher.latest
         total = total_lag(lag)
         metrics.set_backlog(lag)
         state["batches"] += 1
-        state["backlog"] = total
-        state["lag_readable"] = lag is not None
         if table.num_rows:
             state["last_activity"] = time.monotonic()
         elapsed = time.monotonic() - started
@@ -206,28 +234,32 @@ def run_queue(
             sum(counts[o] for o in FINAL_OUTCOMES) / max(elapsed, 1e-6),
         )
         on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total, elapsed))
-        if should_stop():
-            # Hold the stream thread here, between batches, while the query stops: no task is
-            # running, so no record is left acquired-but-unacknowledged by the shutdown.
+        if state["draining"]:
+            # That was the draining batch: every fetcher has settled and reported what it held.
+            # Hold the stream thread here, between batches, while the query stops.
             stop_requested.set()
             may_return.wait(STOP_WAIT_S)
+        elif should_stop(lag):
+            drain_file.touch()  # the next batch drains the executors' fetchers
+            state["draining"] = True
 
-    def should_stop() -> bool:
+    def should_stop(lag: dict[int, int | None] | None) -> bool:
         final = sum(counts[o] for o in FINAL_OUTCOMES)
         if options.max_records is not None and final >= options.max_records:
             return True
         idle = time.monotonic() - state["last_activity"]
         # Drained: the broker says no lag; where lag cannot be read at all, idleness alone decides.
-        drained = state["backlog"] == 0 or not state["lag_readable"]
+        drained = lag is None or total_lag(lag) == 0
         if options.until_idle_s is not None and idle >= options.until_idle_s and drained:
             return True
         return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
 
-    checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-ckpt-")
+    watcher.start()
     query = (
         spark.readStream.format(SOURCE_NAME)
         .option("settings", settings.to_json())
         .option("tasks", str(tasks))
+        .option("drain_file", str(drain_file))
         .load()
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", checkpoint)
@@ -252,6 +284,7 @@ def run_queue(
         if query.isActive:
             query.stop()
         metrics.stop()
+        watcher.stop()
     duration = time.monotonic() - started
     lag = backlog()
     spark.stop()

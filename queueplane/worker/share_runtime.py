@@ -1,11 +1,15 @@
 """The share-group runtime that runs inside Spark's Python workers (KIP-932).
 
-Each worker process keeps its ShareConsumers for its whole life, one per slot thread, so
-consumers stay group members across micro-batches instead of joining and leaving every
-batch; they leave the group when the process exits. A micro-batch task lends the slots a
-time budget: each slot polls a few records, runs the handler under a deadline shorter
-than the acquisition lock, makes outputs and dead-letter records durable, and only then
-acknowledges (ACCEPT, RELEASE or REJECT) and commits the acknowledgements.
+Each worker process keeps its ShareConsumers for its whole life, so consumers stay group
+members across micro-batches instead of joining and leaving every batch; they leave the
+group when the process exits. The fetchers run continuously in background threads while
+the driver holds a lease on them, so Spark's pause between two micro-batches costs no
+throughput; a micro-batch task renews the lease, waits one time slice and takes the
+outcomes settled meanwhile. Per record: the handler runs under a deadline shorter than
+the acquisition lock, outputs and dead-letter records are made durable, and only then is
+the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement committed.
+The last micro-batch of a run drains: fetchers stop acquiring, settle what they hold and
+report it, so a stopped worker leaves nothing acquired and nothing unreported.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
 HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
 FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least two a process)
 DELIVERY_TIMEOUT_S = 30.0
+# Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
+# before the next batch; without a renewal they stop and only settle what they hold.
+LEASE_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -68,50 +75,50 @@ class ShareSettings:
         return cls(**json.loads(text))
 
 
-@dataclass
-class Outcome:
-    topic: str
-    partition: int
-    offset: int
-    key: str | None
-    delivery_count: int
-    outcome: str
-    error: str | None
-    latency_ms: float
-    inflight: int
-
-    def row(self) -> tuple:
-        return (
-            self.topic,
-            self.partition,
-            self.offset,
-            self.key,
-            self.delivery_count,
-            self.outcome,
-            self.error,
-            self.latency_ms,
-            self.inflight,
-        )
+# One outcome row (OUTCOME_SCHEMA order): plain tuples, because every record makes one.
+Outcome = tuple
 
 
 class _Call:
-    """One handler call handed to the pool; the fetcher that owns the record waits on it.
+    """One handler call handed to the pool; the fetcher that owns the record settles it.
 
-    A call the fetcher gave up on (deadline passed) is abandoned: if the handler returns
-    later, its outputs are dropped, so a released record never also produces output.
+    State changes happen under the call's poll condition. A call the fetcher gave up on
+    (deadline passed) is abandoned: if the handler returns later, its outputs are dropped,
+    so a released record never also produces output.
     """
 
-    RUNNING, PRODUCING, DONE, ABANDONED = range(4)
+    QUEUED, RUNNING, PRODUCING, DONE, ABANDONED = range(5)
+    __slots__ = ("deadline", "inflight", "poll", "record", "result", "started", "started_wall", "state")
 
-    def __init__(self, record: Record, budget_s: float):
+    def __init__(self, record: Record, poll: _Poll, deadline: float):
         self.record = record
-        self.budget_s = budget_s
-        self.state = _Call.RUNNING
-        self.lock = threading.Lock()
-        self.done = threading.Event()
+        self.poll = poll
+        self.deadline = deadline
+        self.state = _Call.QUEUED
         self.result: tuple[str, Failure | None] | None = None
         self.inflight = 0
         self.started = time.monotonic()
+        self.started_wall = 0.0
+
+
+class _Poll:
+    """The calls of one poll: the fetcher waits on one condition for all of them, not on each."""
+
+    __slots__ = ("cond", "unsettled")
+
+    def __init__(self, size: int):
+        self.cond = threading.Condition(threading.Lock())
+        self.unsettled = size
+
+    def settle(self, call: _Call, state: int, result: tuple[str, Failure | None] | None) -> bool:
+        """Move a call to DONE or ABANDONED once; False if it was settled already. Caller holds cond."""
+        if call.state in (_Call.DONE, _Call.ABANDONED):
+            return False
+        call.state, call.result = state, result
+        self.unsettled -= 1
+        if self.unsettled == 0:
+            self.cond.notify_all()
+        return True
 
 
 class HandlerPool:
@@ -149,20 +156,28 @@ class HandlerPool:
                     return
 
     def _run(self, call: _Call) -> None:
-        s = self.runtime.settings
-        remaining = call.budget_s - (time.monotonic() - call.started)
-        if remaining <= 0:
-            return self._finish(call, (RELEASED, Failure("Timeout", "the lock ran out before the handler started")))
+        poll = call.poll
+        with poll.cond:
+            if call.state != _Call.QUEUED:
+                return  # the fetcher gave up on it while it waited in the queue
+            if time.monotonic() >= call.deadline:
+                poll.settle(
+                    call, _Call.DONE, (RELEASED, Failure("Timeout", "the lock ran out before the handler started"))
+                )
+                return
+            call.state = _Call.RUNNING
+        call.started_wall = time.time()
         with self.lock:
             self.inflight += 1
             call.inflight = self.inflight
         try:
             outputs = outputs_of(self.runtime.handler(call.record))
-            with call.lock:
-                if call.state == _Call.ABANDONED:
-                    return None
-                call.state = _Call.PRODUCING
-            self.runtime.produce_and_wait([self.runtime.output_record(o, call.record) for o in outputs])
+            if outputs:
+                with poll.cond:
+                    if call.state == _Call.ABANDONED:
+                        return
+                    call.state = _Call.PRODUCING
+                self.runtime.produce_and_wait([self.runtime.output_record(o, call.record) for o in outputs])
             result: tuple[str, Failure | None] = (ACCEPTED, None)
         except Reject as exc:
             result = (DEAD_LETTERED, Failure.of(exc))
@@ -171,18 +186,8 @@ class HandlerPool:
         finally:
             with self.lock:
                 self.inflight -= 1
-        if result[0] == RELEASED and call.record.delivery_count >= s.delivery_limit:
-            result = (DEAD_LETTERED, result[1])
-        return self._finish(call, result)
-
-    @staticmethod
-    def _finish(call: _Call, result: tuple[str, Failure | None]) -> None:
-        with call.lock:
-            if call.state == _Call.ABANDONED:
-                return
-            call.state = _Call.DONE
-            call.result = result
-        call.done.set()
+        with poll.cond:
+            poll.settle(call, _Call.DONE, result)
 
 
 class ProcessRuntime:
@@ -207,10 +212,15 @@ class ProcessRuntime:
         self._poller.start()
         self.pool = HandlerPool(self, settings.slots)
         self.fetchers: list[ShareFetcher] = []
-        # First attempt times this process saw, for the DLQ headers (bounded).
+        # When a record's first failed delivery started in this process, for the DLQ headers (bounded).
         self.first_attempts: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._first_lock = threading.Lock()
         self._batch_lock = threading.Lock()
+        # The lease: fetchers acquire records only before ``_lease_until`` (monotonic seconds).
+        self._lease = threading.Condition()
+        self._lease_until = 0.0
+        self._outbox: list[Outcome] = []
+        self._outbox_lock = threading.Lock()
 
     def _serve_deliveries(self) -> None:
         while not self._stop.is_set():
@@ -258,26 +268,58 @@ class ProcessRuntime:
         if errors:
             raise RuntimeError(f"output delivery failed: {errors[0]}")
 
-    def run_batch(self) -> list[Outcome]:
-        """Lend every fetcher the batch's time budget, in parallel; return what they did."""
+    def run_batch(self, final: bool = False) -> list[Outcome]:
+        """Renew the lease for one time slice and return what the fetchers settled meanwhile.
+
+        ``final`` drains instead: the lease ends now, every fetcher settles and commits what it
+        holds, and the task returns all of it, so the driver can stop with nothing in flight.
+        """
         with self._batch_lock:  # two tasks in one process never share fetchers
             # At least two: one polls while the other waits for the tail of its poll.
             wanted = max(2, -(-self.settings.slots // FETCHER_SHARE))
             while len(self.fetchers) < wanted:
                 self.fetchers.append(ShareFetcher(self, len(self.fetchers)))
-            deadline = time.monotonic() + self.settings.batch_ms / 1000
-            results: list[list[Outcome]] = [[] for _ in self.fetchers]
-            threads = [
-                threading.Thread(target=lambda i=i, f=f: results[i].extend(f.run(deadline)), name=f"qp-fetch-{i}")
-                for i, f in enumerate(self.fetchers)
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            return [o for r in results for o in r]
+            slice_s = self.settings.batch_ms / 1000
+            if final:
+                with self._lease:
+                    self._lease_until = 0.0
+                    self._lease.notify_all()
+                    limit = time.monotonic() + self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S
+                    self._lease.wait_for(lambda: not any(f.busy for f in self.fetchers), limit - time.monotonic())
+            else:
+                with self._lease:
+                    self._lease_until = time.monotonic() + slice_s + LEASE_GRACE_S
+                    self._lease.notify_all()
+                time.sleep(slice_s)
+            with self._outbox_lock:
+                settled, self._outbox = self._outbox, []
+            return settled
+
+    def leased(self) -> bool:
+        return time.monotonic() < self._lease_until
+
+    def enter_cycle(self, fetcher: ShareFetcher) -> bool:
+        """Mark the fetcher busy if it may poll (lease held) or must commit (lease ended with
+        acknowledgements pending); otherwise wait a little for a renewal and say no."""
+        with self._lease:
+            if self.leased() or fetcher.pending:
+                fetcher.busy = True
+                return True
+            self._lease.wait(0.5)
+            return False
+
+    def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[Outcome]) -> None:
+        if outcomes:
+            with self._outbox_lock:
+                self._outbox.extend(outcomes)
+        with self._lease:
+            fetcher.busy = False
+            self._lease.notify_all()
 
     def close(self) -> None:
+        with self._lease:
+            self._lease_until = 0.0
+            self._lease.notify_all()
         for fetcher in self.fetchers:
             fetcher.close()
         self._stop.set()
@@ -288,9 +330,10 @@ class ProcessRuntime:
 class ShareFetcher:
     """A ShareConsumer in explicit acknowledgement mode feeding the process's handler pool.
 
-    It hands every record of a poll to the pool at once, so one slow record does not hold
-    up the others locked by the same poll, and acknowledges each as soon as its outcome is
-    durable; acknowledgements ride on the next poll or are committed when time runs short.
+    Its thread hands every record of a poll to the pool at once, so one slow record does
+    not hold up the others locked by the same poll, and acknowledges each as soon as its
+    outcome is durable; acknowledgements ride on the next poll, or are committed when the
+    lease ends or time runs short.
     """
 
     def __init__(self, runtime: ProcessRuntime, index: int):
@@ -310,66 +353,96 @@ class ShareFetcher:
             }
         )
         self.consumer.subscribe([s.topic])
+        self.busy = False
+        self.pending = False  # acknowledgements not yet committed
         self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
+        self._thread.start()
 
-    def run(self, deadline: float) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        pending = False
-        while time.monotonic() < deadline and not self._closed:
+    def _loop(self) -> None:
+        while not self._closed:
+            if not self.runtime.enter_cycle(self):
+                continue
+            outcomes: list[Outcome] = []
             try:
-                messages = self.consumer.poll(min(0.2, max(0.01, deadline - time.monotonic())))
-            except KafkaException as exc:
-                log.warning("share poll failed: %s", exc)
+                if self.runtime.leased():
+                    self._cycle(outcomes)
+                if self.pending and not self.runtime.leased():
+                    # The lease ended: nothing stays uncommitted. A failed commit is not retried
+                    # forever; the broker redelivers whatever it did not record.
+                    self._commit()
+                    self.pending = False
+            except Exception:  # a fetcher thread must outlive any one bad poll
+                log.exception("share fetcher %d failed a poll; continuing", self.index)
                 time.sleep(0.2)
-                continue
-            if not messages:
-                continue
-            polled_at = time.monotonic()
-            calls = []
-            for message in messages:
-                if message.error():
-                    log.warning("share consumer error: %s", message.error())
-                    continue
-                record = _record(message)
-                self.runtime.first_attempt(record, int(time.time() * 1000))
-                call = _Call(record, self._budget(polled_at))
-                self.runtime.pool.calls.put(call)
-                calls.append((message, call))
-            for message, call in calls:
-                outcome, ack = self._settle(call)
-                self.consumer.acknowledge(message, ack)
-                outcomes.append(outcome)
-                pending = True
-            if time.monotonic() - polled_at > self.runtime.settings.lock_ms / 2000:
-                pending = not self._commit()
-        if pending:
-            self._commit()
-        return outcomes
+            finally:
+                self.runtime.leave_cycle(self, outcomes)
 
-    def _budget(self, polled_at: float) -> float:
+    def _cycle(self, outcomes: list[Outcome]) -> None:
+        """One poll: hand its records to the pool, settle them together, acknowledge each."""
+        try:
+            messages = self.consumer.poll(0.2)
+        except KafkaException as exc:
+            log.warning("share poll failed: %s", exc)
+            time.sleep(0.2)
+            return
+        if not messages:
+            return
+        polled_at = time.monotonic()
         lock_s = self.runtime.settings.lock_ms / 1000
-        return max(0.0, min(lock_s * HANDLER_SHARE_OF_LOCK, polled_at + lock_s * 0.9 - time.monotonic()))
+        # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
+        deadline = polled_at + lock_s * HANDLER_SHARE_OF_LOCK
+        good = [m for m in messages if not m.error()]
+        for m in messages:
+            if m.error():
+                log.warning("share consumer error: %s", m.error())
+        poll = _Poll(len(good))
+        calls = [_Call(_record(m), poll, deadline) for m in good]
+        put = self.runtime.pool.calls.put
+        for call in calls:
+            put(call)
+        self._await(poll, calls, deadline)
+        acknowledge = self.consumer.acknowledge
+        for message, call in zip(good, calls, strict=True):
+            outcome, ack = self._decide(call)
+            acknowledge(message, ack)
+            outcomes.append(outcome)
+        self.pending = True
+        if time.monotonic() - polled_at > lock_s / 2:
+            self.pending = not self._commit()
 
-    def _settle(self, call: _Call) -> tuple[Outcome, int]:
-        """Wait for the call within its budget; give up on it (RELEASE or DLQ) when the budget is spent."""
-        if not call.done.wait(max(0.0, call.budget_s - (time.monotonic() - call.started))):
-            with call.lock:
-                producing = call.state == _Call.PRODUCING
-                if not producing and call.state != _Call.DONE:
-                    call.state = _Call.ABANDONED
-            if producing or call.state == _Call.DONE:
-                call.done.wait(DELIVERY_TIMEOUT_S)  # outputs are on their way: let them land
-            else:
-                self.runtime.pool.replace_stuck()
-                failure = Failure("Timeout", f"handler ran past its deadline of {call.budget_s:.1f}s")
-                final = call.record.delivery_count >= self.runtime.settings.delivery_limit
-                return self._decide(call, DEAD_LETTERED if final else RELEASED, failure)
-        if call.result is None:  # outputs still not delivered: another delivery may duplicate them, never lose
-            return self._decide(call, RELEASED, Failure("OutputTimeout", "outputs not delivered in time"))
-        return self._decide(call, *call.result)
+    def _await(self, poll: _Poll, calls: list[_Call], deadline: float) -> None:
+        """Wait until every call settled; at the deadline give up on the unfinished (RELEASE or DLQ).
 
-    def _decide(self, call: _Call, outcome: str, failure: Failure | None) -> tuple[Outcome, int]:
+        Calls already producing outputs get DELIVERY_TIMEOUT_S more: their outputs are on the
+        way and must not be duplicated by a redelivery if they can still land.
+        """
+        with poll.cond:
+            if poll.cond.wait_for(lambda: poll.unsettled == 0, max(0.0, deadline - time.monotonic())):
+                return
+            timeout = Failure("Timeout", f"handler ran past its deadline of {deadline - calls[0].started:.1f}s")
+            for call in calls:
+                if call.state in (_Call.QUEUED, _Call.RUNNING):
+                    if call.state == _Call.RUNNING:
+                        self.runtime.pool.replace_stuck()
+                    poll.settle(call, _Call.ABANDONED, (RELEASED, timeout))
+            if poll.cond.wait_for(lambda: poll.unsettled == 0, DELIVERY_TIMEOUT_S):
+                return
+            late = (RELEASED, Failure("OutputTimeout", "outputs not delivered in time"))
+            for call in calls:  # outputs still not delivered: another delivery may duplicate them, never lose
+                poll.settle(call, _Call.ABANDONED, late)
+
+    def _decide(self, call: _Call) -> tuple[Outcome, int]:
+        """The acknowledgement for a settled call; the last allowed delivery never ends RELEASEd,
+        because the broker would archive it: it goes to the DLQ instead."""
         record = call.record
+        outcome, failure = call.result or (RELEASED, Failure("Unknown", "no result"))
+        if outcome == RELEASED and record.delivery_count >= self.runtime.settings.delivery_limit:
+            outcome = DEAD_LETTERED
+        if outcome == ACCEPTED:
+            return _outcome(call, ACCEPTED, None), AcknowledgeType.ACCEPT
+        now_ms = int(time.time() * 1000)
+        first = self.runtime.first_attempt(record, int(call.started_wall * 1000) or now_ms)
         if outcome == DEAD_LETTERED:
             headers = dlq_headers(
                 record.headers,
@@ -378,17 +451,17 @@ class ShareFetcher:
                 offset=record.offset,
                 delivery_count=record.delivery_count,
                 failure=failure or Failure("Unknown", ""),
-                first_attempt_ms=self.runtime.first_attempt(record, int(time.time() * 1000)),
-                last_attempt_ms=int(time.time() * 1000),
+                first_attempt_ms=first,
+                last_attempt_ms=now_ms,
             )
             try:
                 self.runtime.produce_and_wait([(self.runtime.settings.dlq_topic, record.key, record.value, headers)])
             except Exception as exc:
                 # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
+                log.error("DLQ write failed for %s-%d@%d: %s", record.topic, record.partition, record.offset, exc)
                 return _outcome(call, RELEASED, Failure("DeadLetterWriteFailed", str(exc))), AcknowledgeType.RELEASE
             return _outcome(call, DEAD_LETTERED, failure), AcknowledgeType.REJECT
-        ack = AcknowledgeType.ACCEPT if outcome == ACCEPTED else AcknowledgeType.RELEASE
-        return _outcome(call, outcome, failure), ack
+        return _outcome(call, RELEASED, failure), AcknowledgeType.RELEASE
 
     def _commit(self) -> bool:
         try:
@@ -405,6 +478,7 @@ class ShareFetcher:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
             with contextlib.suppress(Exception):
                 self.consumer.close()
 
@@ -424,16 +498,16 @@ def _record(message: Message) -> Record:
 
 def _outcome(call: _Call, outcome: str, failure: Failure | None) -> Outcome:
     record = call.record
-    return Outcome(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key.decode("utf-8", "replace") if record.key is not None else None,
-        delivery_count=record.delivery_count,
-        outcome=outcome,
-        error=f"{failure.error_class}: {failure.message}" if failure else None,
-        latency_ms=(time.monotonic() - call.started) * 1000,
-        inflight=call.inflight,
+    return (
+        record.topic,
+        record.partition,
+        record.offset,
+        record.key.decode("utf-8", "replace") if record.key is not None else None,
+        record.delivery_count,
+        outcome,
+        f"{failure.error_class}: {failure.message}" if failure else None,
+        (time.monotonic() - call.started) * 1000,
+        call.inflight,
     )
 
 

@@ -2,11 +2,14 @@
 
 Spark has no share-group source. This one has no offsets to track: the share-partition
 state lives on the broker, so each micro-batch is just "the next time slice", and its
-tasks lend their process's long-lived slots that slice (see share_runtime).
+tasks renew the lease on their process's long-lived fetchers for that slice (see
+share_runtime). When the driver wants to stop, it creates the drain file; the next batch's
+tasks then drain their processes, and the driver stops the query after that batch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -17,15 +20,17 @@ SOURCE_NAME = "queueplane-share"
 
 
 class SlotTask(InputPartition):
-    def __init__(self, index: int):
+    def __init__(self, index: int, final: bool):
         super().__init__(index)
         self.index = index
+        self.final = final
 
 
 class ShareStreamReader(DataSourceStreamReader):
-    def __init__(self, settings_json: str, tasks: int):
+    def __init__(self, settings_json: str, tasks: int, drain_file: str):
         self.settings_json = settings_json
         self.tasks = tasks
+        self.drain_file = drain_file
         self.batch = 0
 
     def initialOffset(self) -> dict:
@@ -37,12 +42,13 @@ class ShareStreamReader(DataSourceStreamReader):
         return {"batch": self.batch}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return [SlotTask(i) for i in range(self.tasks)]
+        # Planned on the driver's side, so a file is how the driver's decision reaches it.
+        final = bool(self.drain_file) and os.path.exists(self.drain_file)
+        return [SlotTask(i, final) for i in range(self.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         runtime = runtime_for(ShareSettings.from_json(self.settings_json))
-        for outcome in runtime.run_batch():
-            yield outcome.row()
+        yield from runtime.run_batch(final=getattr(partition, "final", False))
 
     def commit(self, end: dict) -> None:
         # Acknowledgements were committed to the broker inside the tasks, before they returned.
@@ -50,7 +56,8 @@ class ShareStreamReader(DataSourceStreamReader):
 
 
 class ShareSource(DataSource):
-    """Options: settings (ShareSettings as JSON), tasks (parallel tasks per micro-batch)."""
+    """Options: settings (ShareSettings as JSON), tasks (parallel tasks per micro-batch),
+    drain_file (its existence makes the next batch the last)."""
 
     @classmethod
     def name(cls) -> str:
@@ -60,4 +67,6 @@ class ShareSource(DataSource):
         return OUTCOME_SCHEMA
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
-        return ShareStreamReader(self.options["settings"], int(self.options.get("tasks", "1")))
+        return ShareStreamReader(
+            self.options["settings"], int(self.options.get("tasks", "1")), self.options.get("drain_file", "")
+        )

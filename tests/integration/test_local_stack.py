@@ -57,3 +57,17 @@ def test_a_broker_without_share_groups_fails_clearly(tmp_path):
     with pytest.raises(LocalStackError, match=r"share\.version=0; share groups need >= 1"):
         stack.up()
     assert stack.running_state() is None
+
+
+def test_a_cluster_id_that_starts_with_a_dash_formats(tmp_path, monkeypatch):
+    """One random id in 64 starts with "-"; the storage tool must not take it for an option."""
+    from queueplane.local import stack as stack_module
+
+    monkeypatch.setattr(stack_module, "_cluster_id", lambda: "-Tq1nZ0ESbiMmHTmdL_n2w")
+    stack = LocalStack(tmp_path / "local")
+    try:
+        state = stack.up()
+        meta = AdminClient({"bootstrap.servers": state.bootstrap}).list_topics(timeout=20)
+        assert meta.cluster_id == "-Tq1nZ0ESbiMmHTmdL_n2w"
+    finally:
+        stack.down(purge=True)
