@@ -37,7 +37,7 @@ def _worker_deployment(objects: list[dict[str, Any]]) -> str:
 
 
 class HelmDeployOperator(BaseOperator):
-    """`helm upgrade --install --atomic --wait` of the queue's release, values from the spec."""
+    """`helm upgrade --install --rollback-on-failure --wait` (Helm 4's --atomic) of the queue's release."""
 
     template_fields: Sequence[str] = ("spec_path", "kubernetes_conn_id", "deploy", "dry_run")
     ui_color = "#e6f4ea"
@@ -96,7 +96,7 @@ class HelmDeployOperator(BaseOperator):
                     "--create-namespace",
                     "--values",
                     str(rendered.values_file),
-                    "--atomic",
+                    "--rollback-on-failure",  # Helm 4's name for --atomic: a failed upgrade rolls back
                     "--wait",
                     "--timeout",
                     f"{self.helm_timeout_s}s",
