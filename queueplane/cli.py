@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-duration", metavar="DURATION", help="stop after this long in any case")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
     p.add_argument("--tasks", type=int, metavar="N", help="parallel Spark tasks per micro-batch (default: cores)")
+    p.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="Spark checkpoint folder, kept across runs (default: a new temporary one)"
+    )
+    p.add_argument(
+        "--max-batch-records", type=int, metavar="N", help="consumer groups: most records per micro-batch (10000)"
+    )
     _cluster_flags(p)
     _output_flag(p)
 
@@ -329,6 +335,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_duration_s=_duration_flag(args.max_duration, "--max-duration"),
         metrics_port=args.metrics_port,
         tasks=args.tasks,
+        checkpoint_dir=args.checkpoint_dir,
+        max_batch_records=args.max_batch_records,
     )
     show = args.output == "text" and err.is_terminal
     if not show:  # no progress bars: one log line per micro-batch instead

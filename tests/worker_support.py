@@ -23,7 +23,7 @@ from queueplane.connection import KafkaTarget
 
 HANDLER_SOURCE = '''
 """Test handler: behaviour per record from its JSON value; every call logged."""
-import json, os, threading, time
+import json, os, random, threading, time
 from queueplane import Output, Retry
 
 LOG_DIR = "{log_dir}"
@@ -38,6 +38,7 @@ def _log(event):
 def handle(record):
     start = time.time()
     event = {"offset": record.offset, "partition": record.partition, "dc": record.delivery_count,
+             "key": record.key.decode() if record.key is not None else None,
              "pid": os.getpid(), "thread": threading.get_ident(), "start": start}
     try:
         order = record.json()
@@ -56,6 +57,8 @@ def handle(record):
             time.sleep(order.get("hang_s", 10))
         if order.get("sleep_ms"):
             time.sleep(order["sleep_ms"] / 1000)
+        if order.get("random_ms"):
+            time.sleep(random.uniform(0, order["random_ms"]) / 1000)
         event["result"] = "ok"
         return Output({"id": order["id"]}, key=record.key)
     except Retry:
@@ -91,6 +94,10 @@ def make_queue(
     concurrency: int = 4,
     lock: str = "5s",
     delivery_limit: int = 3,
+    group_type: str = "share",
+    ordering: str = "none",
+    exactly_once: bool = False,
+    retry: dict[str, str] | None = None,
 ) -> TestQueue:
     tag = uuid.uuid4().hex[:8]
     module = f"qp_handler_{tag}"
@@ -105,19 +112,23 @@ def make_queue(
         "spec": {
             "topic": {"name": topic, "partitions": partitions},
             "group": {
-                "type": "share",
+                "type": group_type,
                 "id": f"g-{tag}",
                 "lockDuration": lock,
                 "deliveryLimit": delivery_limit,
                 "maxInFlight": 100,
+                "ordering": ordering,
             },
             "processing": {
                 "handler": f"{module}:handle",
                 "concurrency": concurrency,
                 "output": {"topic": f"{topic}.out"},
+                "exactlyOnce": exactly_once,
             },
         },
     }
+    if retry:
+        doc["spec"]["retry"] = retry
     spec_path = folder / "queue.yaml"
     spec_path.write_text(dump(doc))
     workflow.apply(workflow.plan([str(spec_path)], kafka))

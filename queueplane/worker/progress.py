@@ -9,8 +9,8 @@ from rich.table import Table
 from queueplane.connection import KafkaTarget
 from queueplane.lag import queue_backlog, total_lag
 from queueplane.model import QueueSpec
+from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED
 from queueplane.worker.runner import BatchProgress, RunOptions, RunSummary, run_queue
-from queueplane.worker.share_runtime import ACCEPTED, DEAD_LETTERED, RELEASED
 
 
 def run_with_progress(

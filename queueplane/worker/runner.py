@@ -27,17 +27,13 @@ from queueplane.errors import QueueplaneError
 from queueplane.lag import total_lag
 from queueplane.model import QueueSpec
 from queueplane.worker.metrics import WorkerMetrics
-from queueplane.worker.share_runtime import (
-    ACCEPTED,
-    DEAD_LETTERED,
-    FETCHER_SHARE,
-    FINAL_OUTCOMES,
-    RELEASED,
-    ShareSettings,
-)
+from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
+from queueplane.worker.share_runtime import FETCHER_SHARE, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
+RUNTIMES = ("share", "consumer")
+DEFAULT_BATCH_RECORDS = 10_000
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 
 
@@ -52,6 +48,7 @@ class RunOptions:
     tasks: int | None = None  # parallel tasks per micro-batch; default: the cores Spark has
     batch_ms: int = 1000  # time slice of one micro-batch
     checkpoint_dir: str | None = None
+    max_batch_records: int | None = None  # consumer groups: most records per micro-batch (maxOffsetsPerTrigger)
 
 
 @dataclass
@@ -106,16 +103,28 @@ def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions, t
     )
 
 
+def local_threads(queue: QueueSpec, options: RunOptions) -> int:
+    """Task threads of local mode: a consumer group runs one task per partition at once (handlers mostly wait)."""
+    if options.tasks:
+        return options.tasks
+    cores = os.cpu_count() or 2
+    return max(cores, queue.topic.partitions) if queue.group.type == "consumer" else cores
+
+
 def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"queueplane-{queue.name}")
+    if queue.group.type == "consumer":
+        from queueplane.worker.spark_packages import with_kafka_connector
+
+        builder = with_kafka_connector(builder)
     if options.local:
         # Executors' Python workers must run this interpreter, with the spec's folder importable.
         os.environ["PYSPARK_PYTHON"] = sys.executable
         spec_dir = str(Path(queue.source).resolve().parent)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (spec_dir, os.environ.get("PYTHONPATH")) if p)
-        builder = builder.master(f"local[{options.tasks or os.cpu_count() or 2}]").config("spark.ui.enabled", "false")
+        builder = builder.master(f"local[{local_threads(queue, options)}]").config("spark.ui.enabled", "false")
     spark = (
         builder.config("spark.python.worker.reuse", "true")
         .config("spark.sql.shuffle.partitions", "2")
@@ -144,6 +153,22 @@ def ship_handler_modules(spark: Any, queue: QueueSpec) -> None:
     spark.sparkContext.addPyFile(str(bundle))
 
 
+def outcome_stream(spark: Any, queue: QueueSpec, target: KafkaTarget, options: RunOptions) -> Any:
+    """The streaming DataFrame of outcome rows, from the runtime of the queue's group type."""
+    if queue.group.type == "consumer":
+        from queueplane.worker.consumer_query import consumer_stream
+
+        return consumer_stream(spark, queue, target, options.max_batch_records or DEFAULT_BATCH_RECORDS)
+    from queueplane.worker.share_source import SOURCE_NAME, ShareSource
+
+    spark.dataSource.register(ShareSource)
+    tasks = options.tasks or spark.sparkContext.defaultParallelism
+    settings = share_settings(queue, target, options, tasks)
+    return (
+        spark.readStream.format(SOURCE_NAME).option("settings", settings.to_json()).option("tasks", str(tasks)).load()
+    )
+
+
 def run_queue(
     queue: QueueSpec,
     target: KafkaTarget,
@@ -152,16 +177,11 @@ def run_queue(
     backlog: Callable[[], dict[int, int | None] | None] = lambda: None,
 ) -> RunSummary:
     """Run the worker until a stop condition holds; return what it did."""
-    if queue.group.type != "share":
+    if queue.group.type not in RUNTIMES:
         raise QueueplaneError(f"{queue.source}: group type {queue.group.type} has no runtime yet")
-    from queueplane.worker.share_source import SOURCE_NAME, ShareSource
-
     spark = spark_session(queue, options)
     if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
         ship_handler_modules(spark, queue)
-    spark.dataSource.register(ShareSource)
-    tasks = options.tasks or spark.sparkContext.defaultParallelism
-    settings = share_settings(queue, target, options, tasks)
     metrics = WorkerMetrics(queue.name)
     if options.metrics_port is not None:
         metrics.serve(options.metrics_port, options.metrics_host)
@@ -225,19 +245,27 @@ def run_queue(
 
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-ckpt-")
     query = (
-        spark.readStream.format(SOURCE_NAME)
-        .option("settings", settings.to_json())
-        .option("tasks", str(tasks))
-        .load()
+        outcome_stream(spark, queue, target, options)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime="0 seconds")
         .start()
     )
     try:
+        last_look = time.monotonic()
         while query.isActive and not stop_requested.is_set():
             if query.awaitTermination(0.25):
                 break
+            # Spark's Kafka source runs no batch while there is nothing new, so the sink never
+            # sees the queue idle: look between batches here.
+            if queue.group.type == "consumer" and time.monotonic() - last_look >= 1.0:
+                last_look = time.monotonic()
+                if not query.status["isTriggerActive"]:
+                    lag = backlog()
+                    metrics.set_backlog(lag)
+                    state["backlog"], state["lag_readable"] = total_lag(lag), lag is not None
+                    if should_stop():
+                        stop_requested.set()
         if stop_requested.is_set():
             stopper = threading.Thread(target=query.stop, name="qp-stop")
             stopper.start()

@@ -20,26 +20,29 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message, Producer, ShareConsumer
 
-from queueplane.dlq import Failure, dlq_headers
+from queueplane.dlq import Failure
 from queueplane.handler import Handler, Output, Record, Reject, load_handler, outputs_of
+from queueplane.worker.outcomes import (
+    ACCEPTED,
+    DEAD_LETTERED,
+    DELIVERY_TIMEOUT_S,
+    RELEASED,
+    Outcome,
+    ProducedRecord,
+    dead_letter_record,
+    error_text,
+    key_text,
+    output_record,
+    produce_and_wait,
+)
 
 log = logging.getLogger("queueplane.worker")
 
-# Columns of one outcome row: the streaming query's output.
-OUTCOME_SCHEMA = (
-    "topic string, partition int, offset long, key string, delivery_count int, outcome string, "
-    "error string, latency_ms double, inflight int"
-)
-ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
-FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
-
 HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
 FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least two a process)
-DELIVERY_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -66,32 +69,6 @@ class ShareSettings:
     @classmethod
     def from_json(cls, text: str) -> ShareSettings:
         return cls(**json.loads(text))
-
-
-@dataclass
-class Outcome:
-    topic: str
-    partition: int
-    offset: int
-    key: str | None
-    delivery_count: int
-    outcome: str
-    error: str | None
-    latency_ms: float
-    inflight: int
-
-    def row(self) -> tuple:
-        return (
-            self.topic,
-            self.partition,
-            self.offset,
-            self.key,
-            self.delivery_count,
-            self.outcome,
-            self.error,
-            self.latency_ms,
-            self.inflight,
-        )
 
 
 class _Call:
@@ -225,38 +202,11 @@ class ProcessRuntime:
                 self.first_attempts.popitem(last=False)
             return first
 
-    def output_record(self, output: Output, record: Record) -> tuple[str, bytes | None, bytes | None, list]:
-        topic = output.topic or self.settings.output_topic
-        if topic is None:
-            raise RuntimeError("the handler returned outputs but the spec names no processing.output.topic")
-        key, value, headers = output.encoded()
-        return (topic, key if output.key is not None else record.key, value, headers)
+    def output_record(self, output: Output, record: Record) -> ProducedRecord:
+        return output_record(output, record, self.settings.output_topic)
 
-    def produce_and_wait(self, records: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]]) -> None:
-        """Produce and block until every record is acknowledged by the brokers (durable), or raise."""
-        if not records:
-            return
-        pending = threading.Semaphore(0)
-        errors: list[str] = []
-
-        def delivered(err: Any, _msg: Message) -> None:
-            if err is not None:
-                errors.append(str(err))
-            pending.release()
-
-        for topic, key, value, headers in records:
-            while True:
-                try:
-                    self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=delivered)
-                    break
-                except BufferError:
-                    time.sleep(0.01)  # local queue full: the delivery thread drains it
-        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
-        for _ in records:
-            if not pending.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                raise RuntimeError(f"outputs not delivered within {DELIVERY_TIMEOUT_S:.0f}s")
-        if errors:
-            raise RuntimeError(f"output delivery failed: {errors[0]}")
+    def produce_and_wait(self, records: list[ProducedRecord]) -> None:
+        produce_and_wait(self.producer, records)
 
     def run_batch(self) -> list[Outcome]:
         """Lend every fetcher the batch's time budget, in parallel; return what they did."""
@@ -371,18 +321,17 @@ class ShareFetcher:
     def _decide(self, call: _Call, outcome: str, failure: Failure | None) -> tuple[Outcome, int]:
         record = call.record
         if outcome == DEAD_LETTERED:
-            headers = dlq_headers(
-                record.headers,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                delivery_count=record.delivery_count,
-                failure=failure or Failure("Unknown", ""),
-                first_attempt_ms=self.runtime.first_attempt(record, int(time.time() * 1000)),
-                last_attempt_ms=int(time.time() * 1000),
+            now_ms = int(time.time() * 1000)
+            dead = dead_letter_record(
+                record,
+                self.runtime.settings.dlq_topic,
+                record.delivery_count,
+                failure or Failure("Unknown", ""),
+                self.runtime.first_attempt(record, now_ms),
+                now_ms,
             )
             try:
-                self.runtime.produce_and_wait([(self.runtime.settings.dlq_topic, record.key, record.value, headers)])
+                self.runtime.produce_and_wait([dead])
             except Exception as exc:
                 # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
                 return _outcome(call, RELEASED, Failure("DeadLetterWriteFailed", str(exc))), AcknowledgeType.RELEASE
@@ -428,10 +377,10 @@ def _outcome(call: _Call, outcome: str, failure: Failure | None) -> Outcome:
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
-        key=record.key.decode("utf-8", "replace") if record.key is not None else None,
+        key=key_text(record),
         delivery_count=record.delivery_count,
         outcome=outcome,
-        error=f"{failure.error_class}: {failure.message}" if failure else None,
+        error=error_text(failure),
         latency_ms=(time.monotonic() - call.started) * 1000,
         inflight=call.inflight,
     )
