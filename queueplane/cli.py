@@ -121,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
     p.add_argument("--tasks", type=int, metavar="N", help="parallel Spark tasks per micro-batch (default: cores)")
     p.add_argument(
-        "--checkpoint-dir", metavar="DIR", help="Spark checkpoint folder, kept across runs (default: a new temporary one)"
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="Spark checkpoint folder, kept across runs (default: a new temporary one)",
     )
     p.add_argument(
         "--max-batch-records", type=int, metavar="N", help="consumer groups: most records per micro-batch (10000)"

@@ -9,12 +9,13 @@ path speaks PLAINTEXT only; on a secured listener the lag is reported as unknown
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from queueplane.connection import KafkaTarget
@@ -26,6 +27,14 @@ HOT_PARTITION_FACTOR = 2.0  # a partition holding this many times the mean lag i
 HOT_MIN_LAG = 100  # below this, skew is noise
 HOT_KEY_SHARE = 0.5  # a key holding this share of a partition's sampled backlog is hot
 KEY_SAMPLE = 500  # records read from the head of each lagging partition to look for a hot key
+
+
+_COORDINATOR_MOVING = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError._WAIT_COORD,
+}
 
 
 @dataclass
@@ -83,14 +92,41 @@ def log_offsets(admin: AdminClient, topic: str, partitions: int) -> dict[int, tu
     }
 
 
-def committed_offsets(admin: AdminClient, group: str, topic: str, partitions: int) -> dict[int, int | None]:
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
-    (future,) = admin.list_consumer_group_offsets([request], require_stable=True).values()
-    result = future.result(REQUEST_TIMEOUT_S)
-    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result.topic_partitions}
+def committed_offsets(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    """The group's committed offsets, waiting for any in an open transaction (read_committed).
+
+    A Consumer's committed() rather than the AdminClient's ListConsumerGroupOffsets: on a
+    broker whose offsets topic does not exist yet, the client (2.16.1) crashes in the latter.
+    """
+    from confluent_kafka import Consumer
+
+    from queueplane.cluster import quiet_logger
+
+    consumer = Consumer(
+        {**target.settings, "group.id": group, "isolation.level": "read_committed", "logger": quiet_logger()}
+    )
+    try:
+        return fetch_committed(consumer, topic, range(partitions))
+    finally:
+        consumer.close()
 
 
-def group_lag(admin: AdminClient, queue: QueueSpec) -> list[PartitionLag]:
+def fetch_committed(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+    """committed() through the moments a new broker or group has no coordinator yet (retriable errors)."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    while True:
+        try:
+            result = consumer.committed(tps, timeout=REQUEST_TIMEOUT_S)
+            return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in _COORDINATOR_MOVING) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def group_lag(target: KafkaTarget, admin: AdminClient, queue: QueueSpec) -> list[PartitionLag]:
     """Per partition of a consumer or kmq group: log-end, the group's committed offset, the difference.
 
     A partition the group has not committed yet lags by all it will read: everything
@@ -98,7 +134,7 @@ def group_lag(admin: AdminClient, queue: QueueSpec) -> list[PartitionLag]:
     """
     topic, partitions = queue.topic.name, queue.topic.partitions
     offsets = log_offsets(admin, topic, partitions)
-    committed = committed_offsets(admin, queue.group.id, topic, partitions)
+    committed = committed_offsets(target, queue.group.id, topic, partitions)
     rows = []
     for p, (start, end) in sorted(offsets.items()):
         done = committed.get(p)
@@ -114,7 +150,7 @@ def queue_lag(target: KafkaTarget, queue: QueueSpec, admin: AdminClient | None =
     """The lag of every partition of the queue's topic, by the group type's own measure."""
     admin = admin or admin_client(target)
     if queue.group.type != "share":
-        return group_lag(admin, queue)
+        return group_lag(target, admin, queue)
     offsets = log_offsets(admin, queue.topic.name, queue.topic.partitions)
     lags = share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions) or {}
     return [PartitionLag(p, start, end, None, lags.get(p)) for p, (start, end) in sorted(offsets.items())]
@@ -149,7 +185,7 @@ def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> Callable[[], dict[in
         if not admin:
             admin.append(admin_client(target))
         try:
-            return {row.partition: row.lag for row in group_lag(admin[0], queue)}
+            return {row.partition: row.lag for row in group_lag(target, admin[0], queue)}
         except Exception:
             return None
 

@@ -191,7 +191,7 @@ def _run_command(queue: TestQueue, kafka: KafkaTarget, args: tuple[str, ...]) ->
 def run_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float = 300) -> dict:
     """`queueplane run` in a subprocess, as a user runs it; returns its JSON summary."""
     result = subprocess.run(_run_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
     return json.loads(result.stdout)
 
 

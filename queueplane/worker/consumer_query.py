@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from queueplane.connection import KafkaTarget, java_client_settings
-from queueplane.lag import admin_client, committed_offsets
+from queueplane.lag import committed_offsets
 from queueplane.model import QueueSpec
 from queueplane.worker.consumer_runtime import INPUT_COLUMNS, ConsumerSettings, run_partition
 from queueplane.worker.outcomes import OUTCOME_SCHEMA
@@ -45,8 +45,7 @@ def consumer_settings(queue: QueueSpec, target: KafkaTarget) -> ConsumerSettings
 
 def starting_offsets(target: KafkaTarget, queue: QueueSpec) -> str:
     """Where a query without a checkpoint starts: the group's committed offsets, else ``startFrom``."""
-    admin = admin_client(target)
-    committed = committed_offsets(admin, queue.group.id, queue.topic.name, queue.topic.partitions)
+    committed = committed_offsets(target, queue.group.id, queue.topic.name, queue.topic.partitions)
     fallback = EARLIEST if queue.group.start_from == "earliest" else LATEST
     per_partition = {
         str(p): committed.get(p) if committed.get(p) is not None else fallback for p in range(queue.topic.partitions)

@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from queueplane.dlq import Failure
 from queueplane.handler import Handler, Record, Reject, load_handler, outputs_of
+from queueplane.lag import fetch_committed
 from queueplane.worker.ordering import ContiguousOffsets, key_slot, retry_delay_ms
 from queueplane.worker.outcomes import (
     ACCEPTED,
@@ -133,8 +134,7 @@ class WorkerProcess:
             self.producer.poll(0.05)
 
     def committed(self, topic: str, partition: int) -> int | None:
-        (tp,) = self.group.committed([TopicPartition(topic, partition)], timeout=COMMIT_TIMEOUT_S)
-        return tp.offset if tp.offset >= 0 else None
+        return fetch_committed(self.group, topic, [partition])[partition]
 
     def commit(self, topic: str, partition: int, offset: int) -> None:
         self.group.commit(offsets=[TopicPartition(topic, partition, offset)], asynchronous=False)
