@@ -15,7 +15,7 @@ from typing import Any
 from queueplane.connection import KafkaTarget, java_client_settings
 from queueplane.lag import committed_offsets
 from queueplane.model import QueueSpec
-from queueplane.worker.consumer_runtime import INPUT_COLUMNS, ConsumerSettings, run_partition
+from queueplane.worker.consumer_runtime import INPUT_COLUMNS, ConsumerSettings, run_partition, transactional_producer
 from queueplane.worker.outcomes import OUTCOME_SCHEMA
 
 EARLIEST, LATEST = -2, -1  # Spark's startingOffsets JSON spelling
@@ -43,8 +43,19 @@ def consumer_settings(queue: QueueSpec, target: KafkaTarget) -> ConsumerSettings
     )
 
 
+def fence_partitions(settings: ConsumerSettings, topic: str, partitions: int) -> None:
+    """exactlyOnce: abort what a killed worker left open, so the group's offsets can be read at once.
+
+    Until then a read_committed offset fetch waits for the open transaction to time out.
+    """
+    for partition in range(partitions):
+        transactional_producer(settings, topic, partition).flush(1)
+
+
 def starting_offsets(target: KafkaTarget, queue: QueueSpec) -> str:
     """Where a query without a checkpoint starts: the group's committed offsets, else ``startFrom``."""
+    if queue.exactly_once:
+        fence_partitions(consumer_settings(queue, target), queue.topic.name, queue.topic.partitions)
     committed = committed_offsets(target, queue.group.id, queue.topic.name, queue.topic.partitions)
     fallback = EARLIEST if queue.group.start_from == "earliest" else LATEST
     per_partition = {

@@ -147,26 +147,34 @@ class WorkerProcess:
             self.group.close()
 
 
+def transactional_producer(settings: ConsumerSettings, topic: str, partition: int) -> Producer:
+    """The partition's transactional producer, initialised.
+
+    init_transactions fences any earlier producer with this id and aborts its open
+    transaction, so what a dead task left half-written is never read by read_committed
+    consumers, and the group's committed offset for the partition is settled.
+    """
+    from queueplane.cluster import quiet_logger
+
+    producer = Producer(
+        {
+            **settings.kafka,
+            "transactional.id": settings.transactional_id(topic, partition),
+            "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
+            "linger.ms": 5,
+            "logger": quiet_logger(),
+        }
+    )
+    producer.init_transactions(TXN_TIMEOUT_S)
+    return producer
+
+
 class TransactionalWriter:
     """A transactional producer for one input partition: outputs and offsets land together or not at all."""
 
     def __init__(self, process: WorkerProcess, topic: str, partition: int):
-        from queueplane.cluster import quiet_logger
-
-        s = process.settings
         self.process = process
-        self.producer = Producer(
-            {
-                **s.kafka,
-                "transactional.id": s.transactional_id(topic, partition),
-                "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
-                "linger.ms": 5,
-                "logger": quiet_logger(),
-            }
-        )
-        # Fences any earlier producer with this id and aborts its open transaction, so what a
-        # dead task left half-written is never read by read_committed consumers.
-        self.producer.init_transactions(TXN_TIMEOUT_S)
+        self.producer = transactional_producer(process.settings, topic, partition)
 
     def commit(self, records: list[ProducedRecord], offset: TopicPartition) -> None:
         for attempt in range(1, 4):
