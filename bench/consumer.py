@@ -294,8 +294,8 @@ def plot(result: dict) -> None:
     )
     right.set_ylabel("records/s")
     right.set_title(
-        f"trivial handler: {t['ratio_to_pass_through']:.2f} of pass-through (goal >= 0.8), "
-        f"exactlyOnce {t['exactly_once_ratio_to_at_least_once']:.2f}"
+        f"trivial handler: {t['ratio_to_pass_through']:.2f} of pass-through (goal >= 0.8)\n"
+        f"exactlyOnce: {t['exactly_once_ratio_to_at_least_once']:.2f} of at-least-once"
     )
     fig.tight_layout()
     fig.savefig(RESULTS / "consumer.png", dpi=110)

@@ -416,6 +416,17 @@ class PartitionTask:
             if self._error is None:
                 self._error = exc
 
+    def abandon(self) -> None:
+        """The task failed: drop what the slots still hold and let their threads end."""
+        self.fail(RuntimeError("task ended"))
+        self._done.set()
+        for slot in self.slots:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    slot.queue.get_nowait()
+            with contextlib.suppress(queue.Full):
+                slot.queue.put_nowait(None)
+
     def raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"{self.topic}[{self.partition}]: {self._error}") from self._error
@@ -511,8 +522,8 @@ def run_partition(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iter
         if rows:
             yield _outcome_batch(rows)
     except BaseException:
-        for task in tasks.values():  # let its slots end; a retried task starts over from the group's offset
-            task.fail(RuntimeError("task ended"))
+        for task in tasks.values():  # a retried task starts over from the group's offset
+            task.abandon()
         raise
 
 
