@@ -58,6 +58,7 @@ test: lint chromium
 bench: setup
 	$(BIN)/python bench/provision.py
 	$(BIN)/python bench/share.py
+	$(BIN)/python bench/consumer.py
 
 local-down: setup
 	$(QP) local down

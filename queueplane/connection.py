@@ -85,3 +85,33 @@ def named_target(bootstrap_servers: str | None = None, kafka_config: str | None 
     if bootstrap_servers or kafka_config or os.environ.get(ENV_BOOTSTRAP) or os.environ.get(ENV_KAFKA_CONFIG):
         return resolve_target(bootstrap_servers, kafka_config)
     return None
+
+
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def java_client_settings(settings: dict[str, str]) -> dict[str, str]:
+    """The same cluster for Kafka's Java client (Spark's Kafka source and sink), from librdkafka settings.
+
+    Covers what a config file usually holds: bootstrap servers, the security protocol,
+    SASL PLAIN/SCRAM credentials and a PEM CA file.
+    """
+    java = {"bootstrap.servers": settings.get("bootstrap.servers", "")}
+    if "security.protocol" in settings:
+        java["security.protocol"] = settings["security.protocol"].upper()
+    mechanism = settings.get("sasl.mechanisms") or settings.get("sasl.mechanism")
+    if mechanism:
+        java["sasl.mechanism"] = mechanism.upper()
+        module = _JAAS_MODULES.get(mechanism.upper())
+        if module and "sasl.username" in settings:
+            user = settings["sasl.username"].replace('"', '\\"')
+            password = settings.get("sasl.password", "").replace('"', '\\"')
+            java["sasl.jaas.config"] = f'{module} required username="{user}" password="{password}";'
+    if "ssl.ca.location" in settings:
+        java["ssl.truststore.type"] = "PEM"
+        java["ssl.truststore.location"] = settings["ssl.ca.location"]
+    return java

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local", action="store_true", help="Spark local mode instead of the submitted master")
     parser.add_argument("--until-idle", help="stop after this long without records (tests, contract runs)")
     parser.add_argument("--max-records", type=int)
+    parser.add_argument("--checkpoint-dir", help="Spark checkpoint folder (a PVC or object store path on Kubernetes)")
+    parser.add_argument("--max-batch-records", type=int, help="consumer groups: most records per micro-batch")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             max_records=args.max_records,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
+            checkpoint_dir=args.checkpoint_dir,
+            max_batch_records=args.max_batch_records,
         )
         summary = run_queue(
             queue,

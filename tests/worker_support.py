@@ -6,6 +6,7 @@ appending JSON lines to files in the queue's folder, which the test reads afterw
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from queueplane.connection import KafkaTarget
 
 HANDLER_SOURCE = '''
 """Test handler: behaviour per record from its JSON value; every call logged."""
-import json, os, threading, time
+import json, os, random, threading, time
 from queueplane import Output, Retry
 
 LOG_DIR = "{log_dir}"
@@ -38,6 +39,7 @@ def _log(event):
 def handle(record):
     start = time.time()
     event = {"offset": record.offset, "partition": record.partition, "dc": record.delivery_count,
+             "key": record.key.decode() if record.key is not None else None,
              "pid": os.getpid(), "thread": threading.get_ident(), "start": start}
     try:
         order = record.json()
@@ -56,6 +58,8 @@ def handle(record):
             time.sleep(order.get("hang_s", 10))
         if order.get("sleep_ms"):
             time.sleep(order["sleep_ms"] / 1000)
+        if order.get("random_ms"):
+            time.sleep(random.uniform(0, order["random_ms"]) / 1000)
         event["result"] = "ok"
         return Output({"id": order["id"]}, key=record.key)
     except Retry:
@@ -91,6 +95,10 @@ def make_queue(
     concurrency: int = 4,
     lock: str = "5s",
     delivery_limit: int = 3,
+    group_type: str = "share",
+    ordering: str = "none",
+    exactly_once: bool = False,
+    retry: dict[str, str] | None = None,
 ) -> TestQueue:
     tag = uuid.uuid4().hex[:8]
     module = f"qp_handler_{tag}"
@@ -105,19 +113,23 @@ def make_queue(
         "spec": {
             "topic": {"name": topic, "partitions": partitions},
             "group": {
-                "type": "share",
+                "type": group_type,
                 "id": f"g-{tag}",
                 "lockDuration": lock,
                 "deliveryLimit": delivery_limit,
                 "maxInFlight": 100,
+                "ordering": ordering,
             },
             "processing": {
                 "handler": f"{module}:handle",
                 "concurrency": concurrency,
                 "output": {"topic": f"{topic}.out"},
+                "exactlyOnce": exactly_once,
             },
         },
     }
+    if retry:
+        doc["spec"]["retry"] = retry
     spec_path = folder / "queue.yaml"
     spec_path.write_text(dump(doc))
     workflow.apply(workflow.plan([str(spec_path)], kafka))
@@ -135,6 +147,18 @@ def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[byte
 
 def order(i: int, **fields: object) -> bytes:
     return json.dumps({"id": f"id-{i:06d}", **fields}).encode()
+
+
+def overlap_peak(events: list[dict]) -> int:
+    """Most handler calls running at the same moment, from their start and end times."""
+    points = sorted(
+        itertools.chain.from_iterable(((e["start"], 1), (e["end"], -1)) for e in events), key=lambda p: (p[0], p[1])
+    )
+    running = peak = 0
+    for _, step in points:
+        running += step
+        peak = max(peak, running)
+    return peak
 
 
 def read_all(kafka: KafkaTarget, topic: str, expect_at_least: int = 0, timeout_s: float = 30) -> list:
@@ -180,7 +204,7 @@ def _run_command(queue: TestQueue, kafka: KafkaTarget, args: tuple[str, ...]) ->
 def run_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float = 300) -> dict:
     """`queueplane run` in a subprocess, as a user runs it; returns its JSON summary."""
     result = subprocess.run(_run_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
     return json.loads(result.stdout)
 
 

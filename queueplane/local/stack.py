@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from pathlib import Path
 from queueplane import kafka_names as kn
 from queueplane.errors import LocalStackError
 from queueplane.kafka_protocol import api_versions
+from queueplane.maven import COMPLETE, copy_dependencies
 from queueplane.paths import cache_dir, home_dir
 
 # Newest Kafka 4.x whose full dependency set Maven Central serves (4.4.0's kafka_2.13
@@ -145,38 +145,11 @@ class LocalStack:
     def fetch(self, say: Callable[[str], None] = lambda _m: None) -> Path:
         """Resolve the pinned Kafka jars with Maven into the cache, once."""
         target = jars_dir(self.version)
-        if (target / ".complete").is_file():
-            return target
-        mvn = shutil.which("mvn")
-        if not mvn:
-            raise LocalStackError(
-                "Maven (mvn) is not on PATH; it fetches the Kafka jars from Maven Central. "
-                "Install it (apt-get install maven) and run again."
-            )
-        say(f"fetching Apache Kafka {self.version} jars from Maven Central")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=target.parent))
-        cmd = [
-            mvn,
-            "-B",
-            "-q",
-            "-f",
-            str(POM),
-            "dependency:copy-dependencies",
-            f"-Dkafka.version={self.version}",
-            f"-DoutputDirectory={staging}",
-            "-DincludeScope=runtime",
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            tail = " ".join((done.stdout + done.stderr).split()[-60:])
-            raise LocalStackError(f"Maven could not fetch Kafka {self.version}: {tail}")
-        (staging / ".complete").write_text(self.version)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-        return target
+        if not (target / COMPLETE).is_file():
+            say(f"fetching Apache Kafka {self.version} jars from Maven Central")
+        return copy_dependencies(
+            POM, target, {"kafka.version": self.version}, f"Apache Kafka {self.version}", LocalStackError
+        )
 
     def _java(self) -> str:
         java = shutil.which("java")

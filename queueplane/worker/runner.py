@@ -27,17 +27,14 @@ from queueplane.errors import QueueplaneError
 from queueplane.lag import total_lag
 from queueplane.model import QueueSpec
 from queueplane.worker.metrics import WorkerMetrics
-from queueplane.worker.share_runtime import (
-    ACCEPTED,
-    DEAD_LETTERED,
-    FETCHER_SHARE,
-    FINAL_OUTCOMES,
-    RELEASED,
-    ShareSettings,
-)
+from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
+from queueplane.worker.settings import common_settings
+from queueplane.worker.share_runtime import FETCHER_SHARE, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
+RUNTIMES = ("share", "consumer")
+DEFAULT_BATCH_RECORDS = 10_000
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 
 
@@ -52,6 +49,7 @@ class RunOptions:
     tasks: int | None = None  # parallel tasks per micro-batch; default: the cores Spark has
     batch_ms: int = 1000  # time slice of one micro-batch
     checkpoint_dir: str | None = None
+    max_batch_records: int | None = None  # consumer groups: most records per micro-batch (maxOffsetsPerTrigger)
 
 
 @dataclass
@@ -85,19 +83,10 @@ class WorkerFailed(QueueplaneError):
 
 def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions, tasks: int) -> ShareSettings:
     """``processing.concurrency`` is per executor; its ``tasks`` Python processes split it."""
-    spec_dir = str(Path(queue.source).resolve().parent)
     slots = max(1, -(-queue.concurrency // max(1, tasks)))
     return ShareSettings(
-        kafka=dict(target.settings),
-        queue=queue.name,
+        **common_settings(queue, target),
         topic=queue.topic.name,
-        group_id=queue.group.id,
-        dlq_topic=queue.dead_letter.name,
-        output_topic=queue.output_topic,
-        lock_ms=queue.group.lock_duration_ms,
-        delivery_limit=queue.group.delivery_limit,
-        handler=queue.handler,
-        search_paths=[spec_dir],
         slots=slots,
         # Each fetcher asks for twice its share of the pool: enough to keep the pool busy while it
         # polls again, few enough that records do not sit locked in the pool's queue.
@@ -133,16 +122,28 @@ class BacklogWatcher:
         self._stop.set()
 
 
+def local_threads(queue: QueueSpec, options: RunOptions) -> int:
+    """Task threads of local mode: a consumer group runs one task per partition at once (handlers mostly wait)."""
+    if options.tasks:
+        return options.tasks
+    cores = os.cpu_count() or 2
+    return max(cores, queue.topic.partitions) if queue.group.type == "consumer" else cores
+
+
 def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"queueplane-{queue.name}")
+    if queue.group.type == "consumer":
+        from queueplane.worker.spark_packages import with_kafka_connector
+
+        builder = with_kafka_connector(builder)
     if options.local:
         # Executors' Python workers must run this interpreter, with the spec's folder importable.
         os.environ["PYSPARK_PYTHON"] = sys.executable
         spec_dir = str(Path(queue.source).resolve().parent)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (spec_dir, os.environ.get("PYTHONPATH")) if p)
-        builder = builder.master(f"local[{options.tasks or os.cpu_count() or 2}]").config("spark.ui.enabled", "false")
+        builder = builder.master(f"local[{local_threads(queue, options)}]").config("spark.ui.enabled", "false")
     spark = (
         builder.config("spark.python.worker.reuse", "true")
         .config("spark.sql.shuffle.partitions", "2")
@@ -171,6 +172,29 @@ def ship_handler_modules(spark: Any, queue: QueueSpec) -> None:
     spark.sparkContext.addPyFile(str(bundle))
 
 
+def outcome_stream(spark: Any, queue: QueueSpec, target: KafkaTarget, options: RunOptions, drain_file: Path) -> Any:
+    """The streaming DataFrame of outcome rows, from the runtime of the queue's group type.
+
+    ``drain_file`` (share groups): once it exists, the next micro-batch drains the fetchers.
+    """
+    if queue.group.type == "consumer":
+        from queueplane.worker.consumer_query import consumer_stream
+
+        return consumer_stream(spark, queue, target, options.max_batch_records or DEFAULT_BATCH_RECORDS)
+    from queueplane.worker.share_source import SOURCE_NAME, ShareSource
+
+    spark.dataSource.register(ShareSource)
+    tasks = options.tasks or spark.sparkContext.defaultParallelism
+    settings = share_settings(queue, target, options, tasks)
+    return (
+        spark.readStream.format(SOURCE_NAME)
+        .option("settings", settings.to_json())
+        .option("tasks", str(tasks))
+        .option("drain_file", str(drain_file))
+        .load()
+    )
+
+
 def run_queue(
     queue: QueueSpec,
     target: KafkaTarget,
@@ -179,16 +203,11 @@ def run_queue(
     backlog: Callable[[], dict[int, int | None] | None] = lambda: None,
 ) -> RunSummary:
     """Run the worker until a stop condition holds; return what it did."""
-    if queue.group.type != "share":
+    if queue.group.type not in RUNTIMES:
         raise QueueplaneError(f"{queue.source}: group type {queue.group.type} has no runtime yet")
-    from queueplane.worker.share_source import SOURCE_NAME, ShareSource
-
     spark = spark_session(queue, options)
     if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
         ship_handler_modules(spark, queue)
-    spark.dataSource.register(ShareSource)
-    tasks = options.tasks or spark.sparkContext.defaultParallelism
-    settings = share_settings(queue, target, options, tasks)
     metrics = WorkerMetrics(queue.name)
     if options.metrics_port is not None:
         metrics.serve(options.metrics_port, options.metrics_host)
@@ -234,13 +253,13 @@ def run_queue(
             sum(counts[o] for o in FINAL_OUTCOMES) / max(elapsed, 1e-6),
         )
         on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total, elapsed))
-        if state["draining"]:
-            # That was the draining batch: every fetcher has settled and reported what it held.
-            # Hold the stream thread here, between batches, while the query stops.
+        if state["draining"] or (should_stop(lag) and queue.group.type != "share"):
+            # Share groups: that was the draining batch, every fetcher has settled and reported
+            # what it held. Hold the stream thread here, between batches, while the query stops.
             stop_requested.set()
             may_return.wait(STOP_WAIT_S)
         elif should_stop(lag):
-            drain_file.touch()  # the next batch drains the executors' fetchers
+            drain_file.touch()  # the next batch drains the executors' share fetchers
             state["draining"] = True
 
     def should_stop(lag: dict[int, int | None] | None) -> bool:
@@ -256,20 +275,26 @@ def run_queue(
 
     watcher.start()
     query = (
-        spark.readStream.format(SOURCE_NAME)
-        .option("settings", settings.to_json())
-        .option("tasks", str(tasks))
-        .option("drain_file", str(drain_file))
-        .load()
+        outcome_stream(spark, queue, target, options, drain_file)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime="0 seconds")
         .start()
     )
     try:
+        last_look = time.monotonic()
         while query.isActive and not stop_requested.is_set():
             if query.awaitTermination(0.25):
                 break
+            # Spark's Kafka source runs no batch while there is nothing new, so the sink never
+            # sees the queue idle: look between batches here.
+            if queue.group.type == "consumer" and time.monotonic() - last_look >= 1.0:
+                last_look = time.monotonic()
+                if not query.status["isTriggerActive"]:
+                    lag = watcher.latest
+                    metrics.set_backlog(lag)
+                    if should_stop(lag):
+                        stop_requested.set()
         if stop_requested.is_set():
             stopper = threading.Thread(target=query.stop, name="qp-stop")
             stopper.start()

@@ -24,26 +24,27 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message, Producer, ShareConsumer
 
-from queueplane.dlq import Failure, dlq_headers
+from queueplane.dlq import Failure
 from queueplane.handler import Handler, Output, Record, Reject, load_handler, outputs_of
+from queueplane.worker.outcomes import (
+    ACCEPTED,
+    DEAD_LETTERED,
+    DELIVERY_TIMEOUT_S,
+    RELEASED,
+    Outcome,
+    ProducedRecord,
+    dead_letter_record,
+    output_record,
+    produce_and_wait,
+)
 
 log = logging.getLogger("queueplane.worker")
 
-# Columns of one outcome row: the streaming query's output.
-OUTCOME_SCHEMA = (
-    "topic string, partition int, offset long, key string, delivery_count int, outcome string, "
-    "error string, latency_ms double, inflight int"
-)
-ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
-FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
-
 HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
 FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least two a process)
-DELIVERY_TIMEOUT_S = 30.0
 # Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
 # before the next batch; without a renewal they stop and only settle what they hold.
 LEASE_GRACE_S = 3.0
@@ -73,10 +74,6 @@ class ShareSettings:
     @classmethod
     def from_json(cls, text: str) -> ShareSettings:
         return cls(**json.loads(text))
-
-
-# One outcome row (OUTCOME_SCHEMA order): plain tuples, because every record makes one.
-Outcome = tuple
 
 
 class _Call:
@@ -235,38 +232,11 @@ class ProcessRuntime:
                 self.first_attempts.popitem(last=False)
             return first
 
-    def output_record(self, output: Output, record: Record) -> tuple[str, bytes | None, bytes | None, list]:
-        topic = output.topic or self.settings.output_topic
-        if topic is None:
-            raise RuntimeError("the handler returned outputs but the spec names no processing.output.topic")
-        key, value, headers = output.encoded()
-        return (topic, key if output.key is not None else record.key, value, headers)
+    def output_record(self, output: Output, record: Record) -> ProducedRecord:
+        return output_record(output, record, self.settings.output_topic)
 
-    def produce_and_wait(self, records: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]]) -> None:
-        """Produce and block until every record is acknowledged by the brokers (durable), or raise."""
-        if not records:
-            return
-        pending = threading.Semaphore(0)
-        errors: list[str] = []
-
-        def delivered(err: Any, _msg: Message) -> None:
-            if err is not None:
-                errors.append(str(err))
-            pending.release()
-
-        for topic, key, value, headers in records:
-            while True:
-                try:
-                    self.producer.produce(topic, value=value, key=key, headers=headers, on_delivery=delivered)
-                    break
-                except BufferError:
-                    time.sleep(0.01)  # local queue full: the delivery thread drains it
-        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
-        for _ in records:
-            if not pending.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                raise RuntimeError(f"outputs not delivered within {DELIVERY_TIMEOUT_S:.0f}s")
-        if errors:
-            raise RuntimeError(f"output delivery failed: {errors[0]}")
+    def produce_and_wait(self, records: list[ProducedRecord]) -> None:
+        produce_and_wait(self.producer, records)
 
     def run_batch(self, final: bool = False) -> list[Outcome]:
         """Renew the lease for one time slice and return what the fetchers settled meanwhile.
@@ -444,18 +414,16 @@ class ShareFetcher:
         now_ms = int(time.time() * 1000)
         first = self.runtime.first_attempt(record, int(call.started_wall * 1000) or now_ms)
         if outcome == DEAD_LETTERED:
-            headers = dlq_headers(
-                record.headers,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                delivery_count=record.delivery_count,
-                failure=failure or Failure("Unknown", ""),
-                first_attempt_ms=first,
-                last_attempt_ms=now_ms,
+            dead = dead_letter_record(
+                record,
+                self.runtime.settings.dlq_topic,
+                record.delivery_count,
+                failure or Failure("Unknown", ""),
+                first,
+                now_ms,
             )
             try:
-                self.runtime.produce_and_wait([(self.runtime.settings.dlq_topic, record.key, record.value, headers)])
+                self.runtime.produce_and_wait([dead])
             except Exception as exc:
                 # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
                 log.error("DLQ write failed for %s-%d@%d: %s", record.topic, record.partition, record.offset, exc)
@@ -497,18 +465,7 @@ def _record(message: Message) -> Record:
 
 
 def _outcome(call: _Call, outcome: str, failure: Failure | None) -> Outcome:
-    record = call.record
-    return (
-        record.topic,
-        record.partition,
-        record.offset,
-        record.key.decode("utf-8", "replace") if record.key is not None else None,
-        record.delivery_count,
-        outcome,
-        f"{failure.error_class}: {failure.message}" if failure else None,
-        (time.monotonic() - call.started) * 1000,
-        call.inflight,
-    )
+    return Outcome.of(call.record, outcome, failure, (time.monotonic() - call.started) * 1000, call.inflight)
 
 
 _RUNTIMES: dict[str, ProcessRuntime] = {}

@@ -14,7 +14,8 @@ from collections.abc import Iterator, Sequence
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from queueplane.worker.share_runtime import OUTCOME_SCHEMA, ShareSettings, runtime_for
+from queueplane.worker.outcomes import OUTCOME_SCHEMA
+from queueplane.worker.share_runtime import ShareSettings, runtime_for
 
 SOURCE_NAME = "queueplane-share"
 

@@ -1,0 +1,135 @@
+"""What every queue runtime reports and writes: outcome rows, outputs, dead-letter records.
+
+The share and consumer runtimes produce the same outcome rows (the streaming query's
+output, read by the driver's sink) and the same output and DLQ records, so the columns,
+the outcome names and the way a record is made durable live here once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, NamedTuple
+
+from confluent_kafka import Message, Producer
+
+from queueplane.dlq import Failure, dlq_headers
+from queueplane.handler import Output, Record
+
+# Columns of one outcome row: the streaming query's output.
+OUTCOME_SCHEMA = (
+    "topic string, partition int, offset long, key string, delivery_count int, outcome string, "
+    "error string, latency_ms double, inflight int"
+)
+ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
+# Consumer groups: a record at or below the group's committed offset, already handled before a restart.
+SKIPPED = "skipped"
+FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
+DELIVERY_TIMEOUT_S = 30.0
+
+ProducedRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]  # topic, key, value, headers
+
+
+class Outcome(NamedTuple):
+    """One outcome row, in OUTCOME_SCHEMA's column order: a tuple, because every record makes one
+    and Spark takes tuples as rows as they are."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    delivery_count: int
+    outcome: str
+    error: str | None
+    latency_ms: float
+    inflight: int
+
+    @classmethod
+    def of(cls, record: Record, outcome: str, failure: Failure | None, latency_ms: float, inflight: int) -> Outcome:
+        return cls(
+            record.topic,
+            record.partition,
+            record.offset,
+            key_text(record),
+            record.delivery_count,
+            outcome,
+            error_text(failure),
+            latency_ms,
+            inflight,
+        )
+
+
+def key_text(record: Record) -> str | None:
+    return record.key.decode("utf-8", "replace") if record.key is not None else None
+
+
+def error_text(failure: Failure | None) -> str | None:
+    return f"{failure.error_class}: {failure.message}" if failure else None
+
+
+def output_record(output: Output, record: Record, default_topic: str | None) -> ProducedRecord:
+    """An output as a record to produce: the spec's output topic and the input's key unless it sets them."""
+    topic = output.topic or default_topic
+    if topic is None:
+        raise RuntimeError("the handler returned outputs but the spec names no processing.output.topic")
+    key, value, headers = output.encoded()
+    return (topic, key if output.key is not None else record.key, value, headers)
+
+
+def dead_letter_record(
+    record: Record, dlq_topic: str, delivery_count: int, failure: Failure, first_attempt_ms: int, last_attempt_ms: int
+) -> ProducedRecord:
+    """The DLQ record of a delivery: original key, value and headers plus the failure's headers."""
+    headers = dlq_headers(
+        record.headers,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        delivery_count=delivery_count,
+        failure=failure,
+        first_attempt_ms=first_attempt_ms,
+        last_attempt_ms=last_attempt_ms,
+    )
+    return (dlq_topic, record.key, record.value, headers)
+
+
+def produce(producer: Producer, record: ProducedRecord, on_delivery: Any = None, serve: bool = False) -> None:
+    """Hand one record to the producer, waiting while its local queue is full.
+
+    ``serve``: this thread serves the producer's callbacks itself (no poll loop elsewhere).
+    """
+    topic, key, value, headers = record
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+            return
+        except BufferError:
+            if serve:
+                producer.poll(0.01)
+            else:
+                time.sleep(0.005)  # the delivery thread drains it
+
+
+def produce_and_wait(producer: Producer, records: list[ProducedRecord]) -> None:
+    """Produce and block until every record is acknowledged by the brokers (durable), or raise.
+
+    The producer's delivery callbacks must be served by another thread (its poll loop).
+    """
+    if not records:
+        return
+    pending = threading.Semaphore(0)
+    errors: list[str] = []
+
+    def delivered(err: Any, _msg: Message) -> None:
+        if err is not None:
+            errors.append(str(err))
+        pending.release()
+
+    for item in records:
+        produce(producer, item, delivered)
+    deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+    for _ in records:
+        if not pending.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise RuntimeError(f"outputs not delivered within {DELIVERY_TIMEOUT_S:.0f}s")
+    if errors:
+        raise RuntimeError(f"output delivery failed: {errors[0]}")

@@ -1,0 +1,157 @@
+"""The consumer-group worker on real Spark (its built-in Kafka source) against the real broker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import time
+from collections import Counter, defaultdict
+
+import pytest
+from worker_support import make_queue, order, overlap_peak, produce, read_all, run_worker, start_worker
+
+from queueplane import dlq
+from queueplane.worker.ordering import key_slot
+
+pytestmark = pytest.mark.kafka
+
+
+def test_key_ordering_keeps_each_keys_offset_order_while_keys_run_in_parallel(kafka, tmp_path):
+    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="key", partitions=2, concurrency=8)
+    total, keys = 1200, 32
+    produce(
+        kafka,
+        queue.topic,
+        [order(i, random_ms=5) for i in range(total)],
+        keys=[f"key-{i % keys:02d}".encode() for i in range(total)],
+    )
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == total and summary["counts"]["dlq"] == 0
+    assert summary["lag_at_exit"] == 0
+
+    events = queue.events()
+    assert len(events) == total and all(e["dc"] == 1 for e in events)
+    by_key = defaultdict(list)
+    for e in events:
+        by_key[e["key"]].append(e)
+    assert len(by_key) == keys
+    for key, calls in by_key.items():
+        calls.sort(key=lambda e: e["start"])
+        offsets = [e["offset"] for e in calls]
+        assert offsets == sorted(offsets), f"{key} handled out of offset order"
+        for earlier, later in itertools.pairwise(calls):
+            assert earlier["end"] <= later["start"], f"two records of {key} ran at once"
+    by_partition = defaultdict(list)
+    for e in events:
+        by_partition[e["partition"]].append(e)
+    # Different keys of one partition overlap in time: the key slots, not the partitions, bound parallelism.
+    assert max(overlap_peak(calls) for calls in by_partition.values()) >= 4
+    outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total)]
+    assert sorted(outputs) == sorted(f"id-{i:06d}" for i in range(total))
+
+
+def _header(message, name: str) -> str | None:
+    return next((v.decode() for k, v in message.headers() or [] if k == name), None)
+
+
+def test_a_retried_record_is_attempted_deliverylimit_times_with_backoff_and_holds_up_only_its_key(kafka, tmp_path):
+    slots, limit = 4, 4
+    queue = make_queue(
+        tmp_path,
+        kafka,
+        group_type="consumer",
+        ordering="key",
+        partitions=1,
+        concurrency=slots,
+        delivery_limit=limit,
+        retry={"backoff": "200ms", "maxBackoff": "500ms"},
+    )
+    stuck_key = b"key-stuck"
+    others = [
+        k for k in (f"key-{i:02d}".encode() for i in range(40)) if key_slot(k, slots) != key_slot(stuck_key, slots)
+    ]
+    values = [order(0, mode="retry"), order(1), order(2)]
+    keys = [stuck_key, stuck_key, stuck_key]
+    for i, key in enumerate(others[:30], start=3):
+        values.append(order(i, sleep_ms=5))
+        keys.append(key)
+    produce(kafka, queue.topic, values, keys=keys)
+
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == len(values) - 1
+    assert summary["counts"]["dlq"] == 1 and summary["counts"]["released"] == limit - 1
+    assert summary["dead_lettered"][0]["delivery_count"] == limit
+
+    events = queue.events()
+    attempts = sorted((e for e in events if e["id"] == "id-000000"), key=lambda e: e["start"])
+    assert [e["dc"] for e in attempts] == list(range(1, limit + 1)), "attempted exactly deliveryLimit times"
+    for earlier, later in itertools.pairwise(attempts):
+        gap = later["start"] - earlier["end"]
+        assert 0.195 <= gap <= 0.5 + 0.3, f"backoff gap {gap:.3f}s outside 200ms..500ms"
+    gave_up = attempts[-1]["end"]
+    same_key = [e for e in events if e["id"] in ("id-000001", "id-000002")]
+    assert len(same_key) == 2 and all(e["start"] >= gave_up for e in same_key), "later records of the key waited"
+    other_keys = [e for e in events if e["key"] != stuck_key.decode()]
+    assert len(other_keys) == 30 and max(e["end"] for e in other_keys) < attempts[-1]["start"], (
+        "other keys did not wait"
+    )
+
+    (dead,) = read_all(kafka, queue.dlq, expect_at_least=1)
+    assert dead.key() == stuck_key and json.loads(dead.value())["id"] == "id-000000"
+    assert _header(dead, dlq.HEADER_DELIVERY_COUNT) == str(limit)
+    assert _header(dead, dlq.HEADER_ERROR_CLASS) == "Retry"
+    assert _header(dead, dlq.HEADER_SOURCE_OFFSET) == "0"
+    first, last = int(_header(dead, dlq.HEADER_FIRST_ATTEMPT_MS)), int(_header(dead, dlq.HEADER_LAST_ATTEMPT_MS))
+    assert last - first >= 3 * 195
+
+
+def _kill_midway_and_restart(kafka, tmp_path, *, exactly_once: bool) -> tuple[list[str], dict, int]:
+    """20k records; kill -9 the worker (driver, JVM, Python workers) mid-way; restart on the same checkpoint."""
+    total = 20_000
+    queue = make_queue(
+        tmp_path, kafka, group_type="consumer", ordering="key", partitions=6, concurrency=8, exactly_once=exactly_once
+    )
+    produce(
+        kafka, queue.topic, [order(i) for i in range(total)], keys=[f"key-{i % 32:02d}".encode() for i in range(total)]
+    )
+    checkpoint = str(tmp_path / "checkpoint")
+    args = ("--checkpoint-dir", checkpoint, "--max-batch-records", "3000")
+    worker = start_worker(queue, kafka, "--until-idle", "30s", *args)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(queue.events()) < total // 4:
+        time.sleep(0.5)
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(30)
+    handled_before_kill = len(queue.events())
+    assert 0 < handled_before_kill < total, "the kill must land mid-way"
+
+    summary = run_worker(queue, kafka, "--until-idle", "6s", *args)
+    assert summary["lag_at_exit"] == 0
+    outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total, timeout_s=120)]
+    missing = {f"id-{i:06d}" for i in range(total)} - set(outputs)
+    assert not missing, f"{len(missing)} records lost, e.g. {sorted(missing)[:5]}"
+    return outputs, summary, handled_before_kill
+
+
+def test_kill_9_mid_run_then_restart_loses_nothing_at_least_once(kafka, tmp_path, record_property):
+    outputs, summary, before = _kill_midway_and_restart(kafka, tmp_path, exactly_once=False)
+    duplicates = len(outputs) - len(set(outputs))
+    record_property("consumer_kill_duplicates", duplicates)
+    print(
+        f"\nconsumer kill test (at-least-once): 20000 records, {before} handled before kill -9, "
+        f"{duplicates} duplicate outputs, {summary['counts'].get('skipped', 0)} skipped as already committed"
+    )
+
+
+def test_kill_9_mid_run_then_restart_writes_each_output_exactly_once(kafka, tmp_path, record_property):
+    outputs, summary, before = _kill_midway_and_restart(kafka, tmp_path, exactly_once=True)
+    repeated = {k: n for k, n in Counter(outputs).items() if n > 1}
+    assert not repeated, f"{len(repeated)} outputs seen more than once with read_committed, e.g. {list(repeated)[:5]}"
+    assert len(outputs) == 20_000
+    record_property("consumer_eos_skipped", summary["counts"].get("skipped", 0))
+    print(
+        f"\nconsumer kill test (exactly-once): {before} handled before kill -9, each of 20000 outputs once; "
+        f"{summary['counts'].get('skipped', 0)} records skipped as already committed"
+    )
