@@ -10,37 +10,32 @@ the share-partition lag (KIP-1226), never before the share-partition start offse
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, TopicPartition
 
-from queueplane.cluster import REQUEST_TIMEOUT_S, quiet_logger
+from queueplane.cluster import quiet_logger
 from queueplane.connection import KafkaTarget
 from queueplane.kafka_protocol import share_partition_offsets
 from queueplane.lag import _plaintext_bootstrap as plaintext_bootstrap
+from queueplane.lag import admin_client, committed_offsets, log_offsets
 from queueplane.model import QueueSpec
 
 READ_TIMEOUT_S = 10.0
 
-
-def _client_settings(target: KafkaTarget) -> dict[str, Any]:
-    return {**target.settings, "logger": quiet_logger()}
+Ends = dict[int, tuple[int, int]]  # (log-start, log-end) per partition
 
 
-def _share_positions(target: KafkaTarget, queue: QueueSpec, consumer: Consumer) -> dict[int, int] | None:
+def _share_positions(target: KafkaTarget, queue: QueueSpec, ends: Ends) -> dict[int, int] | None:
     address = plaintext_bootstrap(target)
     if address is None:
         return None
-    partitions = list(range(queue.topic.partitions))
     try:
-        offsets = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, partitions)
+        offsets = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, list(ends))
     except (OSError, ValueError):  # coordinator still loading, broker restarting: unknown this time
         return None
     positions: dict[int, int] = {}
-    for p in partitions:
+    for p, (low, high) in ends.items():
         start, lag = offsets.get(p, (None, None))
-        low, high = consumer.get_watermark_offsets(TopicPartition(queue.topic.name, p), REQUEST_TIMEOUT_S)
         if start is None:
             # No share-partition state yet: the group starts at startFrom; with "earliest" everything waits.
             if queue.group.start_from == "earliest" and high > low:
@@ -52,16 +47,11 @@ def _share_positions(target: KafkaTarget, queue: QueueSpec, consumer: Consumer) 
     return positions
 
 
-def _consumer_positions(target: KafkaTarget, queue: QueueSpec, consumer: Consumer) -> dict[int, int]:
-    admin = AdminClient(_client_settings(target))
-    request = [ConsumerGroupTopicPartitions(queue.group.id)]
-    committed = admin.list_consumer_group_offsets(request, request_timeout=REQUEST_TIMEOUT_S)[queue.group.id]
-    offsets = {tp.partition: tp.offset for tp in committed.result().topic_partitions if tp.topic == queue.topic.name}
+def _consumer_positions(target: KafkaTarget, queue: QueueSpec, ends: Ends) -> dict[int, int]:
+    committed = committed_offsets(target, queue.group.id, queue.topic.name, queue.topic.partitions)
     positions: dict[int, int] = {}
-    for p in range(queue.topic.partitions):
-        low, high = consumer.get_watermark_offsets(TopicPartition(queue.topic.name, p), REQUEST_TIMEOUT_S)
-        at = offsets.get(p, -1)
-        at = low if at < 0 else at
+    for p, (low, high) in ends.items():
+        at = max(committed.get(p) or 0, low)
         if at < high:
             positions[p] = at
     return positions
@@ -69,23 +59,24 @@ def _consumer_positions(target: KafkaTarget, queue: QueueSpec, consumer: Consume
 
 def oldest_waiting_seconds(target: KafkaTarget, queue: QueueSpec, now: float | None = None) -> float | None:
     """Seconds since the oldest unfinished record was written; 0.0 when nothing waits, None if unknown."""
+    ends = log_offsets(admin_client(target), queue.topic.name, queue.topic.partitions)
+    if queue.group.type == "share":
+        positions = _share_positions(target, queue, ends)
+    else:
+        positions = _consumer_positions(target, queue, ends)
+    if positions is None:
+        return None
+    if not positions:
+        return 0.0
     consumer = Consumer(
         {
-            **_client_settings(target),
+            **target.settings,
+            "logger": quiet_logger(),
             "group.id": f"queueplane-backlog-age-{queue.group.id}",  # never joined or committed: assign() only
             "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
         }
     )
     try:
-        if queue.group.type == "share":
-            positions = _share_positions(target, queue, consumer)
-        else:
-            positions = _consumer_positions(target, queue, consumer)
-        if positions is None:
-            return None
-        if not positions:
-            return 0.0
         consumer.assign([TopicPartition(queue.topic.name, p, at) for p, at in positions.items()])
         oldest_ms: int | None = None
         waiting = set(positions)
