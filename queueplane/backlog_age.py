@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from queueplane.cluster import quiet_logger
 from queueplane.connection import KafkaTarget
@@ -21,6 +21,13 @@ from queueplane.lag import admin_client, committed_offsets, log_offsets
 from queueplane.model import QueueSpec
 
 READ_TIMEOUT_S = 10.0
+
+# Leaders moving, a topic just created: the answer is unknown this time, not an error.
+_SETTLING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
 
 Ends = dict[int, tuple[int, int]]  # (log-start, log-end) per partition
 
@@ -59,7 +66,12 @@ def _consumer_positions(target: KafkaTarget, queue: QueueSpec, ends: Ends) -> di
 
 def oldest_waiting_seconds(target: KafkaTarget, queue: QueueSpec, now: float | None = None) -> float | None:
     """Seconds since the oldest unfinished record was written; 0.0 when nothing waits, None if unknown."""
-    ends = log_offsets(admin_client(target), queue.topic.name, queue.topic.partitions)
+    try:
+        ends = log_offsets(admin_client(target), queue.topic.name, queue.topic.partitions)
+    except KafkaException as exc:
+        if exc.args[0].retriable() or exc.args[0].code() in _SETTLING:
+            return None
+        raise
     if queue.group.type == "share":
         positions = _share_positions(target, queue, ends)
     else:

@@ -27,21 +27,26 @@ def _queue(kafka, kind: str, tmp_path):
     return queue
 
 
+PRODUCED_AT = time.time()  # records are stamped this many seconds before this instant
+
+
 def _produce(kafka, topic: str, partition: int, ages_s: list[float]) -> None:
     producer = Producer(dict(kafka.settings))
-    now_ms = int(time.time() * 1000)
     for age in ages_s:
-        producer.produce(topic, b"x", partition=partition, timestamp=now_ms - int(age * 1000))
+        producer.produce(topic, b"x", partition=partition, timestamp=int((PRODUCED_AT - age) * 1000))
     assert producer.flush(10) == 0
 
 
 def _age(kafka, queue) -> float:
-    """The age once the group coordinator answers (right after the topic is created it may still be loading)."""
+    """The oldest record's age as stamped (time since PRODUCED_AT taken off), 0 when nothing waits.
+
+    Read once the group coordinator answers: right after the topic is created it may still be loading.
+    """
     deadline = time.monotonic() + 60
-    while (age := oldest_waiting_seconds(kafka, queue)) is None and time.monotonic() < deadline:
+    while (age := oldest_waiting_seconds(kafka, queue, now=PRODUCED_AT)) is None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert age is not None
-    return age
+    return round(age, 1)
 
 
 def test_share_queue_age_is_its_oldest_record_until_the_group_finishes_it(kafka, tmp_path):
@@ -49,37 +54,37 @@ def test_share_queue_age_is_its_oldest_record_until_the_group_finishes_it(kafka,
     assert _age(kafka, queue) == 0.0
     _produce(kafka, queue.topic.name, 0, [120, 5])
     _produce(kafka, queue.topic.name, 1, [40])
-    assert 120 <= _age(kafka, queue) < 180
+    assert _age(kafka, queue) == 120
 
     # The group finishes the oldest record and gives the others back: the 40 s one is now the oldest.
     consumer = ShareConsumer({**kafka.settings, "group.id": queue.group.id, "share.acknowledgement.mode": "explicit"})
     consumer.subscribe([queue.topic.name])
-    seen = 0
-    deadline = time.monotonic() + 60
-    while seen < 3 and time.monotonic() < deadline:
+    seen: set[tuple[int, int]] = set()  # released records come back: count each record once
+    deadline = time.monotonic() + 120
+    while len(seen) < 3 and time.monotonic() < deadline:
         for message in consumer.poll(0.5) or []:
             if message.error():
                 continue
-            seen += 1
-            oldest = message.partition() == 0 and message.offset() == 0
+            seen.add((message.partition(), message.offset()))
+            oldest = (message.partition(), message.offset()) == (0, 0)
             consumer.acknowledge(message, AcknowledgeType.ACCEPT if oldest else AcknowledgeType.RELEASE)
     consumer.commit_sync()
     consumer.close()
-    assert seen == 3
+    assert seen == {(0, 0), (0, 1), (1, 0)}
     deadline = time.monotonic() + 60
-    while not (40 <= _age(kafka, queue) < 100) and time.monotonic() < deadline:
+    while _age(kafka, queue) != 40 and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert 40 <= _age(kafka, queue) < 100
+    assert _age(kafka, queue) == 40
 
 
 def test_consumer_group_age_starts_at_the_committed_offset(kafka, tmp_path):
     queue = _queue(kafka, "consumer", tmp_path)
     _produce(kafka, queue.topic.name, 0, [600, 60])
-    assert 600 <= _age(kafka, queue) < 660  # nothing committed: from the start
+    assert _age(kafka, queue) == 600  # nothing committed: from the start
 
     committer = Consumer({**kafka.settings, "group.id": queue.group.id, "enable.auto.commit": False})
     committer.commit(offsets=[TopicPartition(queue.topic.name, 0, 1)], asynchronous=False)
-    assert 60 <= _age(kafka, queue) < 120
+    assert _age(kafka, queue) == 60
 
     committer.commit(offsets=[TopicPartition(queue.topic.name, 0, 2)], asynchronous=False)
     committer.close()
