@@ -138,6 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_flags(p)
     _output_flag(p)
 
+    p = _command(
+        commands,
+        "render",
+        "render a queue's Helm release (values and Kubernetes manifests)",
+        "Helm values from the spec, then `helm template` of charts/queue-worker; every object is checked "
+        "against the Kubernetes API schema and the platform policy. Prints the manifests, or writes "
+        "values.yaml and manifests.yaml to --output-dir.",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
+
     local = commands.add_parser(
         "local",
         help="the embedded local Kafka broker (127.0.0.1)",
@@ -373,12 +384,35 @@ def cmd_load(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from queueplane.render import render
+
+    queue = _one_spec(args.spec)
+    with err.status(f"rendering {queue.name}"):
+        rendered = render(queue, output_dir=Path(args.output_dir) if args.output_dir else None)
+    if args.output_dir is None:
+        out.print(rendered.manifests, markup=False, end="")
+        return EXIT_OK
+    kinds = ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in rendered.objects)
+    out.print(f"release {rendered.release} in namespace {rendered.namespace}: {kinds}", markup=False)
+    out.print(f"wrote {rendered.values_file} and {rendered.values_file.with_name('manifests.yaml')}", markup=False)
+    out.print(
+        f"install: helm upgrade --install {rendered.release} {rendered.chart} --namespace {rendered.namespace} "
+        f"--create-namespace --values {rendered.values_file}",
+        markup=False,
+    )
+    return EXIT_OK
+
+
 COMMANDS = {
     "validate": cmd_validate,
     "plan": cmd_plan,
     "apply": cmd_apply,
     "run": cmd_run,
     "load": cmd_load,
+    "render": cmd_render,
     "local": cmd_local,
 }
 

@@ -18,7 +18,7 @@ suffixed name below stays within 63 characters.
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
+{{- printf "%s:%s" .Values.image.repository (required "image.tag or image.digest must be set" .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
 
