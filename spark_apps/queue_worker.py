@@ -20,6 +20,16 @@ from queueplane.lag import queue_backlog
 from queueplane.worker.runner import RunOptions, run_queue
 
 
+def _scaling(args: argparse.Namespace) -> dict[str, float]:
+    overrides = {}
+    if args.scale_interval:
+        overrides["interval_s"] = durations.parse_seconds(args.scale_interval)
+        overrides["up_cooldown_s"] = overrides["interval_s"]
+    if args.scale_down_cooldown:
+        overrides["down_cooldown_s"] = durations.parse_seconds(args.scale_down_cooldown)
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="queue_worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -30,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local", action="store_true", help="Spark local mode instead of the submitted master")
     parser.add_argument("--until-idle", help="stop after this long without records (tests, contract runs)")
     parser.add_argument("--max-records", type=int)
+    parser.add_argument("--checkpoint-dir", help="streaming checkpoint: a mounted volume path or an object-store URL")
+    parser.add_argument("--scale-interval", help="autoscaling decision interval (default 10s)")
+    parser.add_argument("--scale-down-cooldown", help="wait after a change before scaling down (default 60s)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     try:
         target = named_target()
         if target is None:
@@ -43,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             max_records=args.max_records,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
+            checkpoint_dir=args.checkpoint_dir,
+            scaling=_scaling(args),
         )
         summary = run_queue(
             queue,

@@ -26,6 +26,7 @@ from queueplane.connection import KafkaTarget
 from queueplane.errors import QueueplaneError
 from queueplane.lag import total_lag
 from queueplane.model import QueueSpec
+from queueplane.worker.autoscaler import ExecutorController
 from queueplane.worker.metrics import WorkerMetrics
 from queueplane.worker.share_runtime import (
     ACCEPTED,
@@ -52,6 +53,7 @@ class RunOptions:
     tasks: int | None = None  # parallel tasks per micro-batch; default: the cores Spark has
     batch_ms: int = 1000  # time slice of one micro-batch
     checkpoint_dir: str | None = None
+    scaling: dict[str, float] = field(default_factory=dict)  # autoscaling policy overrides (intervals, cooldowns)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class RunSummary:
     records_per_s: float
     lag_at_exit: int | None
     lag_by_partition: dict[str, int | None] = field(default_factory=dict)
+    scaling: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,9 +163,16 @@ def run_queue(
     if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
         ship_handler_modules(spark, queue)
     spark.dataSource.register(ShareSource)
-    tasks = options.tasks or spark.sparkContext.defaultParallelism
-    settings = share_settings(queue, target, options, tasks)
+    controller = ExecutorController(spark, queue, **options.scaling)
+    if controller.enabled:  # tasks for the most executors; with fewer, they run in turns
+        cores = int(queue.executor.get("cores", 1))
+        tasks = options.tasks or controller.policy.ceiling * cores
+        settings = share_settings(queue, target, options, cores)
+    else:
+        tasks = options.tasks or spark.sparkContext.defaultParallelism
+        settings = share_settings(queue, target, options, tasks)
     metrics = WorkerMetrics(queue.name)
+    controller.on_executors = metrics.set_executors
     if options.metrics_port is not None:
         metrics.serve(options.metrics_port, options.metrics_host)
 
@@ -205,6 +215,7 @@ def run_queue(
             "?" if total is None else total,
             sum(counts[o] for o in FINAL_OUTCOMES) / max(elapsed, 1e-6),
         )
+        controller.on_batch(sum(batch_counts[o] for o in FINAL_OUTCOMES), lag)
         on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total, elapsed))
         if should_stop():
             # Hold the stream thread here, between batches, while the query stops: no task is
@@ -266,4 +277,5 @@ def run_queue(
         records_per_s=round(final / duration, 1) if duration else 0.0,
         lag_at_exit=total_lag(lag),
         lag_by_partition={str(p): n for p, n in (lag or {}).items()},
+        scaling=controller.decisions,
     )
