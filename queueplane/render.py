@@ -104,6 +104,14 @@ def _image(queue: QueueSpec) -> dict[str, str]:
     return {"repository": repository, "tag": tag, "digest": digest, "pullPolicy": "IfNotPresent"}
 
 
+def _spec_text(queue: QueueSpec) -> str:
+    """The spec file as the team wrote it: the worker validates it again, so defaults stay implicit."""
+    try:
+        return Path(queue.source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise QueueplaneError(f"{queue.source}: cannot read the spec to mount it: {exc.strerror}") from None
+
+
 def helm_values(queue: QueueSpec) -> dict:
     """The chart values a spec determines (the chart's values.yaml supplies the rest)."""
     label = _schema_pattern("$defs", "dnsLabel")
@@ -112,7 +120,7 @@ def helm_values(queue: QueueSpec) -> dict:
             "name": _checked(queue, "/metadata/name", queue.name, label),
             "team": _checked(queue, "/metadata/team", queue.team, label),
             "groupType": queue.group.type,
-            "spec": yaml.safe_dump(queue.document, sort_keys=False, allow_unicode=True),
+            "spec": _spec_text(queue),
         },
         "image": _image(queue),
         "driver": _pod(queue, "driver", queue.driver),

@@ -68,7 +68,8 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
     finally:
         stop.set()
         cluster.stop()
-    summary = json.loads(out)
+    (tmp_path / "driver.out").write_text(out)
+    summary = json.loads(out.strip().splitlines()[-1])  # the summary is the last line
     assert summary["counts"]["accepted"] == 1600
     decisions = summary["scaling"]
     ups = [d for d in decisions if d["desired"] > d["requested"]]
