@@ -53,6 +53,7 @@ def plot(runs: dict[str, SimResult], target_lag_s: float) -> Path:
     lag_ax.axhline(target_lag_s, color="red", linestyle="--", linewidth=0.8, label="targetLagSeconds")
     lag_ax.set_ylabel("lag (seconds of work)")
     lag_ax.set_yscale("symlog")
+    lag_ax.set_ylim(bottom=0)
     lag_ax.legend(loc="upper right")
     exec_ax.set_ylabel("executors running")
     exec_ax.set_xlabel("minutes")

@@ -69,7 +69,8 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
         stop.set()
         cluster.stop()
     (tmp_path / "driver.out").write_text(out)
-    summary = json.loads(out.strip().splitlines()[-1])  # the summary is the last line
+    # The driver's stdout holds its log lines (spark-submit joins them) and, last, the JSON summary.
+    summary = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
     assert summary["counts"]["accepted"] == 1600
     decisions = summary["scaling"]
     ups = [d for d in decisions if d["desired"] > d["requested"]]
