@@ -1,6 +1,6 @@
 """spark-submit entrypoint of a queue worker (the Helm chart runs this file).
 
-    spark-submit [--master k8s://...] spark_apps/queue_worker.py --spec /etc/queueplane/spec.yaml
+    spark-submit [--master k8s://...] spark_apps/queue_worker.py --spec /etc/queueplane/spec/spec.yaml
 
 Kafka settings come from $QUEUEPLANE_KAFKA_CONFIG (a librdkafka properties file, mounted
 from a Secret) or $QUEUEPLANE_BOOTSTRAP_SERVERS; metrics are served on --metrics-port.
@@ -15,18 +15,21 @@ import sys
 
 from queueplane import durations, workflow
 from queueplane.connection import named_target
-from queueplane.errors import QueueplaneError, SpecInvalid
+from queueplane.errors import QueueplaneError, SpecInvalid, UsageError
 from queueplane.lag import queue_backlog
 from queueplane.worker.runner import RunOptions, run_queue
 
 
 def _scaling(args: argparse.Namespace) -> dict[str, float]:
     overrides = {}
-    if args.scale_interval:
-        overrides["interval_s"] = durations.parse_seconds(args.scale_interval)
-        overrides["up_cooldown_s"] = overrides["interval_s"]
-    if args.scale_down_cooldown:
-        overrides["down_cooldown_s"] = durations.parse_seconds(args.scale_down_cooldown)
+    try:
+        if args.scale_interval:
+            overrides["interval_s"] = durations.parse_seconds(args.scale_interval)
+            overrides["up_cooldown_s"] = overrides["interval_s"]
+        if args.scale_down_cooldown:
+            overrides["down_cooldown_s"] = durations.parse_seconds(args.scale_down_cooldown)
+    except ValueError as exc:
+        raise UsageError(f"--scale-interval / --scale-down-cooldown: {exc}") from None
     return overrides
 
 
