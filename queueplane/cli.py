@@ -148,6 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_lag_command(commands)
     add_dlq_command(commands)
+    p = _command(
+        commands,
+        "render",
+        "render a queue's Helm release (values and Kubernetes manifests)",
+        "Helm values from the spec, then `helm template` of charts/queue-worker; every object is checked "
+        "against the Kubernetes API schema and the platform policy. Prints the manifests, or writes "
+        "values.yaml and manifests.yaml to --output-dir.",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
 
     local = commands.add_parser(
         "local",
@@ -572,6 +582,28 @@ def _print_dead_letters(queue: QueueSpec, rows: list[Any], pending: int, include
     out.print(table)
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from queueplane.render import render
+
+    queue = _one_spec(args.spec)
+    with err.status(f"rendering {queue.name}"):
+        rendered = render(queue, output_dir=Path(args.output_dir) if args.output_dir else None)
+    if args.output_dir is None:
+        out.print(rendered.manifests, markup=False, end="")
+        return EXIT_OK
+    kinds = ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in rendered.objects)
+    out.print(f"release {rendered.release} in namespace {rendered.namespace}: {kinds}", markup=False)
+    out.print(f"wrote {rendered.values_file} and {rendered.values_file.with_name('manifests.yaml')}", markup=False)
+    out.print(
+        f"install: helm upgrade --install {rendered.release} {rendered.chart} --namespace {rendered.namespace} "
+        f"--create-namespace --values {rendered.values_file}",
+        markup=False,
+    )
+    return EXIT_OK
+
+
 COMMANDS = {
     "validate": cmd_validate,
     "plan": cmd_plan,
@@ -580,6 +612,7 @@ COMMANDS = {
     "load": cmd_load,
     "lag": cmd_lag,
     "dlq": cmd_dlq,
+    "render": cmd_render,
     "local": cmd_local,
 }
 

@@ -1,6 +1,6 @@
 """spark-submit entrypoint of a queue worker (the Helm chart runs this file).
 
-    spark-submit [--master k8s://...] spark_apps/queue_worker.py --spec /etc/queueplane/spec.yaml
+    spark-submit [--master k8s://...] spark_apps/queue_worker.py --spec /etc/queueplane/spec/spec.yaml
 
 Kafka settings come from $QUEUEPLANE_KAFKA_CONFIG (a librdkafka properties file, mounted
 from a Secret) or $QUEUEPLANE_BOOTSTRAP_SERVERS; metrics are served on --metrics-port.
@@ -15,9 +15,22 @@ import sys
 
 from queueplane import durations, workflow
 from queueplane.connection import named_target
-from queueplane.errors import QueueplaneError, SpecInvalid
+from queueplane.errors import QueueplaneError, SpecInvalid, UsageError
 from queueplane.lag import queue_backlog
 from queueplane.worker.runner import RunOptions, run_queue
+
+
+def _scaling(args: argparse.Namespace) -> dict[str, float]:
+    overrides = {}
+    try:
+        if args.scale_interval:
+            overrides["interval_s"] = durations.parse_seconds(args.scale_interval)
+            overrides["up_cooldown_s"] = overrides["interval_s"]
+        if args.scale_down_cooldown:
+            overrides["down_cooldown_s"] = durations.parse_seconds(args.scale_down_cooldown)
+    except ValueError as exc:
+        raise UsageError(f"--scale-interval / --scale-down-cooldown: {exc}") from None
+    return overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,10 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local", action="store_true", help="Spark local mode instead of the submitted master")
     parser.add_argument("--until-idle", help="stop after this long without records (tests, contract runs)")
     parser.add_argument("--max-records", type=int)
-    parser.add_argument("--checkpoint-dir", help="Spark checkpoint folder (a PVC or object store path on Kubernetes)")
+    parser.add_argument("--checkpoint-dir", help="streaming checkpoint: a mounted volume path or an object-store URL")
     parser.add_argument("--max-batch-records", type=int, help="consumer groups: most records per micro-batch")
+    parser.add_argument("--scale-interval", help="autoscaling decision interval (default 10s)")
+    parser.add_argument("--scale-down-cooldown", help="wait after a change before scaling down (default 60s)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     try:
         target = named_target()
         if target is None:
@@ -47,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics_host=args.metrics_host,
             checkpoint_dir=args.checkpoint_dir,
             max_batch_records=args.max_batch_records,
+            scaling=_scaling(args),
         )
         summary = run_queue(
             queue,

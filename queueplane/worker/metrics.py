@@ -71,6 +71,12 @@ class WorkerMetrics:
             ["queue", "partition"],
             registry=self.registry,
         )
+        self.executors = Gauge(
+            "queueplane_executors",
+            "Spark executors: running (registered with the driver) and requested by the autoscaler.",
+            ["queue", "state"],
+            registry=self.registry,
+        )
         self._server: Any = None
 
     def serve(self, port: int, host: str) -> None:
@@ -89,6 +95,10 @@ class WorkerMetrics:
         for partition, value in (lag or {}).items():
             if value is not None:
                 self.backlog.labels(self.queue, str(partition)).set(value)
+
+    def set_executors(self, running: int, requested: int) -> None:
+        self.executors.labels(self.queue, "running").set(running)
+        self.executors.labels(self.queue, "requested").set(requested)
 
     def stop(self) -> None:
         if self._server is not None:

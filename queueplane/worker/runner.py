@@ -26,6 +26,7 @@ from queueplane.connection import KafkaTarget
 from queueplane.errors import QueueplaneError
 from queueplane.lag import total_lag
 from queueplane.model import QueueSpec
+from queueplane.worker.autoscaler import ExecutorController
 from queueplane.worker.metrics import WorkerMetrics
 from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
 from queueplane.worker.settings import common_settings
@@ -50,6 +51,7 @@ class RunOptions:
     batch_ms: int = 1000  # time slice of one micro-batch
     checkpoint_dir: str | None = None
     max_batch_records: int | None = None  # consumer groups: most records per micro-batch (maxOffsetsPerTrigger)
+    scaling: dict[str, float] = field(default_factory=dict)  # autoscaling policy overrides (intervals, cooldowns)
 
 
 @dataclass
@@ -72,6 +74,7 @@ class RunSummary:
     records_per_s: float
     lag_at_exit: int | None
     lag_by_partition: dict[str, int | None] = field(default_factory=dict)
+    scaling: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,7 +175,14 @@ def ship_handler_modules(spark: Any, queue: QueueSpec) -> None:
     spark.sparkContext.addPyFile(str(bundle))
 
 
-def outcome_stream(spark: Any, queue: QueueSpec, target: KafkaTarget, options: RunOptions, drain_file: Path) -> Any:
+def outcome_stream(
+    spark: Any,
+    queue: QueueSpec,
+    target: KafkaTarget,
+    options: RunOptions,
+    drain_file: Path,
+    controller: ExecutorController,
+) -> Any:
     """The streaming DataFrame of outcome rows, from the runtime of the queue's group type.
 
     ``drain_file`` (share groups): once it exists, the next micro-batch drains the fetchers.
@@ -184,8 +194,13 @@ def outcome_stream(spark: Any, queue: QueueSpec, target: KafkaTarget, options: R
     from queueplane.worker.share_source import SOURCE_NAME, ShareSource
 
     spark.dataSource.register(ShareSource)
-    tasks = options.tasks or spark.sparkContext.defaultParallelism
-    settings = share_settings(queue, target, options, tasks)
+    if controller.enabled:  # tasks for the most executors; with fewer, they run in turns
+        cores = int(queue.executor.get("cores", 1))
+        tasks = options.tasks or controller.policy.ceiling * cores
+        settings = share_settings(queue, target, options, cores)
+    else:
+        tasks = options.tasks or spark.sparkContext.defaultParallelism
+        settings = share_settings(queue, target, options, tasks)
     return (
         spark.readStream.format(SOURCE_NAME)
         .option("settings", settings.to_json())
@@ -208,7 +223,9 @@ def run_queue(
     spark = spark_session(queue, options)
     if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
         ship_handler_modules(spark, queue)
+    controller = ExecutorController(spark, queue, **options.scaling)
     metrics = WorkerMetrics(queue.name)
+    controller.on_executors = metrics.set_executors
     if options.metrics_port is not None:
         metrics.serve(options.metrics_port, options.metrics_host)
 
@@ -252,6 +269,7 @@ def run_queue(
             "?" if total is None else total,
             sum(counts[o] for o in FINAL_OUTCOMES) / max(elapsed, 1e-6),
         )
+        controller.on_batch(sum(batch_counts[o] for o in FINAL_OUTCOMES), lag)
         on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total, elapsed))
         if state["draining"] or (should_stop(lag) and queue.group.type != "share"):
             # Share groups: that was the draining batch, every fetcher has settled and reported
@@ -275,7 +293,7 @@ def run_queue(
 
     watcher.start()
     query = (
-        outcome_stream(spark, queue, target, options, drain_file)
+        outcome_stream(spark, queue, target, options, drain_file, controller)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime="0 seconds")
@@ -324,4 +342,5 @@ def run_queue(
         records_per_s=round(final / duration, 1) if duration else 0.0,
         lag_at_exit=total_lag(lag),
         lag_by_partition={str(p): n for p, n in (lag or {}).items()},
+        scaling=controller.decisions,
     )

@@ -65,8 +65,9 @@ def test_poison_goes_to_the_dlq_at_once_retries_stop_at_the_limit_and_the_rest_i
 
 
 def test_a_hung_handler_loses_its_record_to_a_redelivery_and_holds_up_nothing_else(kafka, tmp_path):
-    queue = make_queue(tmp_path, kafka, lock="3s", concurrency=4, delivery_limit=3)
-    produce(kafka, queue.topic, [order(0, mode="hang", hang_s=12), *[order(i, sleep_ms=20) for i in range(1, 60)]])
+    # A lock long enough that a busy machine does not let the quick records' locks run out too.
+    queue = make_queue(tmp_path, kafka, lock="5s", concurrency=4, delivery_limit=3)
+    produce(kafka, queue.topic, [order(0, mode="hang", hang_s=16), *[order(i, sleep_ms=20) for i in range(1, 60)]])
 
     summary = run_worker(queue, kafka, "--until-idle", "4s")
     assert summary["counts"]["accepted"] == 60 and summary["counts"]["dlq"] == 0
@@ -75,7 +76,7 @@ def test_a_hung_handler_loses_its_record_to_a_redelivery_and_holds_up_nothing_el
     events = queue.events()
     hung = [e for e in events if e["id"] == "id-000000"]
     first = next(e for e in hung if e["dc"] == 1 and e["result"] == "started")
-    # The hung call never finished while the worker ran (it sleeps 12s): it logged no end.
+    # The hung call never finished while the worker ran (it sleeps 16s): it logged no end.
     first_end = next((e["end"] for e in hung if e["dc"] == 1 and e["result"] != "started"), float("inf"))
     second = next(e for e in hung if e["dc"] == 2 and e["result"] == "ok")
     assert second["start"] < first_end, "the redelivery ran while the first call was still hung"

@@ -1,0 +1,76 @@
+"""The real helm binary, built from a pinned release with `go install` and cached.
+
+Helm publishes no Python package, and its release archives come from a host this
+project does not depend on; the Go module proxy serves its source, so the binary is
+built once per version into the cache and reused by every command and test.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from queueplane.errors import QueueplaneError
+from queueplane.paths import cache_dir
+
+HELM_VERSION = "v4.3.1"
+HELM_PACKAGE = "helm.sh/helm/v4/cmd/helm"
+BUILD_TIMEOUT_S = 1800
+
+
+class HelmError(QueueplaneError):
+    """helm could not be installed, or a helm command failed."""
+
+
+def helm_dir() -> Path:
+    return cache_dir() / f"helm-{HELM_VERSION}"
+
+
+def helm_binary() -> Path:
+    """Path of the pinned helm, built with `go install` on first use (a few minutes, once)."""
+    binary = helm_dir() / "helm"
+    if os.access(binary, os.X_OK):
+        return binary
+    go = shutil.which("go")
+    if go is None:
+        raise HelmError(f"helm {HELM_VERSION} is not in {helm_dir()} and Go is not on PATH to build it")
+    helm_dir().mkdir(parents=True, exist_ok=True)
+    # One build at a time across processes: a second caller waits, then finds the binary.
+    with open(helm_dir() / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.access(binary, os.X_OK):
+            return binary
+        with tempfile.TemporaryDirectory(dir=helm_dir()) as staging:
+            env = {**os.environ, "GOBIN": staging, "CGO_ENABLED": "0"}
+            result = subprocess.run(
+                [go, "install", "-ldflags=-s -w", f"{HELM_PACKAGE}@{HELM_VERSION}"],
+                env=env,
+                cwd=staging,
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+            )
+            if result.returncode != 0:
+                raise HelmError(f"go install {HELM_PACKAGE}@{HELM_VERSION} failed: {result.stderr.strip()[-2000:]}")
+            os.replace(Path(staging) / "helm", binary)
+    return binary
+
+
+def run_helm(
+    args: list[str], *, kubeconfig: str | None = None, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Run the pinned helm with ``args``; with check (the default) a failure raises HelmError with helm's message."""
+    env = dict(os.environ)
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = kubeconfig
+    result = subprocess.run(
+        [str(helm_binary()), *args], env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if check and result.returncode != 0:
+        message = " ".join(result.stderr.strip().splitlines()[-5:]) or f"exit code {result.returncode}"
+        raise HelmError(f"helm {' '.join(args[:2])} failed: {message}")
+    return result

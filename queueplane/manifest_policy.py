@@ -1,0 +1,111 @@
+"""What the platform requires of every rendered workload, beyond the Kubernetes schema.
+
+A cluster admin reviews these rules once instead of every chart change: images are pinned,
+containers declare their resources and never run as root, and the driver's role grants
+exactly what Spark's driver does with executor pods in its own namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# The driver creates, watches and deletes its executor pods, and creates the config maps,
+# services and on-demand volume claims that go with them. Nothing else.
+DRIVER_RBAC: dict[str, frozenset[str]] = {
+    "pods": frozenset({"get", "list", "watch", "create", "delete", "deletecollection"}),
+    "services": frozenset({"get", "list", "create", "delete", "deletecollection"}),
+    "configmaps": frozenset({"get", "list", "create", "delete", "deletecollection"}),
+    "persistentvolumeclaims": frozenset({"get", "list", "create", "delete", "deletecollection"}),
+}
+CLUSTER_WIDE_KINDS = frozenset({"ClusterRole", "ClusterRoleBinding"})
+REQUIRED_RESOURCES = (("requests", "cpu"), ("requests", "memory"), ("limits", "memory"))
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod spec of a workload object (Pod or a controller with a pod template), else None."""
+    if obj.get("kind") == "Pod":
+        return obj.get("spec") or {}
+    template = (obj.get("spec") or {}).get("template")
+    if isinstance(template, dict):
+        return template.get("spec") or {}
+    return None
+
+
+def _image_problem(image: str) -> str | None:
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if "@sha256:" in image:
+        return None
+    if ":" not in last:
+        return f"image {image!r} has no tag (it means :latest); pin a tag or digest"
+    if last.rsplit(":", 1)[1] == "latest":
+        return f"image {image!r} uses :latest; pin a tag or digest"
+    return None
+
+
+def _container_problems(label: str, spec: dict[str, Any], workload: bool) -> list[str]:
+    problems = []
+    pod_context = spec.get("securityContext") or {}
+    if pod_context.get("runAsNonRoot") is not True:
+        problems.append(f"{label}: the pod does not set securityContext.runAsNonRoot: true")
+    if pod_context.get("runAsUser") == 0:
+        problems.append(f"{label}: the pod runs as user 0 (root)")
+    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        where = f"{label}: container {container.get('name')!r}"
+        context = container.get("securityContext") or {}
+        if context.get("runAsUser") == 0 or context.get("runAsNonRoot") is False:
+            problems.append(f"{where} runs as root")
+        if context.get("privileged") is True or context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{where} may gain privileges (set allowPrivilegeEscalation: false, not privileged)")
+        if context.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{where} has a writable root filesystem")
+        if "image" in container:
+            problem = _image_problem(container["image"])
+            if problem:
+                problems.append(f"{where}: {problem}")
+        elif workload:
+            problems.append(f"{where} has no image")
+        if workload:  # Spark sizes executor pods itself; templates carry no resources
+            resources = container.get("resources") or {}
+            for section, name in REQUIRED_RESOURCES:
+                if name not in (resources.get(section) or {}):
+                    problems.append(f"{where} sets no resources.{section}.{name}")
+    return problems
+
+
+def _role_problems(label: str, role: dict[str, Any]) -> list[str]:
+    problems = []
+    for number, rule in enumerate(role.get("rules") or []):
+        where = f"{label}: rule {number}"
+        if set(rule.get("apiGroups") or []) != {""}:
+            problems.append(f"{where} reaches API groups {rule.get('apiGroups')} beyond the core group")
+        if rule.get("resourceNames") or rule.get("nonResourceURLs"):
+            problems.append(f"{where} names resources or URLs the driver does not use")
+        for resource in rule.get("resources") or []:
+            allowed = DRIVER_RBAC.get(resource)
+            if allowed is None:
+                problems.append(f"{where} grants access to {resource!r}, which the driver does not manage")
+                continue
+            extra = sorted(set(rule.get("verbs") or []) - allowed)
+            if extra:
+                problems.append(f"{where} grants {extra} on {resource}; the driver needs only {sorted(allowed)}")
+    return problems
+
+
+def policy_problems(objects: Sequence[dict[str, Any]], pod_templates: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """Every policy breach in the rendered objects (and in pod templates handed to Spark)."""
+    problems: list[str] = []
+    for obj in objects:
+        label = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name', '?')}"
+        if obj.get("kind") in CLUSTER_WIDE_KINDS:
+            problems.append(f"{label}: a worker gets no cluster-wide permissions")
+        if obj.get("kind") == "Role":
+            problems += _role_problems(label, obj)
+        spec = pod_spec(obj)
+        if spec is not None:
+            problems += _container_problems(label, spec, workload=True)
+    for template in pod_templates:
+        label = f"executor pod template of {template.get('metadata', {}).get('labels', {}).get('queueplane.io/queue')}"
+        problems += _container_problems(label, template.get("spec") or {}, workload=False)
+    return problems

@@ -1,0 +1,85 @@
+"""The autoscaling controller against a real Spark scheduler: a standalone master and worker.
+
+A producer adds records faster than one executor handles them, so the backlog grows; the
+controller in the driver asks the master for executors and the master starts them; when
+the load ends and the backlog drains, the controller gives them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+from helpers import REPO
+from spark_standalone import SPARK_SUBMIT, free_port, spark_env, start_standalone
+from worker_support import make_queue, order, produce
+
+pytestmark = pytest.mark.kafka
+
+MAX_EXECUTORS = 3
+
+
+def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kafka, tmp_path):
+    queue = make_queue(tmp_path, kafka, partitions=3, concurrency=2, lock="20s")
+    doc = yaml.safe_load(queue.spec_path.read_text())
+    doc["spec"]["autoscaling"] = {"minExecutors": 1, "maxExecutors": MAX_EXECUTORS, "targetLagSeconds": 5}
+    doc["spec"]["deployment"] = {"executor": {"cores": 1, "memory": "512m"}}
+    queue.spec_path.write_text(yaml.safe_dump(doc))
+    cluster = start_standalone(tmp_path / "spark", cores=MAX_EXECUTORS, memory="3g")
+    stop = threading.Event()
+    timeline: list[tuple[float, int]] = []
+    try:
+        command = [
+            str(SPARK_SUBMIT),
+            "--master",
+            cluster.master_url,
+            *("--conf", "spark.executor.cores=1", "--conf", "spark.executor.memory=512m"),
+            *("--conf", f"spark.cores.max={MAX_EXECUTORS}", "--conf", "spark.executor.instances=1"),
+            *("--conf", "spark.dynamicAllocation.enabled=false", "--conf", "spark.ui.enabled=false"),
+            str(REPO / "spark_apps" / "queue_worker.py"),
+            *("--spec", str(queue.spec_path), "--metrics-port", str(free_port()), "--metrics-host", "127.0.0.1"),
+            *("--until-idle", "25s", "--scale-interval", "3s", "--scale-down-cooldown", "6s"),
+        ]
+        env = {**spark_env(), "QUEUEPLANE_BOOTSTRAP_SERVERS": kafka.bootstrap, "PYSPARK_PYTHON": sys.executable}
+        driver = subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=(tmp_path / "driver.log").open("w"), text=True
+        )
+
+        def watch() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    timeline.append((time.monotonic(), cluster.cores_used()))
+                time.sleep(0.5)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        # Load: ~40 records/s for 40s; one executor (2 slots, 100 ms each) handles ~20/s.
+        for second in range(40):
+            produce(kafka, queue.topic, [order(second * 40 + i, sleep_ms=100) for i in range(40)])
+            time.sleep(1)
+        out, _ = driver.communicate(timeout=600)
+        assert driver.returncode == 0, (tmp_path / "driver.log").read_text()[-4000:]
+    finally:
+        stop.set()
+        cluster.stop()
+    (tmp_path / "driver.out").write_text(out)
+    # The driver's stdout holds its log lines (spark-submit joins them) and, last, the JSON summary.
+    summary = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
+    assert summary["counts"]["accepted"] == 1600
+    decisions = summary["scaling"]
+    ups = [d for d in decisions if d["desired"] > d["requested"]]
+    downs = [d for d in decisions if d["desired"] < d["requested"]]
+    assert ups and downs, decisions
+    assert max(d["running"] for d in decisions) >= 2, "the master started the requested executors"
+    # The master's own count: after the start-up trim to one executor, it rose, then fell back to one.
+    cores = [c for _, c in timeline]
+    first_one = cores.index(1)
+    peak_at = max(range(first_one, len(cores)), key=lambda i: cores[i])
+    assert cores[peak_at] >= 2, cores
+    assert 1 in cores[peak_at:], f"executors never fell back to one: {cores[peak_at:]}"

@@ -1,0 +1,104 @@
+"""A real Spark standalone cluster on loopback: one master and one worker from the pyspark install."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyspark
+
+SPARK_HOME = Path(pyspark.__file__).resolve().parent
+SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
+SPARK_SUBMIT = SPARK_HOME / "bin" / "spark-submit"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spark_env() -> dict[str, str]:
+    return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
+
+
+@dataclass
+class Standalone:
+    master_url: str
+    master_ui: str
+    processes: list[subprocess.Popen]
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
+            return json.loads(response.read())
+
+    def cores_used(self) -> int:
+        return int(self.state().get("coresused", 0))
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def start_standalone(work: Path, cores: int, memory: str) -> Standalone:
+    port, ui, worker_ui = free_port(), free_port(), free_port()
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    master = subprocess.Popen(
+        [
+            str(SPARK_CLASS),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui),
+        ],
+        env=spark_env(),
+        stdout=(logs / "master.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    cluster = Standalone(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}", [master])
+    worker = subprocess.Popen(
+        [
+            str(SPARK_CLASS),
+            "org.apache.spark.deploy.worker.Worker",
+            cluster.master_url,
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            str(cores),
+            "--memory",
+            memory,
+            "--webui-port",
+            str(worker_ui),
+            "--work-dir",
+            str(work / "w"),
+        ],
+        env=spark_env(),
+        stdout=(logs / "worker.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    cluster.processes.append(worker)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if cluster.state().get("aliveworkers", 0) >= 1:
+                return cluster
+        except OSError:
+            pass
+        time.sleep(0.5)
+    cluster.stop()
+    raise RuntimeError(f"the standalone cluster did not come up; see {logs}")

@@ -1,0 +1,84 @@
+"""The autoscaling policy: a simulated step load, the bounds, and the consumer-group cap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from helpers import EXAMPLES
+
+from queueplane import workflow
+from queueplane.autoscale import Observation, ScalerState, ScalingPolicy, decide, policy_for
+from queueplane.autoscale_sim import simulate, step_load
+
+RATE = 100.0  # records/s one executor handles
+BASE = 60.0  # fits in one executor
+STEP_START, STEP_S = 60.0, 300.0  # x4 for five minutes
+MAX_CHANGES = 7  # two steps up, one trim, one step down per executor back to min
+
+
+def _run(policy: ScalingPolicy):
+    return simulate(policy, step_load(BASE, 4, STEP_START, STEP_S), duration_s=1200, rate_per_executor=RATE)
+
+
+def test_step_load_scales_out_fast_drains_lag_returns_to_min_without_flapping():
+    policy = ScalingPolicy(min_executors=1, max_executors=10, target_lag_s=30.0)
+    result = _run(policy)
+    first_up = result.changes[0]
+    assert first_up[2] > first_up[1], "the first change is a scale-up"
+    assert first_up[0] <= STEP_START + 2 * policy.interval_s, "scaled out within two decision intervals"
+
+    step_end = STEP_START + STEP_S
+    during = [i for i, t in enumerate(result.times) if STEP_START + 90 <= t < step_end]
+    assert all(result.lag_seconds[i] < policy.target_lag_s for i in during), "lag drained under the target"
+    assert max(result.requested) * RATE >= 4 * BASE, "enough executors for the step"
+
+    back_at_min = next(t for t, req in zip(result.times, result.requested, strict=True) if t > step_end and req == 1)
+    assert back_at_min - step_end <= policy.down_cooldown_s * (max(result.requested) - 1) + 2 * policy.interval_s
+    assert result.requested[-1] == policy.min_executors
+    assert all(req == 1 for t, req in zip(result.times, result.requested, strict=True) if t > back_at_min)
+    assert len(result.changes) <= MAX_CHANGES, result.changes
+
+
+def test_bounds_hold_however_large_the_lag():
+    policy = ScalingPolicy(min_executors=2, max_executors=5, target_lag_s=10.0)
+    result = simulate(policy, step_load(50, 40, 30, 600), duration_s=700, rate_per_executor=RATE)
+    assert max(result.requested) == 5 and min(result.requested) == 2
+    steps_up = [to - frm for _, frm, to, _ in result.changes if to > frm]
+    assert max(steps_up) <= policy.max_step_up
+
+
+def _obs(lag: int, executors: int, now: float = 100.0) -> Observation:
+    return Observation(now, {0: lag}, input_rate=1000.0, processing_rate=100.0 * executors, executors=executors)
+
+
+def test_consumer_groups_are_capped_by_partitions_and_key_slots_share_groups_are_not():
+    payments = workflow.validate([str(EXAMPLES / "payment-events.yaml")], None)[0]  # consumer, ordering=key
+    policy = policy_for(payments)
+    assert policy.cap == payments.topic.partitions * payments.concurrency // 2  # 2 cores per executor
+    coffee = workflow.validate([str(EXAMPLES / "coffee-orders.yaml")], None)[0]  # share group
+    assert policy_for(coffee).cap is None
+
+
+def test_consumer_cap_without_key_ordering_is_the_partitions(tmp_path: Path):
+    doc = yaml.safe_load((EXAMPLES / "payment-events.yaml").read_text())
+    doc["spec"]["group"]["ordering"] = "partition"
+    doc["spec"]["processing"]["exactlyOnce"] = False
+    doc["spec"]["autoscaling"]["maxExecutors"] = 50
+    doc["spec"]["deployment"]["executor"] = {"cores": 1, "memory": "1g"}
+    path = tmp_path / "q.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    queue = workflow.validate([str(path)], None)[0]
+    policy = policy_for(queue, up_cooldown_s=0)
+    state = ScalerState(rate_per_executor=100.0, last_executors=12)
+    decision = decide(policy, _obs(lag=1_000_000, executors=12), state)
+    assert decision.desired == queue.topic.partitions == 12, "no executor beyond one per partition"
+    share = ScalingPolicy(1, 50, 30.0, cap=None, up_cooldown_s=0)
+    assert decide(share, _obs(lag=1_000_000, executors=12), state).desired == 16, "share: one bounded step up"
+
+
+def test_no_measured_rate_yet_adds_one_executor_for_a_backlog_and_holds_when_idle():
+    policy = ScalingPolicy(1, 10, 30.0)
+    assert decide(policy, _obs(lag=500, executors=1), ScalerState()).desired == 2
+    idle = Observation(100.0, {0: 0, 1: 0}, 0.0, 0.0, 1)
+    assert decide(policy, idle, ScalerState()).desired == 1

@@ -1,0 +1,190 @@
+"""The chart through the real helm: lint, render every example, strict Kubernetes schemas, policy, injection."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import yaml
+from helpers import EXAMPLES, run_cli
+
+from queueplane import workflow
+from queueplane.errors import SpecInvalid
+from queueplane.helm import HelmError, run_helm
+from queueplane.manifest_policy import DRIVER_RBAC
+from queueplane.render import ManifestInvalid, chart_path, executor_pod_templates, render, validate_manifests
+
+SPECS = sorted(EXAMPLES.glob("*.yaml"))
+
+
+def _queue(path=EXAMPLES / "coffee-orders.yaml"):
+    return workflow.validate([str(path)], None)[0]
+
+
+@pytest.fixture(scope="module")
+def coffee():
+    return render(_queue())
+
+
+def _find(objects, kind):
+    return next(o for o in objects if o["kind"] == kind)
+
+
+def test_helm_lint_passes_on_the_chart_and_with_every_example(tmp_path):
+    run_helm(["lint", str(chart_path()), "--strict"])
+    for spec in SPECS:
+        rendered = render(_queue(spec), output_dir=tmp_path / spec.stem)
+        run_helm(["lint", str(chart_path()), "--strict", "--values", str(rendered.values_file)])
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
+def test_every_example_renders_to_valid_labelled_objects(spec, tmp_path):
+    queue = _queue(spec)
+    rendered = render(queue, output_dir=tmp_path)
+    assert (tmp_path / "manifests.yaml").read_text() == rendered.manifests
+    kinds = sorted(o["kind"] for o in rendered.objects)
+    assert kinds == ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    for obj in rendered.objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["queueplane.io/team"] == queue.team and labels["queueplane.io/queue"] == queue.name
+        assert labels["app.kubernetes.io/instance"] == queue.name and "app.kubernetes.io/managed-by" in labels
+        assert obj["metadata"]["namespace"] == queue.namespace
+    deployment = _find(rendered.objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    driver = pod["spec"]["containers"][0]
+    args = driver["args"]
+    assert args[args.index("--master") + 1] == "k8s://https://kubernetes.default.svc"
+    assert args[args.index("--deploy-mode") + 1] == "client"
+    assert f"spark.executor.cores={queue.executor['cores']}" in args
+    assert f"spark.executor.instances={queue.min_executors}" in args
+    assert driver["readinessProbe"]["httpGet"]["port"] == "metrics" == driver["livenessProbe"]["httpGet"]["port"]
+    service = _find(rendered.objects, "Service")
+    assert service["spec"]["clusterIP"] == "None"
+    assert f"spark.driver.host={service['metadata']['name']}.{queue.namespace}.svc" in args
+    spec_text = _find(rendered.objects, "ConfigMap")["data"]["spec.yaml"]
+    assert spec_text == spec.read_text(), "the spec file is mounted as written"
+
+
+def test_checkpoint_claim_and_kafka_secrets_come_from_values(tmp_path):
+    overrides = {
+        "kafka": {"configSecret": {"name": "cafe-kafka"}, "tlsSecret": {"name": "cafe-kafka-tls"}},
+        "checkpoint": {"persistentVolumeClaim": {"enabled": True, "size": "5Gi"}},
+    }
+    rendered = render(_queue(), output_dir=tmp_path, overrides=overrides)
+    claim = _find(rendered.objects, "PersistentVolumeClaim")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    driver = _find(rendered.objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in driver["env"]}
+    assert env["QUEUEPLANE_KAFKA_CONFIG"] == "/etc/queueplane/kafka/client.properties"
+    assert driver["args"][-2:] == ["--checkpoint-dir", "/var/queueplane/checkpoints"]
+    (template,) = executor_pod_templates(rendered.objects)
+    assert {v["name"] for v in template["spec"]["volumes"]} >= {"kafka-tls", "spark-local-dir-1", "tmp"}
+    assert "Secret" not in {o["kind"] for o in rendered.objects}, "secrets are referenced, never rendered"
+
+
+def test_values_schema_is_strict():
+    chart = str(chart_path())
+    for bad in ("unknown=1", "image.tag=latest", "driver.cores=two", "kafka.configSecret.extra=x"):
+        with pytest.raises(HelmError):
+            run_helm(["template", "q", chart, "--set", bad])
+
+
+def test_kubernetes_schema_rejects_unknown_fields_wrong_types_and_missing_fields(coffee):
+    cases = [
+        (lambda d: d["spec"]["template"]["spec"]["containers"][0].update(imagePullPolcy="Always"), "imagePullPolcy"),
+        (lambda d: d["spec"]["template"]["spec"]["containers"][0].update(ports=[{"containerPort": "80"}]), "80"),
+        (lambda d: d["spec"].pop("selector"), "selector"),
+    ]
+    for mutate, needle in cases:
+        objects = copy.deepcopy(coffee.objects)
+        mutate(_find(objects, "Deployment"))
+        with pytest.raises(ManifestInvalid, match=needle):
+            validate_manifests(objects)
+    objects = copy.deepcopy(coffee.objects)
+    template = yaml.safe_load(_find(objects, "ConfigMap")["data"]["executor-pod-template.yaml"])
+    template["spec"]["containers"][0]["securityContxt"] = {}
+    _find(objects, "ConfigMap")["data"]["executor-pod-template.yaml"] = yaml.safe_dump(template)
+    with pytest.raises(ManifestInvalid, match="securityContxt"):
+        validate_manifests(objects)
+
+
+def _driver(objects):
+    return _find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda o: _driver(o).update(image="registry.example.com/queueplane/worker:latest"), ":latest"),
+        (lambda o: _driver(o).update(image="registry.example.com/queueplane/worker"), "no tag"),
+        (lambda o: _driver(o)["resources"]["requests"].pop("memory"), "resources.requests.memory"),
+        (lambda o: _driver(o).pop("resources"), "resources.limits.memory"),
+        (lambda o: _driver(o)["securityContext"].update(runAsUser=0), "runs as root"),
+        (lambda o: _find(o, "Deployment")["spec"]["template"]["spec"].pop("securityContext"), "runAsNonRoot"),
+        (lambda o: _driver(o)["securityContext"].update(readOnlyRootFilesystem=False), "writable root"),
+        (lambda o: _find(o, "Role")["rules"][0]["verbs"].append("patch"), "grants \\['patch'\\] on pods"),
+        (lambda o: _find(o, "Role")["rules"][1]["resources"].append("secrets"), "'secrets'"),
+        (lambda o: _find(o, "Role")["rules"][0]["verbs"].append("*"), "grants \\['\\*'\\]"),
+    ],
+)
+def test_policy_rejects(coffee, mutate, needle):
+    objects = copy.deepcopy(coffee.objects)
+    mutate(objects)
+    with pytest.raises(ManifestInvalid, match=needle):
+        validate_manifests(objects)
+
+
+def test_the_role_grants_exactly_the_driver_verbs(coffee):
+    granted: dict[str, set[str]] = {}
+    for rule in _find(coffee.objects, "Role")["rules"]:
+        for resource in rule["resources"]:
+            granted.setdefault(resource, set()).update(rule["verbs"])
+    assert granted == {k: set(v) for k, v in DRIVER_RBAC.items()}
+
+
+def test_free_text_in_a_spec_cannot_inject_yaml_or_template_syntax(tmp_path):
+    doc = yaml.safe_load((EXAMPLES / "coffee-orders.yaml").read_text())
+    doc["metadata"]["description"] = (
+        'x"\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: stolen}\n{{ .Release.Name }} {{ fail "boom" }}'
+    )
+    path = tmp_path / "evil.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    queue = workflow.validate([str(path)], None)[0]
+    rendered = render(queue, output_dir=tmp_path / "out")
+    assert sorted(o["kind"] for o in rendered.objects) == sorted(o["kind"] for o in render(_queue()).objects)
+    spec = yaml.safe_load(_find(rendered.objects, "ConfigMap")["data"]["spec.yaml"])
+    assert spec["metadata"]["description"] == doc["metadata"]["description"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "pointer"),
+    [
+        ("name", "q\nkind: Secret", "/metadata/name"),
+        ("team", 'a"b', "/metadata/team"),
+        ("namespace", "ns}}{{", "/spec/deployment/namespace"),
+        ("image", "registry.example.com/w:1\n  - --evil", "/spec/deployment/image"),
+        ("image", "registry.example.com/w:latest", "/spec/deployment/image"),
+        ("executor", {"cores": 1, "memory": "1g\n- x"}, "/spec/deployment/executor/memory"),
+    ],
+)
+def test_spec_strings_that_reach_manifests_are_checked_whatever_built_the_spec(field, value, pointer):
+    queue = dataclasses.replace(_queue(), **{field: value})
+    with pytest.raises(SpecInvalid) as caught:
+        render(queue)
+    assert caught.value.problems[0].pointer == pointer
+
+
+def test_cli_render(tmp_path, cli_env):
+    result = run_cli(["render", str(EXAMPLES / "email-jobs.yaml"), "--output-dir", str(tmp_path)], cli_env)
+    assert result.returncode == 0, result.stderr
+    assert "Deployment/email-jobs" in result.stdout
+    assert (tmp_path / "manifests.yaml").is_file() and (tmp_path / "values.yaml").is_file()
+    printed = run_cli(["render", str(EXAMPLES / "email-jobs.yaml")], cli_env)
+    assert printed.returncode == 0 and "kind: Deployment" in printed.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((EXAMPLES / "email-jobs.yaml").read_text().replace("name: email-jobs", "name: Email_Jobs"))
+    failed = run_cli(["render", str(bad)], cli_env)
+    assert failed.returncode == 2 and "/metadata/name" in failed.stderr and "Traceback" not in failed.stderr
