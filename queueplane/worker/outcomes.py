@@ -91,9 +91,10 @@ def dead_letter_record(
     return (dlq_topic, record.key, record.value, headers)
 
 
-def produce_and_wait(producer: Producer, records: list[ProducedRecord]) -> None:
+def produce_and_wait(producer: Producer, records: list[ProducedRecord], partitions: list[int] | None = None) -> None:
     """Produce and block until every record is acknowledged by the brokers (durable), or raise.
 
+    ``partitions`` pins each record to a partition (kmq markers); else the key decides.
     The producer's delivery callbacks must be served by another thread (its poll loop).
     """
     if not records:
@@ -106,10 +107,11 @@ def produce_and_wait(producer: Producer, records: list[ProducedRecord]) -> None:
             errors.append(str(err))
         pending.release()
 
-    for topic, key, value, headers in records:
+    for i, (topic, key, value, headers) in enumerate(records):
+        pinned = {"partition": partitions[i]} if partitions is not None else {}
         while True:
             try:
-                producer.produce(topic, value=value, key=key, headers=headers, on_delivery=delivered)
+                producer.produce(topic, value=value, key=key, headers=headers, on_delivery=delivered, **pinned)
                 break
             except BufferError:
                 time.sleep(0.01)  # local queue full: the delivery thread drains it

@@ -26,13 +26,14 @@ from queueplane.connection import KafkaTarget
 from queueplane.errors import QueueplaneError
 from queueplane.lag import total_lag
 from queueplane.model import QueueSpec
+from queueplane.worker.kmq_query import KmqQueries
 from queueplane.worker.metrics import WorkerMetrics
 from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
 from queueplane.worker.share_runtime import FETCHER_SHARE, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
-RUNTIMES = ("share", "consumer")
+RUNTIMES = ("share", "consumer", "kmq")
 DEFAULT_BATCH_RECORDS = 10_000
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 
@@ -108,17 +109,24 @@ def local_threads(queue: QueueSpec, options: RunOptions) -> int:
     if options.tasks:
         return options.tasks
     cores = os.cpu_count() or 2
-    return max(cores, queue.topic.partitions) if queue.group.type == "consumer" else cores
+    if queue.group.type == "consumer":
+        return max(cores, queue.topic.partitions)
+    # kmq: the worker's tasks and the tracker's one task run side by side.
+    return cores + 1 if queue.group.type == "kmq" else cores
 
 
 def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"queueplane-{queue.name}")
-    if queue.group.type == "consumer":
+    if queue.group.type in ("consumer", "kmq"):
         from queueplane.worker.spark_packages import with_kafka_connector
 
         builder = with_kafka_connector(builder)
+    if queue.group.type == "kmq":
+        from queueplane.worker.kmq_tracker import STATE_STORE_PROVIDER
+
+        builder = builder.config("spark.sql.streaming.stateStore.providerClass", STATE_STORE_PROVIDER)
     if options.local:
         # Executors' Python workers must run this interpreter, with the spec's folder importable.
         os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -127,7 +135,8 @@ def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
         builder = builder.master(f"local[{local_threads(queue, options)}]").config("spark.ui.enabled", "false")
     spark = (
         builder.config("spark.python.worker.reuse", "true")
-        .config("spark.sql.shuffle.partitions", "2")
+        # kmq: the tracker is the only shuffle; one stateful partition keeps it to one Python worker.
+        .config("spark.sql.shuffle.partitions", "1" if queue.group.type == "kmq" else "2")
         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
@@ -159,6 +168,11 @@ def outcome_stream(spark: Any, queue: QueueSpec, target: KafkaTarget, options: R
         from queueplane.worker.consumer_query import consumer_stream
 
         return consumer_stream(spark, queue, target, options.max_batch_records or DEFAULT_BATCH_RECORDS)
+    if queue.group.type == "kmq":
+        from queueplane.worker.kmq_query import kmq_stream
+
+        tasks = options.tasks or spark.sparkContext.defaultParallelism
+        return kmq_stream(spark, queue, target, options.max_batch_records, tasks)
     from queueplane.worker.share_source import SOURCE_NAME, ShareSource
 
     spark.dataSource.register(ShareSource)
@@ -191,6 +205,7 @@ def run_queue(
     state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "backlog": None, "lag_readable": False}
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
+    kmq = KmqQueries(queue, target, options, counts, dead) if queue.group.type == "kmq" else None
 
     def sink(frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
@@ -204,6 +219,8 @@ def run_queue(
             for row in table.filter(mask).select(["partition", "offset", "key", "delivery_count", "error"]).to_pylist():
                 dead.append(row)
         metrics.observe(batch_counts, table)
+        if kmq is not None:
+            kmq.after_batch(table)
         lag = backlog()
         total = total_lag(lag)
         metrics.set_backlog(lag)
@@ -239,11 +256,15 @@ def run_queue(
         idle = time.monotonic() - state["last_activity"]
         # Drained: the broker says no lag; where lag cannot be read at all, idleness alone decides.
         drained = state["backlog"] == 0 or not state["lag_readable"]
+        if kmq is not None:
+            drained = drained and kmq.idle()
         if options.until_idle_s is not None and idle >= options.until_idle_s and drained:
             return True
         return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
 
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-ckpt-")
+    if kmq is not None:
+        checkpoint = kmq.start(spark)
     query = (
         outcome_stream(spark, queue, target, options)
         .writeStream.foreachBatch(sink)
@@ -258,7 +279,9 @@ def run_queue(
                 break
             # Spark's Kafka source runs no batch while there is nothing new, so the sink never
             # sees the queue idle: look between batches here.
-            if queue.group.type == "consumer" and time.monotonic() - last_look >= 1.0:
+            if kmq is not None and kmq.failed():
+                break
+            if queue.group.type in ("consumer", "kmq") and time.monotonic() - last_look >= 1.0:
                 last_look = time.monotonic()
                 if not query.status["isTriggerActive"]:
                     lag = backlog()
@@ -272,13 +295,15 @@ def run_queue(
             time.sleep(0.5)
             may_return.set()
             stopper.join()
-        error = query.exception()
+        error = query.exception() or (kmq.failed() if kmq is not None else None)
         if error is not None:
             raise WorkerFailed(f"the streaming query of {queue.name} failed: {str(error).splitlines()[0]}")
     finally:
         may_return.set()
         if query.isActive:
             query.stop()
+        if kmq is not None:
+            kmq.stop()
         metrics.stop()
     duration = time.monotonic() - started
     lag = backlog()
