@@ -52,6 +52,7 @@ test: lint
 bench: setup
 	$(BIN)/python bench/provision.py
 	$(BIN)/python bench/share.py
+	$(BIN)/python bench/consumer.py
 
 local-down: setup
 	$(QP) local down

@@ -26,6 +26,10 @@ DLQ_HEADERS = (
     HEADER_FIRST_ATTEMPT_MS,
     HEADER_LAST_ATTEMPT_MS,
 )
+# Set by `queueplane dlq redrive` on a record it moves back to the queue topic.
+HEADER_REDRIVE_FROM = "queueplane.redrive.from"  # dlq-topic/partition/offset it was moved from
+HEADER_REDRIVE_COUNT = "queueplane.redrive.count"  # how many times this record has been redriven
+REDRIVE_HEADERS = (HEADER_REDRIVE_FROM, HEADER_REDRIVE_COUNT)
 MAX_ERROR_MESSAGE = 2000
 
 

@@ -175,6 +175,38 @@ def flag_skew(rows: list[PartitionLag], sample_keys: Callable[[PartitionLag], li
             row.hot_key_share = round(share, 3)
 
 
+def key_sampler(target: KafkaTarget, queue: QueueSpec) -> Callable[[PartitionLag], list[bytes | None]]:
+    """Keys of the first records of a partition's backlog (from its committed offset), to spot a hot key."""
+    from confluent_kafka import Consumer
+
+    from queueplane.cluster import quiet_logger
+
+    def sample(row: PartitionLag) -> list[bytes | None]:
+        start = row.committed if row.committed is not None else max(row.log_start, row.log_end - (row.lag or 0))
+        wanted = min(KEY_SAMPLE, row.log_end - start)
+        consumer = Consumer(
+            {
+                **target.settings,
+                "group.id": f"{queue.group.id}.lag-sampler",
+                "enable.auto.commit": False,
+                "logger": quiet_logger(),
+            }
+        )
+        keys: list[bytes | None] = []
+        try:
+            consumer.assign([TopicPartition(queue.topic.name, row.partition, start)])
+            deadline = time.monotonic() + 5
+            while len(keys) < wanted and time.monotonic() < deadline:
+                for message in consumer.consume(min(500, wanted - len(keys)), 0.5):
+                    if not message.error():
+                        keys.append(message.key())
+        finally:
+            consumer.close()
+        return keys
+
+    return sample
+
+
 def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> Callable[[], dict[int, int | None] | None]:
     """The backlog reader a worker polls once per micro-batch: the same numbers `queueplane lag` shows."""
     if queue.group.type == "share":

@@ -6,6 +6,7 @@ appending JSON lines to files in the queue's folder, which the test reads afterw
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -146,6 +147,18 @@ def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[byte
 
 def order(i: int, **fields: object) -> bytes:
     return json.dumps({"id": f"id-{i:06d}", **fields}).encode()
+
+
+def overlap_peak(events: list[dict]) -> int:
+    """Most handler calls running at the same moment, from their start and end times."""
+    points = sorted(
+        itertools.chain.from_iterable(((e["start"], 1), (e["end"], -1)) for e in events), key=lambda p: (p[0], p[1])
+    )
+    running = peak = 0
+    for _, step in points:
+        running += step
+        peak = max(peak, running)
+    return peak
 
 
 def read_all(kafka: KafkaTarget, topic: str, expect_at_least: int = 0, timeout_s: float = 30) -> list:

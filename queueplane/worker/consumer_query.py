@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 from queueplane.connection import KafkaTarget, java_client_settings
@@ -17,6 +16,7 @@ from queueplane.lag import committed_offsets
 from queueplane.model import QueueSpec
 from queueplane.worker.consumer_runtime import INPUT_COLUMNS, ConsumerSettings, run_partition, transactional_producer
 from queueplane.worker.outcomes import OUTCOME_SCHEMA
+from queueplane.worker.settings import common_settings
 
 EARLIEST, LATEST = -2, -1  # Spark's startingOffsets JSON spelling
 
@@ -24,14 +24,7 @@ EARLIEST, LATEST = -2, -1  # Spark's startingOffsets JSON spelling
 def consumer_settings(queue: QueueSpec, target: KafkaTarget) -> ConsumerSettings:
     slots = 1 if queue.group.ordering == "partition" else queue.concurrency
     return ConsumerSettings(
-        kafka=dict(target.settings),
-        queue=queue.name,
-        group_id=queue.group.id,
-        dlq_topic=queue.dead_letter.name,
-        output_topic=queue.output_topic,
-        lock_ms=queue.group.lock_duration_ms,
-        delivery_limit=queue.group.delivery_limit,
-        handler=queue.handler,
+        **common_settings(queue, target),
         ordering=queue.group.ordering,
         slots=slots,
         # maxInFlight bounds the records a partition has taken but not finished: split over its slots.
@@ -39,7 +32,6 @@ def consumer_settings(queue: QueueSpec, target: KafkaTarget) -> ConsumerSettings
         backoff_ms=queue.retry_backoff_ms,
         max_backoff_ms=queue.retry_max_backoff_ms,
         exactly_once=queue.exactly_once,
-        search_paths=[str(Path(queue.source).resolve().parent)],
     )
 
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -44,10 +43,10 @@ from queueplane.worker.outcomes import (
     Outcome,
     ProducedRecord,
     dead_letter_record,
-    error_text,
-    key_text,
     output_record,
+    produce,
 )
+from queueplane.worker.settings import JsonSettings
 
 log = logging.getLogger("queueplane.worker")
 
@@ -72,7 +71,7 @@ COMMIT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
-class ConsumerSettings:
+class ConsumerSettings(JsonSettings):
     """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
 
     kafka: dict[str, str]
@@ -91,13 +90,6 @@ class ConsumerSettings:
     exactly_once: bool
     commit_interval_ms: int = 1000
     search_paths: list[str] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ConsumerSettings:
-        return cls(**json.loads(text))
 
     def transactional_id(self, topic: str, partition: int) -> str:
         """Stable per input partition: a new task's producer fences the one a dead task left behind."""
@@ -180,13 +172,8 @@ class TransactionalWriter:
         for attempt in range(1, 4):
             try:
                 self.producer.begin_transaction()
-                for topic, key, value, headers in records:
-                    while True:
-                        try:
-                            self.producer.produce(topic, value=value, key=key, headers=headers)
-                            break
-                        except BufferError:
-                            self.producer.poll(0.01)
+                for item in records:
+                    produce(self.producer, item, serve=True)
                 self.producer.send_offsets_to_transaction(
                     [offset], self.process.group.consumer_group_metadata(), TXN_TIMEOUT_S
                 )
@@ -344,10 +331,14 @@ class PartitionTask:
         else:
             slot = self.slots[key_slot(record.key, len(self.slots))]
         self.tracker.add(record.offset)
-        while True:  # a full slot queue holds the reader back (backpressure)
+        self._put(slot, record)
+
+    def _put(self, slot: Slot, item: Record | None) -> None:
+        """A full slot queue holds the reader back (backpressure), unless the task has failed."""
+        while True:
             self.raise_if_failed()
             try:
-                slot.queue.put(record, timeout=0.2)
+                slot.queue.put(item, timeout=0.2)
                 return
             except queue.Full:
                 continue
@@ -355,13 +346,7 @@ class PartitionTask:
     def finish(self, end: int) -> None:
         """Wait for every slot to drain, then commit up to ``end`` (the offset after the last record)."""
         for slot in self.slots:
-            while True:
-                self.raise_if_failed()
-                try:
-                    slot.queue.put(None, timeout=0.2)
-                    break
-                except queue.Full:
-                    continue
+            self._put(slot, None)
         for slot in self.slots:
             while not slot.finished.wait(0.2):
                 self.raise_if_failed()
@@ -385,17 +370,7 @@ class PartitionTask:
             return self._inflight
 
     def report(self, record: Record, outcome: str, failure: Failure | None, latency_ms: float, inflight: int) -> None:
-        row = Outcome(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=key_text(record),
-            delivery_count=record.delivery_count,
-            outcome=outcome,
-            error=error_text(failure),
-            latency_ms=latency_ms,
-            inflight=inflight,
-        )
+        row = Outcome.of(record, outcome, failure, latency_ms, inflight)
         with self._lock:
             self._outcomes.append(row)
 
@@ -423,14 +398,8 @@ class PartitionTask:
             if remaining[0] == 0:
                 self.tracker.complete(record.offset, None)
 
-        producer = self.process.producer
-        for topic, key, value, headers in produced:
-            while True:
-                try:
-                    producer.produce(topic, value=value, key=key, headers=headers, on_delivery=delivered)
-                    break
-                except BufferError:
-                    time.sleep(0.005)  # local queue full: the delivery thread drains it
+        for item in produced:
+            produce(self.process.producer, item, delivered)
 
     def dead_letter(self, record: Record, failure: Failure, first_ms: int, latency_ms: float, inflight: int) -> None:
         now_ms = int(time.time() * 1000)
@@ -446,6 +415,17 @@ class PartitionTask:
         with self._lock:
             if self._error is None:
                 self._error = exc
+
+    def abandon(self) -> None:
+        """The task failed: drop what the slots still hold and let their threads end."""
+        self.fail(RuntimeError("task ended"))
+        self._done.set()
+        for slot in self.slots:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    slot.queue.get_nowait()
+            with contextlib.suppress(queue.Full):
+                slot.queue.put_nowait(None)
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
@@ -542,8 +522,8 @@ def run_partition(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iter
         if rows:
             yield _outcome_batch(rows)
     except BaseException:
-        for task in tasks.values():  # let its slots end; a retried task starts over from the group's offset
-            task.fail(RuntimeError("task ended"))
+        for task in tasks.values():  # a retried task starts over from the group's offset
+            task.abandon()
         raise
 
 

@@ -29,6 +29,7 @@ from queueplane.worker.consumer_runtime import INPUT_COLUMNS
 from queueplane.worker.kmq_runtime import KmqSettings, run_range
 from queueplane.worker.kmq_tracker import GIVE_UP, Expired, Redeliverer, tracker_interval_ms, tracker_stream
 from queueplane.worker.outcomes import DEAD_LETTERED, OUTCOME_SCHEMA, key_text
+from queueplane.worker.settings import common_settings
 
 log = logging.getLogger("queueplane.worker")
 # kmq: deliveries the tracker timed out and produced again (a RunSummary count).
@@ -39,18 +40,11 @@ def kmq_settings(queue: QueueSpec, target: KafkaTarget, tasks: int) -> KmqSettin
     """``processing.concurrency`` is per executor; its ``tasks`` Python processes split it."""
     assert queue.markers is not None
     return KmqSettings(
-        kafka=dict(target.settings),
-        queue=queue.name,
+        **common_settings(queue, target),
         markers_topic=queue.markers.name,
-        dlq_topic=queue.dead_letter.name,
-        output_topic=queue.output_topic,
-        lock_ms=queue.group.lock_duration_ms,
-        delivery_limit=queue.group.delivery_limit,
-        handler=queue.handler,
         threads=max(1, -(-queue.concurrency // max(1, tasks))),
         backoff_ms=queue.retry_backoff_ms,
         max_backoff_ms=queue.retry_max_backoff_ms,
-        search_paths=[str(Path(queue.source).resolve().parent)],
     )
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 from confluent_kafka import Producer
@@ -41,21 +40,22 @@ from queueplane.worker.outcomes import (
     Outcome,
     ProducedRecord,
     dead_letter_record,
-    error_text,
-    key_text,
     output_record,
+    produce,
 )
+from queueplane.worker.settings import JsonSettings
 
 log = logging.getLogger("queueplane.worker")
 WAIT_STEP_S = 0.05
 
 
 @dataclass(frozen=True)
-class KmqSettings:
+class KmqSettings(JsonSettings):
     """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
 
     kafka: dict[str, str]
     queue: str
+    group_id: str
     markers_topic: str
     dlq_topic: str
     output_topic: str | None
@@ -66,9 +66,6 @@ class KmqSettings:
     backoff_ms: int
     max_backoff_ms: int
     search_paths: list[str] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
 
 
 class HandlerThreads:
@@ -212,7 +209,7 @@ class KmqTask:
             now_ms = int(time.time() * 1000)
             marker = km.Marker(record.partition, record.offset, kind, record.delivery_count, now_ms, delay)
             key, value = marker.encode()
-            _produce(producer, s.markers_topic, key, value, [], marker_written, record.partition)
+            produce(producer, (s.markers_topic, key, value, []), marker_written, partition=record.partition)
 
         def written(err: object, _msg: object) -> None:
             if err is not None:
@@ -229,8 +226,8 @@ class KmqTask:
         if not writes:
             write_marker()
             return
-        for topic, out_key, out_value, headers in writes:
-            _produce(producer, topic, out_key, out_value, headers, written, None)
+        for item in writes:
+            produce(producer, item, written)
 
     def _give_up(self, index: int, latency_ms: float, why: str) -> None:
         """Caller holds the lock. No marker: the tracker sees a start without end and redelivers."""
@@ -238,11 +235,11 @@ class KmqTask:
         self._unsettled -= 1
         self._settled.notify_all()
         failure = Failure("Timeout", f"{why} ({self.settings.lock_ms / 1000:g}s)")
-        self._outcomes.append(_outcome(self.records[index], RELEASED, failure, latency_ms))
+        self._outcomes.append(Outcome.of(self.records[index], RELEASED, failure, latency_ms, 0))
 
     def _report(self, record: Record, outcome: str, failure: Failure | None, latency_ms: float) -> None:
         with self._lock:
-            self._outcomes.append(_outcome(record, outcome, failure, latency_ms))
+            self._outcomes.append(Outcome.of(record, outcome, failure, latency_ms, 0))
 
     # -- the task's own thread ---------------------------------------------------------------
     def wait(self) -> None:
@@ -274,38 +271,6 @@ class KmqTask:
         return rows
 
 
-def _produce(
-    producer: Producer,
-    topic: str,
-    key: bytes | None,
-    value: bytes | None,
-    headers: list[tuple[str, bytes]],
-    callback: object,
-    partition: int | None,
-) -> None:
-    pinned = {"partition": partition} if partition is not None else {}
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=callback, **pinned)
-            return
-        except BufferError:
-            time.sleep(0.005)  # local queue full: the delivery thread drains it
-
-
-def _outcome(record: Record, outcome: str, failure: Failure | None, latency_ms: float) -> Outcome:
-    return Outcome(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=key_text(record),
-        delivery_count=record.delivery_count,
-        outcome=outcome,
-        error=error_text(failure),
-        latency_ms=latency_ms,
-        inflight=0,
-    )
-
-
 _PROCESSES: dict[str, KmqProcess] = {}
 _PROCESSES_LOCK = threading.Lock()
 
@@ -314,7 +279,7 @@ def process_for(settings_json: str) -> KmqProcess:
     with _PROCESSES_LOCK:
         process = _PROCESSES.get(settings_json)
         if process is None:
-            process = _PROCESSES[settings_json] = KmqProcess(KmqSettings(**json.loads(settings_json)))
+            process = _PROCESSES[settings_json] = KmqProcess(KmqSettings.from_json(settings_json))
         return process
 
 

@@ -43,6 +43,20 @@ class Outcome:
     latency_ms: float
     inflight: int
 
+    @classmethod
+    def of(cls, record: Record, outcome: str, failure: Failure | None, latency_ms: float, inflight: int) -> Outcome:
+        return cls(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=key_text(record),
+            delivery_count=record.delivery_count,
+            outcome=outcome,
+            error=error_text(failure),
+            latency_ms=latency_ms,
+            inflight=inflight,
+        )
+
     def row(self) -> tuple:
         return (
             self.topic,
@@ -91,6 +105,31 @@ def dead_letter_record(
     return (dlq_topic, record.key, record.value, headers)
 
 
+def produce(
+    producer: Producer,
+    record: ProducedRecord,
+    on_delivery: Any = None,
+    serve: bool = False,
+    partition: int | None = None,
+) -> None:
+    """Hand one record to the producer, waiting while its local queue is full.
+
+    ``serve``: this thread serves the producer's callbacks itself (no poll loop elsewhere).
+    ``partition`` pins the record to a partition (kmq markers); else the key decides.
+    """
+    topic, key, value, headers = record
+    pinned = {"partition": partition} if partition is not None else {}
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery, **pinned)
+            return
+        except BufferError:
+            if serve:
+                producer.poll(0.01)
+            else:
+                time.sleep(0.005)  # the delivery thread drains it
+
+
 def produce_and_wait(producer: Producer, records: list[ProducedRecord], partitions: list[int] | None = None) -> None:
     """Produce and block until every record is acknowledged by the brokers (durable), or raise.
 
@@ -107,14 +146,8 @@ def produce_and_wait(producer: Producer, records: list[ProducedRecord], partitio
             errors.append(str(err))
         pending.release()
 
-    for i, (topic, key, value, headers) in enumerate(records):
-        pinned = {"partition": partitions[i]} if partitions is not None else {}
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, headers=headers, on_delivery=delivered, **pinned)
-                break
-            except BufferError:
-                time.sleep(0.01)  # local queue full: the delivery thread drains it
+    for i, item in enumerate(records):
+        produce(producer, item, delivered, partition=partitions[i] if partitions is not None else None)
     deadline = time.monotonic() + DELIVERY_TIMEOUT_S
     for _ in records:
         if not pending.acquire(timeout=max(0.0, deadline - time.monotonic())):

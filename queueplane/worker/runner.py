@@ -29,6 +29,7 @@ from queueplane.model import QueueSpec
 from queueplane.worker.kmq_query import KmqQueries
 from queueplane.worker.metrics import WorkerMetrics
 from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
+from queueplane.worker.settings import common_settings
 from queueplane.worker.share_runtime import FETCHER_SHARE, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
@@ -83,19 +84,10 @@ class WorkerFailed(QueueplaneError):
 
 def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions, tasks: int) -> ShareSettings:
     """``processing.concurrency`` is per executor; its ``tasks`` Python processes split it."""
-    spec_dir = str(Path(queue.source).resolve().parent)
     slots = max(1, -(-queue.concurrency // max(1, tasks)))
     return ShareSettings(
-        kafka=dict(target.settings),
-        queue=queue.name,
+        **common_settings(queue, target),
         topic=queue.topic.name,
-        group_id=queue.group.id,
-        dlq_topic=queue.dead_letter.name,
-        output_topic=queue.output_topic,
-        lock_ms=queue.group.lock_duration_ms,
-        delivery_limit=queue.group.delivery_limit,
-        handler=queue.handler,
-        search_paths=[spec_dir],
         slots=slots,
         # Each fetcher asks for twice its share of the pool: enough to keep the pool busy while it
         # polls again, few enough that records do not sit locked in the pool's queue.

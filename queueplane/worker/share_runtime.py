@@ -33,8 +33,6 @@ from queueplane.worker.outcomes import (
     Outcome,
     ProducedRecord,
     dead_letter_record,
-    error_text,
-    key_text,
     output_record,
     produce_and_wait,
 )
@@ -372,18 +370,7 @@ def _record(message: Message) -> Record:
 
 
 def _outcome(call: _Call, outcome: str, failure: Failure | None) -> Outcome:
-    record = call.record
-    return Outcome(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=key_text(record),
-        delivery_count=record.delivery_count,
-        outcome=outcome,
-        error=error_text(failure),
-        latency_ms=(time.monotonic() - call.started) * 1000,
-        inflight=call.inflight,
-    )
+    return Outcome.of(call.record, outcome, failure, (time.monotonic() - call.started) * 1000, call.inflight)
 
 
 _RUNTIMES: dict[str, ProcessRuntime] = {}

@@ -10,23 +10,12 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from worker_support import make_queue, order, produce, read_all, run_worker, start_worker
+from worker_support import make_queue, order, overlap_peak, produce, read_all, run_worker, start_worker
 
 from queueplane import dlq
 from queueplane.worker.ordering import key_slot
 
 pytestmark = pytest.mark.kafka
-
-
-def _overlap_peak(events: list[dict]) -> int:
-    points = sorted(
-        itertools.chain.from_iterable(((e["start"], 1), (e["end"], -1)) for e in events), key=lambda p: (p[0], p[1])
-    )
-    running = peak = 0
-    for _, step in points:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def test_key_ordering_keeps_each_keys_offset_order_while_keys_run_in_parallel(kafka, tmp_path):
@@ -58,7 +47,7 @@ def test_key_ordering_keeps_each_keys_offset_order_while_keys_run_in_parallel(ka
     for e in events:
         by_partition[e["partition"]].append(e)
     # Different keys of one partition overlap in time: the key slots, not the partitions, bound parallelism.
-    assert max(_overlap_peak(calls) for calls in by_partition.values()) >= 4
+    assert max(overlap_peak(calls) for calls in by_partition.values()) >= 4
     outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total)]
     assert sorted(outputs) == sorted(f"id-{i:06d}" for i in range(total))
 

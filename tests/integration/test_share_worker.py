@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -12,7 +11,7 @@ import urllib.request
 from collections import Counter, defaultdict
 
 import pytest
-from worker_support import make_queue, order, produce, read_all, run_worker, start_worker
+from worker_support import make_queue, order, overlap_peak, produce, read_all, run_worker, start_worker
 
 from queueplane import dlq
 
@@ -92,13 +91,7 @@ def test_more_handler_calls_in_flight_than_partitions(kafka, tmp_path):
     summary = run_worker(queue, kafka, "--until-idle", "4s", "--tasks", "1")
     assert summary["counts"]["accepted"] == 120
     events = queue.events()
-    points = sorted(
-        itertools.chain.from_iterable(((e["start"], 1), (e["end"], -1)) for e in events), key=lambda p: (p[0], p[1])
-    )
-    running = peak = 0
-    for _, step in points:
-        running += step
-        peak = max(peak, running)
+    peak = overlap_peak(events)
     assert peak >= 6, f"at most {peak} handler calls overlapped"
     per_partition = defaultdict(set)
     for e in events:

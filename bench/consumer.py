@@ -1,0 +1,305 @@
+"""Consumer-group worker benchmark: ordered throughput against ideals, and against plain Spark.
+
+The seed scenario: 6 partitions, 32 keys (each key in one partition, records spread evenly
+over the partitions), a handler sleeping 10 ms, 20k records.
+
+1. ordering=partition: one record at a time per partition, ideal 6 / 10 ms = 600 records/s.
+2. ordering=key with 8 slots: ideal from the keys per partition (a partition is as slow as
+   its busiest key slot, FNV-1a of the keys modulo 8).
+3. One hot key (every record the same key): one slot of one partition works, ideal 100/s.
+4. Trivial handler (echoes the value): records/s as a ratio to a plain Spark Kafka-to-Kafka
+   pass-through query on the same broker in the same run (goal >= 0.8), and the cost of
+   exactlyOnce as the ratio exactly-once / at-least-once.
+
+Throughput is measured the same way for every run, the worker and the pass-through alike:
+records in the output topic divided by the span of their timestamps (first to last write),
+so Spark start-up and shutdown are left out.
+
+    .venv/bin/python bench/consumer.py [--records 20000] [--trivial-records 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from rich.console import Console
+
+from queueplane import workflow
+from queueplane.cluster import quiet_logger
+from queueplane.connection import KafkaTarget, java_client_settings
+from queueplane.lag import queue_backlog
+from queueplane.local.stack import LocalStack
+from queueplane.worker.ordering import key_slot
+from queueplane.worker.runner import RunOptions, run_queue
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTITIONS, KEYS, SLOTS, SLEEP_S = 6, 32, 8, 0.010
+console = Console(stderr=True)
+
+HANDLERS = """
+import time
+from queueplane import Output
+
+
+def sleep_10ms(record):
+    time.sleep(0.010)
+    return Output(record.value)
+
+
+def echo(record):
+    return Output(record.value)
+"""
+
+
+def make_spec(folder: Path, target: KafkaTarget, handler: str, ordering: str, exactly_once: bool = False) -> dict:
+    tag = uuid.uuid4().hex[:6]
+    doc = {
+        "apiVersion": "queueplane.io/v1",
+        "kind": "Queue",
+        "metadata": {"name": f"bench-{tag}", "team": "bench"},
+        "spec": {
+            "topic": {"name": f"bench.{tag}", "partitions": PARTITIONS},
+            "group": {
+                "type": "consumer",
+                "id": f"bench-{tag}",
+                "lockDuration": "30s",
+                "maxInFlight": 2000,
+                "ordering": ordering,
+            },
+            "processing": {
+                "handler": f"bench_handlers:{handler}",
+                "concurrency": SLOTS,
+                "output": {"topic": f"bench.{tag}.out"},
+                "exactlyOnce": exactly_once,
+            },
+        },
+    }
+    path = folder / f"bench-{tag}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    workflow.apply(workflow.plan([str(path)], target))
+    return {"path": path, "topic": f"bench.{tag}", "output": f"bench.{tag}.out"}
+
+
+def seed_layout(count: int, hot_key: bool = False) -> list[tuple[int, bytes]]:
+    """(partition, key) per record: records evenly over partitions; key k lives in partition k % 6."""
+    keys = [f"customer-{k:02d}".encode() for k in range(KEYS)]
+    per_partition = {p: [k for i, k in enumerate(keys) if i % PARTITIONS == p] for p in range(PARTITIONS)}
+    if hot_key:
+        return [(0, keys[0])] * count
+    return [
+        (i % PARTITIONS, per_partition[i % PARTITIONS][(i // PARTITIONS) % len(per_partition[i % PARTITIONS])])
+        for i in range(count)
+    ]
+
+
+def key_ideal(layout: list[tuple[int, bytes]]) -> float:
+    """Records/s if every key slot ran flat out: each partition takes as long as its busiest slot."""
+    load = Counter((p, key_slot(k, SLOTS)) for p, k in layout)
+    slowest = max(load.values()) * SLEEP_S
+    return len(layout) / slowest
+
+
+def fill(target: KafkaTarget, topic: str, layout: list[tuple[int, bytes]]) -> None:
+    producer = Producer({**target.settings, "linger.ms": 5, "logger": quiet_logger()})
+    for i, (partition, key) in enumerate(layout):
+        while True:
+            try:
+                producer.produce(topic, key=key, value=b'{"id": %d}' % i, partition=partition)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0
+
+
+def output_rate(target: KafkaTarget, topic: str, expected: int) -> float:
+    """Records in ``topic`` (read_committed) over the span of their write timestamps."""
+    consumer = Consumer(
+        {
+            **target.settings,
+            "group.id": f"bench-reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "logger": quiet_logger(),
+        }
+    )
+    consumer.subscribe([topic])
+    stamps: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(stamps) < expected and time.monotonic() < deadline:
+        stamps += [m.timestamp()[1] for m in consumer.consume(1000, 0.5) if not m.error()]
+    consumer.close()
+    span = (max(stamps) - min(stamps)) / 1000
+    return round(len(stamps) / span, 1) if span > 0 else 0.0
+
+
+def run_worker(spec: dict, target: KafkaTarget, records: int) -> float:
+    (queue,) = workflow.validate([str(spec["path"])], target)
+    summary = run_queue(queue, target, RunOptions(max_records=records), backlog=queue_backlog(target, queue))
+    done = summary.counts.get("accepted", 0)
+    assert done >= records, summary.counts
+    return output_rate(target, spec["output"], records)
+
+
+def pass_through(target: KafkaTarget, topic: str, output: str, records: int) -> float:
+    """The baseline: Spark's Kafka source straight into Spark's Kafka sink, no Python in between."""
+    from pyspark.sql import SparkSession
+
+    from queueplane.worker.runner import DEFAULT_BATCH_RECORDS, SPARK_LOG4J
+    from queueplane.worker.spark_packages import with_kafka_connector
+
+    builder = SparkSession.builder.appName("bench-pass-through").master(
+        f"local[{max(os.cpu_count() or 2, PARTITIONS)}]"
+    )
+    spark = (
+        with_kafka_connector(builder)
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
+        .getOrCreate()
+    )
+    options = {f"kafka.{k}": v for k, v in java_client_settings(target.settings).items()}
+    query = (
+        spark.readStream.format("kafka")
+        .options(**options)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(DEFAULT_BATCH_RECORDS))
+        .load()
+        .selectExpr("key", "value")
+        .writeStream.format("kafka")
+        .options(**options)
+        .option("topic", output)
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="qp-bench-pass-"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    probe = Consumer({**target.settings, "group.id": "bench-probe", "logger": quiet_logger()})
+
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        written = sum(probe.get_watermark_offsets(TopicPartition(output, p), timeout=10)[1] for p in range(PARTITIONS))
+        if written >= records:
+            break
+        time.sleep(0.5)
+    probe.close()
+    query.stop()
+    spark.stop()
+    return output_rate(target, output, records)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--hot-records", type=int, default=2_000)
+    parser.add_argument("--trivial-records", type=int, default=50_000)
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    result: dict = {
+        "records": args.records,
+        "partitions": PARTITIONS,
+        "keys": KEYS,
+        "slots": SLOTS,
+        "goals": {"ratio_to_ideal": ">= 0.85", "trivial_ratio_to_pass_through": ">= 0.8"},
+    }
+    with tempfile.TemporaryDirectory(prefix="qp-bench-consumer-") as tmp:
+        os.environ["QUEUEPLANE_HOME"] = tmp
+        folder = Path(tmp)
+        (folder / "bench_handlers.py").write_text(HANDLERS)
+        stack = LocalStack(folder / "local")
+        with console.status("starting a local Kafka broker for the benchmark"):
+            state = stack.up()
+        target = KafkaTarget({"bootstrap.servers": state.bootstrap}, state.bootstrap)
+        try:
+            layout = seed_layout(args.records)
+            scenarios = [
+                ("partition", "partition", layout, PARTITIONS / SLEEP_S),
+                ("key", "key", layout, key_ideal(layout)),
+                ("hot_key", "key", seed_layout(args.hot_records, hot_key=True), 1 / SLEEP_S),
+            ]
+            for name, ordering, records, ideal in scenarios:
+                spec = make_spec(folder, target, "sleep_10ms", ordering)
+                fill(target, spec["topic"], records)
+                console.print(f"10 ms handler, ordering={ordering} ({name}), {len(records)} records")
+                rate = run_worker(spec, target, len(records))
+                result[name] = {
+                    "records": len(records),
+                    "records_per_s": rate,
+                    "ideal_records_per_s": round(ideal, 1),
+                    "ratio_to_ideal": round(rate / ideal, 3),
+                }
+                console.print(result[name])
+            trivial_layout = seed_layout(args.trivial_records)
+            rates = {}
+            for label, exactly_once in (("at_least_once", False), ("exactly_once", True)):
+                spec = make_spec(folder, target, "echo", "key", exactly_once)
+                fill(target, spec["topic"], trivial_layout)
+                console.print(f"trivial handler, ordering=key, {label}, {len(trivial_layout)} records")
+                rates[label] = run_worker(spec, target, len(trivial_layout))
+            baseline = make_spec(folder, target, "echo", "key")
+            fill(target, baseline["topic"], trivial_layout)
+            console.print("plain Spark Kafka-to-Kafka pass-through")
+            plain = pass_through(target, baseline["topic"], baseline["output"], len(trivial_layout))
+            result["trivial"] = {
+                "records": len(trivial_layout),
+                "worker_records_per_s": rates["at_least_once"],
+                "exactly_once_records_per_s": rates["exactly_once"],
+                "pass_through_records_per_s": plain,
+                "ratio_to_pass_through": round(rates["at_least_once"] / plain, 3),
+                "exactly_once_ratio_to_at_least_once": round(rates["exactly_once"] / rates["at_least_once"], 3),
+            }
+            console.print(result["trivial"])
+        finally:
+            stack.down(purge=True)
+    (RESULTS / "consumer.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def plot(result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    names = ["partition", "key", "hot_key"]
+    labels = ["ordering=partition", f"ordering=key, {result['slots']} slots", "one hot key"]
+    ideal = [result[n]["ideal_records_per_s"] for n in names]
+    measured = [result[n]["records_per_s"] for n in names]
+    x = range(len(names))
+    left.bar([i - 0.2 for i in x], ideal, width=0.4, label="ideal", color="#cccccc")
+    left.bar([i + 0.2 for i in x], measured, width=0.4, label="worker", color="#4c72b0")
+    for i, n in enumerate(names):
+        left.text(i + 0.2, measured[i], f"{result[n]['ratio_to_ideal']:.2f}", ha="center", va="bottom")
+    left.set_xticks(list(x), labels)
+    left.set_ylabel("records/s")
+    left.set_title(f"10 ms handler, {result['partitions']} partitions, {result['keys']} keys (goal >= 0.85)")
+    left.legend()
+    t = result["trivial"]
+    right.bar(
+        ["Spark pass-through", "worker", "worker, exactlyOnce"],
+        [t["pass_through_records_per_s"], t["worker_records_per_s"], t["exactly_once_records_per_s"]],
+        color=["#c44e52", "#4c72b0", "#55a868"],
+    )
+    right.set_ylabel("records/s")
+    right.set_title(
+        f"trivial handler: {t['ratio_to_pass_through']:.2f} of pass-through (goal >= 0.8)\n"
+        f"exactlyOnce: {t['exactly_once_ratio_to_at_least_once']:.2f} of at-least-once"
+    )
+    fig.tight_layout()
+    fig.savefig(RESULTS / "consumer.png", dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

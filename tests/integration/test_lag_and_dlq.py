@@ -1,0 +1,206 @@
+"""`queueplane lag` and `queueplane dlq list|redrive` against the real broker, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from helpers import REPO, run_cli
+from worker_support import make_queue, order, read_all
+
+from queueplane import dlq
+from queueplane.dlq import Failure
+from queueplane.handler import Record
+from queueplane.lag import committed_offsets
+from queueplane.worker.outcomes import dead_letter_record
+
+pytestmark = pytest.mark.kafka
+
+
+def _produce_to(kafka, topic: str, records: list[tuple[int, bytes, bytes]]) -> None:
+    producer = Producer(dict(kafka.settings))
+    for partition, key, value in records:
+        producer.produce(topic, value=value, key=key, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def _commit(kafka, group: str, topic: str, offsets: dict[int, int]) -> None:
+    consumer = Consumer({**kafka.settings, "group.id": group, "enable.auto.commit": False})
+    consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    consumer.close()
+
+
+def test_lag_matches_kafkas_own_group_tool_and_flags_the_hot_partition_and_key(kafka, tmp_path, cli_env):
+    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="key", partitions=3)
+    records = [(0, b"hot-customer", order(i)) for i in range(600)]
+    records += [(p, f"k{i}".encode(), order(1000 + i)) for p in (1, 2) for i in range(50)]
+    _produce_to(kafka, queue.topic, records)
+    _commit(kafka, queue.group, queue.topic, {0: 100, 1: 20, 2: 50})
+
+    result = run_cli(["lag", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "-o", "json"], cli_env)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    by_partition = {row["partition"]: row for row in shown["partitions"]}
+
+    tool = run_cli(["local", "kafka", "consumer-groups", "--describe", "--group", queue.group], cli_env)
+    assert tool.returncode == 0, tool.stderr
+    described = {}
+    for line in tool.stdout.splitlines():
+        cells = line.split()
+        if len(cells) >= 6 and cells[0] == queue.group and cells[1] == queue.topic:
+            described[int(cells[2])] = (int(cells[3]), int(cells[4]), int(cells[5]))
+    assert len(described) == 3
+    for partition, (current, log_end, lag) in described.items():
+        row = by_partition[partition]
+        assert (row["committed"], row["log_end"], row["lag"]) == (current, log_end, lag)
+    assert shown["total"] == sum(lag for _, _, lag in described.values()) == 500 + 30 + 0
+    assert by_partition[0]["hot_partition"] and not by_partition[1]["hot_partition"]
+    assert by_partition[0]["hot_key"] == "hot-customer" and by_partition[0]["hot_key_share"] == 1.0
+    assert by_partition[1]["hot_key"] is None
+
+    text = run_cli(["lag", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap], {**cli_env, "COLUMNS": "200"})
+    assert "hot partition" in text.stdout and "hot key 'hot-customer'" in text.stdout
+
+
+def _dead_letters(queue, count: int, error_for=lambda i: "Reject") -> list[tuple[str, bytes, bytes, list]]:
+    out = []
+    for i in range(count):
+        record = Record(
+            key=f"k{i % 7}".encode(),
+            value=order(i),
+            headers=(("trace", b"t-%d" % i),),
+            topic=queue.topic,
+            partition=i % 2,
+            offset=100 + i,
+            delivery_count=3,
+            timestamp=0,
+        )
+        out.append(dead_letter_record(record, queue.dlq, 3, Failure(error_for(i), "boom"), 1000, 2000))
+    return out
+
+
+def _write_dlq(kafka, records) -> None:
+    producer = Producer(dict(kafka.settings))
+    for topic, key, value, headers in records:
+        producer.produce(topic, value=value, key=key, headers=headers)
+    assert producer.flush(30) == 0
+
+
+def _redrive_command(queue, kafka, *args: str) -> list[str]:
+    spec = str(queue.spec_path)
+    return [sys.executable, "-m", "queueplane", "dlq", "redrive", spec, "--bootstrap-servers", kafka.bootstrap, *args]
+
+
+def _header(message, name: str) -> str | None:
+    return next((v.decode() for k, v in message.headers() or [] if k == name), None)
+
+
+def test_redrive_at_a_rate_killed_and_rerun_moves_each_record_back_once(kafka, tmp_path, cli_env):
+    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="key", partitions=2)
+    _write_dlq(kafka, _dead_letters(queue, 50))
+    group = f"{queue.group}.dlq-redrive"
+
+    listed = run_cli(
+        ["dlq", "list", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "-o", "json"], cli_env
+    )
+    assert listed.returncode == 0, listed.stderr
+    shown = json.loads(listed.stdout)
+    assert shown["pending"] == 50 and len(shown["records"]) == 50
+    first = shown["records"][0]
+    assert first["error_class"] == "Reject" and first["delivery_count"] == 3 and first["source"].startswith(queue.topic)
+
+    first_run = subprocess.Popen(
+        _redrive_command(queue, kafka, "--rate", "10"),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    moved_before_kill = 0
+    while time.monotonic() < deadline:
+        moved_before_kill = sum(o or 0 for o in committed_offsets(kafka, group, queue.dlq, 2).values())
+        if moved_before_kill >= 10:
+            break
+        time.sleep(0.2)
+    os.killpg(first_run.pid, signal.SIGKILL)
+    first_run.wait(30)
+    assert 10 <= moved_before_kill < 50, "the kill must land mid-way"
+
+    started = time.time()
+    rerun = subprocess.run(
+        _redrive_command(queue, kafka, "--rate", "25", "-o", "json"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    report = json.loads(rerun.stdout)
+    assert report["moved"] >= 50 - moved_before_kill - 10  # at most one uncommitted batch was redone
+
+    back = read_all(kafka, queue.topic, expect_at_least=50)
+    ids = [json.loads(m.value())["id"] for m in back]
+    assert sorted(ids) == sorted(f"id-{i:06d}" for i in range(50)), "each DLQ record back exactly once"
+    for message in back:
+        assert _header(message, dlq.HEADER_DELIVERY_COUNT) is None, "delivery count reset"
+        assert _header(message, dlq.HEADER_ERROR_CLASS) is None
+        assert _header(message, dlq.HEADER_REDRIVE_COUNT) == "1"
+        assert _header(message, dlq.HEADER_REDRIVE_FROM).startswith(f"{queue.dlq}/")
+        assert _header(message, "trace").startswith("t-"), "the record's own headers kept"
+        i = int(json.loads(message.value())["id"][3:])
+        assert message.partition() == i % 2, "back to the partition it came from"
+    rerun_times = sorted(m.timestamp()[1] for m in back if m.timestamp()[1] >= started * 1000 - 50)
+    if len(rerun_times) > 1:
+        assert (rerun_times[-1] - rerun_times[0]) / 1000 >= (len(rerun_times) - 1) / 25 * 0.9, "rate limit held"
+
+    positions = committed_offsets(kafka, group, queue.dlq, 2)
+    ends = {
+        p: Consumer({**kafka.settings, "group.id": "x"}).get_watermark_offsets(TopicPartition(queue.dlq, p))[1]
+        for p in range(2)
+    }
+    assert positions == ends, "the DLQ position is at the end"
+    after = run_cli(
+        ["dlq", "list", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "-o", "json"], cli_env
+    )
+    assert json.loads(after.stdout)["pending"] == 0
+
+
+def test_redrive_where_moves_only_matching_records_and_keeps_the_rest_pending(kafka, tmp_path, cli_env):
+    queue = make_queue(tmp_path, kafka, group_type="consumer", partitions=2)
+    _write_dlq(kafka, _dead_letters(queue, 9, error_for=lambda i: "Timeout" if i % 3 == 0 else "Reject"))
+    result = run_cli(
+        [
+            "dlq",
+            "redrive",
+            str(queue.spec_path),
+            "--bootstrap-servers",
+            kafka.bootstrap,
+            "--where",
+            "error.class=Timeout",
+            "-o",
+            "json",
+        ],
+        cli_env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["moved"] == 3 and json.loads(result.stdout)["kept"] == 6
+    back = read_all(kafka, queue.topic, expect_at_least=3)
+    assert sorted(json.loads(m.value())["id"] for m in back) == ["id-000000", "id-000003", "id-000006"]
+    listed = json.loads(
+        run_cli(
+            ["dlq", "list", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "-o", "json"], cli_env
+        ).stdout
+    )
+    assert listed["pending"] == 6 and {r["error_class"] for r in listed["records"]} == {"Reject"}
+
+    bad = run_cli(
+        ["dlq", "redrive", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "--where", "oops"], cli_env
+    )
+    assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr and "Traceback" not in bad.stderr
