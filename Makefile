@@ -53,6 +53,7 @@ bench: setup
 	$(BIN)/python bench/provision.py
 	$(BIN)/python bench/share.py
 	$(BIN)/python bench/consumer.py
+	$(BIN)/python bench/kmq.py
 
 local-down: setup
 	$(QP) local down
