@@ -51,14 +51,12 @@ def tracker_processor(lock_ms: int, delivery_limit: int) -> Any:
             self.handle = handle
             self.open = handle.getValueState("open", OPEN_SCHEMA)
 
-        def _set_timer(self, due_ms: int) -> None:
-            for timer in list(self.handle.listTimers()):
-                self.handle.deleteTimer(timer)
-            self.handle.registerTimer(due_ms)
-
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-            # In marker order: a restart may start a delivery again after its earlier end.
-            state = self.open.get() if self.open.exists() else None
+            # Each state call is a round trip to the JVM; most messages start and end within one
+            # tracker batch and cost one get(). In marker order: a restart may start a delivery
+            # again after its earlier end.
+            before = self.open.get()
+            state = before
             for row in sorted(rows, key=lambda r: (r.marker_partition, r.marker_offset)):
                 if row.kind == km.END:
                     state = None
@@ -66,19 +64,22 @@ def tracker_processor(lock_ms: int, delivery_limit: int) -> Any:
                     state = (row.delivery_count, row.at_ms, row.at_ms + lock_ms)
                 elif row.kind == km.RETRY:
                     state = (row.delivery_count, state[1] if state else row.at_ms, row.at_ms + row.delay_ms)
+            if before is not None and (state is None or state[2] != before[2]):
+                self.handle.deleteTimer(before[2])
             if state is None:
-                for timer in list(self.handle.listTimers()):
-                    self.handle.deleteTimer(timer)
-                self.open.clear()
-            else:
+                if before is not None:
+                    self.open.clear()
+            elif state != before:
                 self.open.update(state)
-                self._set_timer(state[2])
+                if before is None or state[2] != before[2]:
+                    self.handle.registerTimer(state[2])
             return iter([])
 
         def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
-            if not self.open.exists():
+            state = self.open.get()
+            if state is None:
                 return
-            count, started_ms, due_ms = self.open.get()
+            count, started_ms, due_ms = state
             self.open.clear()
             action = GIVE_UP if count >= delivery_limit else REDELIVER
             yield Row(id=key[0], delivery_count=count, started_ms=started_ms, due_ms=due_ms, action=action)

@@ -103,8 +103,8 @@ def local_threads(queue: QueueSpec, options: RunOptions) -> int:
     cores = os.cpu_count() or 2
     if queue.group.type == "consumer":
         return max(cores, queue.topic.partitions)
-    # kmq: the worker's tasks and the tracker's one task run side by side.
-    return cores + 1 if queue.group.type == "kmq" else cores
+    # kmq: a task per partition at least (handlers mostly wait), and the tracker's one task beside them.
+    return max(cores, queue.topic.partitions) + 1 if queue.group.type == "kmq" else cores
 
 
 def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
