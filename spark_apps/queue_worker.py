@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until-idle", help="stop after this long without records (tests, contract runs)")
     parser.add_argument("--max-records", type=int)
     parser.add_argument("--checkpoint-dir", help="Spark checkpoint folder (a PVC or object store path on Kubernetes)")
-    parser.add_argument("--max-batch-records", type=int, help="consumer groups: most records per micro-batch")
+    parser.add_argument("--max-batch-records", type=int, help="consumer and kmq groups: most records per micro-batch")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
