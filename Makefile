@@ -60,6 +60,7 @@ bench: setup
 	$(BIN)/python bench/share.py
 	$(BIN)/python bench/consumer.py
 	$(BIN)/python bench/autoscale.py
+	$(BIN)/python bench/kmq.py
 
 local-down: setup
 	$(QP) local down

@@ -123,10 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
-        help="Spark checkpoint folder, kept across runs (default: a new temporary one)",
+        help="Spark checkpoint folder, kept across runs (default: a new temporary one; kmq: per group in the home)",
     )
     p.add_argument(
-        "--max-batch-records", type=int, metavar="N", help="consumer groups: most records per micro-batch (10000)"
+        "--max-batch-records",
+        type=int,
+        metavar="N",
+        help="consumer and kmq groups: most records per micro-batch (consumer 10000, kmq maxInFlight per partition)",
     )
     _cluster_flags(p)
     _output_flag(p)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until-idle", help="stop after this long without records (tests, contract runs)")
     parser.add_argument("--max-records", type=int)
     parser.add_argument("--checkpoint-dir", help="streaming checkpoint: a mounted volume path or an object-store URL")
-    parser.add_argument("--max-batch-records", type=int, help="consumer groups: most records per micro-batch")
+    parser.add_argument("--max-batch-records", type=int, help="consumer and kmq groups: most records per micro-batch")
     parser.add_argument("--scale-interval", help="autoscaling decision interval (default 10s)")
     parser.add_argument("--scale-down-cooldown", help="wait after a change before scaling down (default 60s)")
     args = parser.parse_args(argv)

@@ -93,15 +93,23 @@ def dead_letter_record(
     return (dlq_topic, record.key, record.value, headers)
 
 
-def produce(producer: Producer, record: ProducedRecord, on_delivery: Any = None, serve: bool = False) -> None:
+def produce(
+    producer: Producer,
+    record: ProducedRecord,
+    on_delivery: Any = None,
+    serve: bool = False,
+    partition: int | None = None,
+) -> None:
     """Hand one record to the producer, waiting while its local queue is full.
 
     ``serve``: this thread serves the producer's callbacks itself (no poll loop elsewhere).
+    ``partition`` pins the record to a partition (kmq markers); else the key decides.
     """
     topic, key, value, headers = record
+    pinned = {"partition": partition} if partition is not None else {}
     while True:
         try:
-            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+            producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery, **pinned)
             return
         except BufferError:
             if serve:
@@ -110,9 +118,10 @@ def produce(producer: Producer, record: ProducedRecord, on_delivery: Any = None,
                 time.sleep(0.005)  # the delivery thread drains it
 
 
-def produce_and_wait(producer: Producer, records: list[ProducedRecord]) -> None:
+def produce_and_wait(producer: Producer, records: list[ProducedRecord], partitions: list[int] | None = None) -> None:
     """Produce and block until every record is acknowledged by the brokers (durable), or raise.
 
+    ``partitions`` pins each record to a partition (kmq markers); else the key decides.
     The producer's delivery callbacks must be served by another thread (its poll loop).
     """
     if not records:
@@ -125,8 +134,8 @@ def produce_and_wait(producer: Producer, records: list[ProducedRecord]) -> None:
             errors.append(str(err))
         pending.release()
 
-    for item in records:
-        produce(producer, item, delivered)
+    for i, item in enumerate(records):
+        produce(producer, item, delivered, partition=partitions[i] if partitions is not None else None)
     deadline = time.monotonic() + DELIVERY_TIMEOUT_S
     for _ in records:
         if not pending.acquire(timeout=max(0.0, deadline - time.monotonic())):

@@ -9,6 +9,7 @@ from rich.table import Table
 from queueplane.connection import KafkaTarget
 from queueplane.lag import queue_backlog, total_lag
 from queueplane.model import QueueSpec
+from queueplane.worker.kmq_query import REDELIVERED
 from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED, SKIPPED
 from queueplane.worker.runner import BatchProgress, RunOptions, RunSummary, run_queue
 
@@ -53,6 +54,8 @@ def summary_table(summary: RunSummary) -> Table:
     table.add_column("records", justify="right")
     for outcome in (ACCEPTED, RELEASED, DEAD_LETTERED):
         table.add_row(outcome, str(summary.counts.get(outcome, 0)))
+    if summary.counts.get(REDELIVERED):  # kmq: deliveries the tracker timed out and produced again
+        table.add_row(REDELIVERED, str(summary.counts[REDELIVERED]))
     if summary.counts.get(SKIPPED):  # consumer groups: handled before a restart, below the committed offset
         table.add_row(SKIPPED, str(summary.counts[SKIPPED]))
     table.add_section()

@@ -27,6 +27,7 @@ from queueplane.errors import QueueplaneError
 from queueplane.lag import total_lag
 from queueplane.model import QueueSpec
 from queueplane.worker.autoscaler import ExecutorController
+from queueplane.worker.kmq_query import KmqQueries
 from queueplane.worker.metrics import WorkerMetrics
 from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
 from queueplane.worker.settings import common_settings
@@ -34,7 +35,7 @@ from queueplane.worker.share_runtime import FETCHER_SHARE, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
-RUNTIMES = ("share", "consumer")
+RUNTIMES = ("share", "consumer", "kmq")
 DEFAULT_BATCH_RECORDS = 10_000
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 
@@ -130,17 +131,24 @@ def local_threads(queue: QueueSpec, options: RunOptions) -> int:
     if options.tasks:
         return options.tasks
     cores = os.cpu_count() or 2
-    return max(cores, queue.topic.partitions) if queue.group.type == "consumer" else cores
+    if queue.group.type == "consumer":
+        return max(cores, queue.topic.partitions)
+    # kmq: a task per partition at least (handlers mostly wait), and the tracker's one task beside them.
+    return max(cores, queue.topic.partitions) + 1 if queue.group.type == "kmq" else cores
 
 
 def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"queueplane-{queue.name}")
-    if queue.group.type == "consumer":
+    if queue.group.type in ("consumer", "kmq"):
         from queueplane.worker.spark_packages import with_kafka_connector
 
         builder = with_kafka_connector(builder)
+    if queue.group.type == "kmq":
+        from queueplane.worker.kmq_tracker import STATE_STORE_PROVIDER
+
+        builder = builder.config("spark.sql.streaming.stateStore.providerClass", STATE_STORE_PROVIDER)
     if options.local:
         # Executors' Python workers must run this interpreter, with the spec's folder importable.
         os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -149,7 +157,8 @@ def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
         builder = builder.master(f"local[{local_threads(queue, options)}]").config("spark.ui.enabled", "false")
     spark = (
         builder.config("spark.python.worker.reuse", "true")
-        .config("spark.sql.shuffle.partitions", "2")
+        # kmq: the tracker is the only shuffle; one stateful partition keeps it to one Python worker.
+        .config("spark.sql.shuffle.partitions", "1" if queue.group.type == "kmq" else "2")
         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
@@ -191,6 +200,11 @@ def outcome_stream(
         from queueplane.worker.consumer_query import consumer_stream
 
         return consumer_stream(spark, queue, target, options.max_batch_records or DEFAULT_BATCH_RECORDS)
+    if queue.group.type == "kmq":
+        from queueplane.worker.kmq_query import kmq_stream
+
+        tasks = options.tasks or spark.sparkContext.defaultParallelism
+        return kmq_stream(spark, queue, target, options.max_batch_records, tasks)
     from queueplane.worker.share_source import SOURCE_NAME, ShareSource
 
     spark.dataSource.register(ShareSource)
@@ -237,6 +251,7 @@ def run_queue(
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-ckpt-")
     drain_file = Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain"
     watcher = BacklogWatcher(backlog)
+    kmq = KmqQueries(queue, target, options, counts, dead) if queue.group.type == "kmq" else None
 
     def sink(frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
@@ -250,6 +265,8 @@ def run_queue(
             for row in table.filter(mask).select(["partition", "offset", "key", "delivery_count", "error"]).to_pylist():
                 dead.append(row)
         metrics.observe(batch_counts, table)
+        if kmq is not None:
+            kmq.after_batch(table)
         lag = watcher.latest
         total = total_lag(lag)
         metrics.set_backlog(lag)
@@ -287,11 +304,15 @@ def run_queue(
         idle = time.monotonic() - state["last_activity"]
         # Drained: the broker says no lag; where lag cannot be read at all, idleness alone decides.
         drained = lag is None or total_lag(lag) == 0
+        if kmq is not None:
+            drained = drained and kmq.idle()
         if options.until_idle_s is not None and idle >= options.until_idle_s and drained:
             return True
         return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
 
     watcher.start()
+    if kmq is not None:
+        checkpoint = kmq.start(spark)
     query = (
         outcome_stream(spark, queue, target, options, drain_file, controller)
         .writeStream.foreachBatch(sink)
@@ -306,7 +327,9 @@ def run_queue(
                 break
             # Spark's Kafka source runs no batch while there is nothing new, so the sink never
             # sees the queue idle: look between batches here.
-            if queue.group.type == "consumer" and time.monotonic() - last_look >= 1.0:
+            if kmq is not None and kmq.failed():
+                break
+            if queue.group.type in ("consumer", "kmq") and time.monotonic() - last_look >= 1.0:
                 last_look = time.monotonic()
                 if not query.status["isTriggerActive"]:
                     lag = watcher.latest
@@ -319,13 +342,15 @@ def run_queue(
             time.sleep(0.5)
             may_return.set()
             stopper.join()
-        error = query.exception()
+        error = query.exception() or (kmq.failed() if kmq is not None else None)
         if error is not None:
             raise WorkerFailed(f"the streaming query of {queue.name} failed: {str(error).splitlines()[0]}")
     finally:
         may_return.set()
         if query.isActive:
             query.stop()
+        if kmq is not None:
+            kmq.stop()
         metrics.stop()
         watcher.stop()
     duration = time.monotonic() - started

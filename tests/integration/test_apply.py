@@ -159,6 +159,33 @@ def test_partitions_can_grow_but_never_shrink_and_replication_is_fixed(kafka, tm
         workflow.apply(workflow.plan([str(path)], kafka))
 
 
+def test_kmq_markers_topic_follows_the_queue_partitions_and_keeps_markers_twice_the_lock(kafka, tmp_path):
+    tag = _unique()
+    doc = spec("kmq", name=f"m-{tag}", group=f"gm-{tag}", topic=f"{tag}.jobs")
+    doc["spec"]["group"]["lockDuration"] = "90s"
+    doc["spec"]["markers"] = {"topic": f"{tag}.jobs.progress", "retention": "3m"}
+    path = _write(tmp_path, doc)
+    workflow.apply(workflow.plan([str(path)], kafka))
+    assert _describe_topics(kafka, [f"{tag}.jobs.progress"])[f"{tag}.jobs.progress"] == (2, 1)
+    markers = _configs(kafka, ResourceType.TOPIC, f"{tag}.jobs.progress")
+    assert markers["retention.ms"] == "180000" and markers["cleanup.policy"] == "delete"
+
+    doc["spec"]["topic"]["partitions"] = 4
+    doc["spec"]["markers"]["retention"] = "1h"
+    _write(tmp_path, doc)
+    planned = workflow.plan([str(path)], kafka)
+    assert {(c.kind, c.target, c.field, c.new) for c in planned.plan.changes} == {
+        ("partitions", f"{tag}.jobs", "partitions", "4"),
+        ("partitions", f"{tag}.jobs.dlq", "partitions", "4"),
+        ("partitions", f"{tag}.jobs.progress", "partitions", "4"),
+        ("topic-config", f"{tag}.jobs.progress", "retention.ms", "3600000"),
+    }
+    workflow.apply(planned)
+    assert _describe_topics(kafka, [f"{tag}.jobs.progress"])[f"{tag}.jobs.progress"] == (4, 1)
+    assert _configs(kafka, ResourceType.TOPIC, f"{tag}.jobs.progress")["retention.ms"] == "3600000"
+    assert workflow.plan([str(path)], kafka).plan.changes == []
+
+
 def test_a_change_the_broker_rejects_applies_nothing(kafka, tmp_path):
     tag = _unique()
     good = spec("consumer", name=f"g-{tag}", group=f"gg-{tag}", topic=f"{tag}.good")

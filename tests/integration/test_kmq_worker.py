@@ -1,0 +1,154 @@
+"""The kmq worker and its redelivery tracker on real Spark against the real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+from worker_support import make_queue, order, produce, read_all, start_worker
+
+from queueplane import dlq
+from queueplane.worker import kmq_markers as km
+from queueplane.worker.kmq_tracker import tracker_interval_ms
+
+pytestmark = pytest.mark.kafka
+LOCK_MS = 3000
+LIMIT = 3
+# A tracker batch on a busy 2-core machine takes seconds of its own; the redelivery is due at
+# the first tracker trigger after the deadline, and is produced when that batch ends.
+TRACKER_BATCH_SLACK_MS = 15_000
+
+
+def _header(message, name: str) -> str | None:
+    return next((v.decode() for k, v in message.headers() or [] if k == name), None)
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def _finish(worker, timeout_s: float = 400) -> dict:
+    out, _ = worker.communicate(timeout=timeout_s)
+    assert worker.returncode == 0, out[-3000:]
+    return json.loads(out)
+
+
+def _markers(kafka, topic: str) -> list[km.Marker]:
+    return [km.Marker.decode(m.key(), m.value()) for m in read_all(kafka, topic, expect_at_least=1)]
+
+
+def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(kafka, tmp_path):
+    queue = make_queue(
+        tmp_path,
+        kafka,
+        group_type="kmq",
+        lock=f"{LOCK_MS}ms",
+        delivery_limit=LIMIT,
+        partitions=2,
+        concurrency=16,
+        retry={"backoff": "200ms", "maxBackoff": "500ms"},
+    )
+    markers_topic = f"{queue.topic}.markers"
+    warmup = 20
+    produce(kafka, queue.topic, [order(i) for i in range(warmup)])
+    worker = start_worker(queue, kafka, "--until-idle", "5s", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    try:
+        # Both queries are up and through their first batches before the records under test arrive.
+        _wait_for(lambda: len(queue.events()) >= warmup, 240, "the warm-up records")
+        _wait_for(lambda: len(_markers(kafka, markers_topic)) >= 2 * warmup, 60, "the warm-up end markers")
+        hang, fail = warmup, warmup + 1
+        produce(kafka, queue.topic, [order(hang, mode="hang", hang_s=12), order(fail, mode="retry"), b"not json"])
+        summary = _finish(worker)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+
+    events = queue.events()
+    hung = sorted((e for e in events if e["id"] == f"id-{hang:06d}" and e["result"] == "ok"), key=lambda e: e["dc"])
+    assert [e["dc"] for e in hung] == [1, 2], "the hung call returned late (dropped); the redelivery ran"
+    outputs = Counter(json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=warmup + 1))
+    assert outputs[f"id-{hang:06d}"] == 1, "accepted once: the late result of the first delivery was dropped"
+    assert set(outputs) == {f"id-{i:06d}" for i in range(warmup + 1)} and max(outputs.values()) == 1
+
+    # The redelivery: a new record on the queue topic, delivery count 2, produced once the lock ran out.
+    on_topic = read_all(kafka, queue.topic, expect_at_least=warmup + 3 + 1 + (LIMIT - 1))
+    copies = [
+        m for m in on_topic if _header(m, dlq.HEADER_DELIVERY_COUNT) and json.loads(m.value())["id"] == f"id-{hang:06d}"
+    ]
+    (copy,) = copies
+    assert _header(copy, dlq.HEADER_DELIVERY_COUNT) == "2"
+    original = next(m for m in on_topic if m.value() == order(hang, mode="hang", hang_s=12) and not m.headers())
+    assert _header(copy, dlq.HEADER_SOURCE_OFFSET) == str(original.offset())
+    markers = _markers(kafka, markers_topic)
+    (start,) = [
+        m for m in markers if (m.partition, m.offset, m.kind) == (original.partition(), original.offset(), km.START)
+    ]
+    waited = copy.timestamp()[1] - start.at_ms
+    assert LOCK_MS <= waited <= LOCK_MS + tracker_interval_ms(LOCK_MS) + TRACKER_BATCH_SLACK_MS, waited
+    ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
+    started = {(m.partition, m.offset) for m in markers if m.kind == km.START}
+    assert started <= ended, "every delivery ended: by the worker, or by the tracker when it redelivered"
+
+    # Always failing: exactly deliveryLimit deliveries, then the DLQ; poison: the DLQ at once.
+    attempts = sorted(e["dc"] for e in events if e["id"] == f"id-{fail:06d}")
+    assert attempts == list(range(1, LIMIT + 1))
+    dead = {(_header(m, dlq.HEADER_ERROR_CLASS)): m for m in read_all(kafka, queue.dlq, expect_at_least=2)}
+    assert set(dead) == {"Retry", "Reject"}
+    for message in dead.values():
+        names = [k for k, _ in message.headers()]
+        assert set(dlq.DLQ_HEADERS) <= set(names), names
+    failed = dead["Retry"]
+    assert json.loads(failed.value())["id"] == f"id-{fail:06d}"
+    assert _header(failed, dlq.HEADER_DELIVERY_COUNT) == str(LIMIT)
+    assert _header(failed, dlq.HEADER_SOURCE_TOPIC) == queue.topic
+    first_fail = next(m for m in on_topic if m.value() == order(fail, mode="retry") and not m.headers())
+    assert _header(failed, dlq.HEADER_SOURCE_OFFSET) == str(first_fail.offset())
+    first, last = int(_header(failed, dlq.HEADER_FIRST_ATTEMPT_MS)), int(_header(failed, dlq.HEADER_LAST_ATTEMPT_MS))
+    assert last - first >= 2 * 200
+    assert dead["Reject"].value() == b"not json" and _header(dead["Reject"], dlq.HEADER_DELIVERY_COUNT) == "1"
+
+    counts = summary["counts"]
+    assert counts["accepted"] == warmup + 1 and counts["dlq"] == 2
+    assert counts["redelivered"] == 1 + (LIMIT - 1)
+    assert summary["lag_at_exit"] == 0
+
+
+def test_kill_minus_9_between_start_and_end_markers_loses_nothing(kafka, tmp_path):
+    total, hangs = 20_000, 8
+    queue = make_queue(tmp_path, kafka, group_type="kmq", lock="4s", partitions=2, concurrency=16, delivery_limit=5)
+    hang_ids = set(range(5_000, total, total // hangs))
+    produce(kafka, queue.topic, [order(i, mode="hang", hang_s=60) if i in hang_ids else order(i) for i in range(total)])
+    args = ("--max-batch-records", "2000", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    worker = start_worker(queue, kafka, "--until-idle", "5s", *args)
+    try:
+        # A hung handler has started: its start marker is durable, no end marker can have been written.
+        _wait_for(lambda: any(e.get("result") == "started" for e in queue.events()), 300, "a hung handler")
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+    killed_at = time.time()
+    markers = _markers(kafka, f"{queue.topic}.markers")
+    ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
+    open_at_kill = {(m.partition, m.offset) for m in markers if m.kind == km.START} - ended
+    assert open_at_kill, "the kill came between start and end markers"
+
+    summary = _finish(start_worker(queue, kafka, "--until-idle", "8s", *args), timeout_s=900)
+    outputs = Counter(json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total))
+    missing = {f"id-{i:06d}" for i in range(total)} - set(outputs)
+    duplicates = sum(n - 1 for n in outputs.values())
+    print(f"kmq kill -9: {len(open_at_kill)} deliveries open at the kill, {duplicates} duplicate outputs, 0 lost")
+    assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
+    events = queue.events()
+    for i in hang_ids:
+        redone = [e for e in events if e["id"] == f"id-{i:06d}" and e["result"] == "ok" and e["start"] > killed_at]
+        assert any(e["dc"] >= 2 for e in redone), f"id-{i:06d} was not redelivered after the restart"
+    assert summary["lag_at_exit"] == 0

@@ -1,0 +1,41 @@
+"""The kmq markers' format and the headers of a redelivery, without a broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from queueplane import dlq
+from queueplane.worker import kmq_markers as km
+from queueplane.worker.kmq_tracker import tracker_interval_ms
+
+
+def test_a_marker_survives_encoding_and_reads_as_plain_text():
+    marker = km.Marker(3, 120045, km.RETRY, 2, 1_732_000_000_123, 400)
+    key, value = marker.encode()
+    assert (key, value) == (b"3:120045", b"retry 2 1732000000123 400")
+    assert km.Marker.decode(key, value) == marker
+
+
+def test_an_unknown_marker_kind_is_an_error():
+    with pytest.raises(ValueError, match="unknown marker kind"):
+        km.Marker.decode(b"0:1", b"begin 1 5 0")
+
+
+def test_a_redelivery_counts_up_and_points_at_the_message_as_first_produced():
+    original = (("trace", b"abc"), (dlq.HEADER_ERROR_CLASS, b"Old"))
+    assert km.delivery_count(original) == 1
+    where = km.origin(original, "jobs", 1, 70)
+    assert where == km.Origin("jobs", 1, 70, None)
+
+    second = km.redelivery_headers(original, where, 2, 1000)
+    assert ("trace", b"abc") in second and all(k != dlq.HEADER_ERROR_CLASS for k, _ in second)
+    assert km.delivery_count(second) == 2
+    # The copy lives at another offset; its origin stays the first one.
+    assert km.origin(second, "jobs", 0, 9000) == km.Origin("jobs", 1, 70, 1000)
+    third = km.redelivery_headers(second, km.origin(second, "jobs", 0, 9000), 3, 1000)
+    assert km.delivery_count(third) == 3 and sum(1 for k, _ in third if k == dlq.HEADER_DELIVERY_COUNT) == 1
+
+
+@pytest.mark.parametrize(("lock_ms", "interval_ms"), [(500, 1000), (3000, 1000), (30_000, 6000), (3_600_000, 10_000)])
+def test_the_tracker_looks_a_fifth_of_the_lock_apart_within_bounds(lock_ms, interval_ms):
+    assert tracker_interval_ms(lock_ms) == interval_ms
