@@ -36,7 +36,7 @@ from rich.console import Console
 
 from queueplane import workflow
 from queueplane.cluster import quiet_logger
-from queueplane.connection import KafkaTarget, java_client_settings
+from queueplane.connection import KafkaTarget
 from queueplane.lag import queue_backlog
 from queueplane.local.stack import LocalStack
 from queueplane.worker.ordering import key_slot
@@ -156,7 +156,7 @@ def pass_through(target: KafkaTarget, topic: str, output: str, records: int) -> 
     from pyspark.sql import SparkSession
 
     from queueplane.worker.runner import DEFAULT_BATCH_RECORDS, SPARK_LOG4J
-    from queueplane.worker.spark_packages import with_kafka_connector
+    from queueplane.worker.spark_packages import kafka_options, kafka_source, with_kafka_connector
 
     builder = SparkSession.builder.appName("bench-pass-through").master(
         f"local[{max(os.cpu_count() or 2, PARTITIONS)}]"
@@ -167,17 +167,14 @@ def pass_through(target: KafkaTarget, topic: str, output: str, records: int) -> 
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .getOrCreate()
     )
-    options = {f"kafka.{k}": v for k, v in java_client_settings(target.settings).items()}
     query = (
-        spark.readStream.format("kafka")
-        .options(**options)
-        .option("subscribe", topic)
+        kafka_source(spark, target, topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(DEFAULT_BATCH_RECORDS))
         .load()
         .selectExpr("key", "value")
         .writeStream.format("kafka")
-        .options(**options)
+        .options(**kafka_options(target))
         .option("topic", output)
         .option("checkpointLocation", tempfile.mkdtemp(prefix="qp-bench-pass-"))
         .trigger(processingTime="0 seconds")

@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-batch-records",
         type=int,
         metavar="N",
-        help="consumer and kmq groups: most records per micro-batch (consumer 10000, kmq maxInFlight per partition)",
+        help="consumer and kmq groups: most records per micro-batch (consumer 50000, kmq maxInFlight per partition)",
     )
     _cluster_flags(p)
     _output_flag(p)

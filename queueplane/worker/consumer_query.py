@@ -11,12 +11,13 @@ import functools
 import json
 from typing import Any
 
-from queueplane.connection import KafkaTarget, java_client_settings
+from queueplane.connection import KafkaTarget
 from queueplane.lag import committed_offsets
 from queueplane.model import QueueSpec
 from queueplane.worker.consumer_runtime import INPUT_COLUMNS, ConsumerSettings, run_partition, transactional_producer
 from queueplane.worker.outcomes import OUTCOME_SCHEMA
 from queueplane.worker.settings import common_settings
+from queueplane.worker.spark_packages import kafka_source
 
 EARLIEST, LATEST = -2, -1  # Spark's startingOffsets JSON spelling
 
@@ -58,16 +59,11 @@ def starting_offsets(target: KafkaTarget, queue: QueueSpec) -> str:
 
 def consumer_stream(spark: Any, queue: QueueSpec, target: KafkaTarget, max_batch_records: int | None) -> Any:
     """The outcome rows of a consumer-group queue, as a streaming DataFrame."""
-    reader = spark.readStream.format("kafka")
-    for key, value in java_client_settings(target.settings).items():
-        reader = reader.option(f"kafka.{key}", value)
     reader = (
-        reader.option("subscribe", queue.topic.name)
+        kafka_source(spark, target, queue.topic.name)
         .option("startingOffsets", starting_offsets(target, queue))
         .option("includeHeaders", "true")
         .option("kafka.isolation.level", "read_committed")
-        # Retention may delete records a stopped worker never saw; carry on rather than stop the queue.
-        .option("failOnDataLoss", "false")
     )
     if max_batch_records:
         reader = reader.option("maxOffsetsPerTrigger", str(max_batch_records))

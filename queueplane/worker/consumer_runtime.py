@@ -17,15 +17,14 @@ restart from an older Spark checkpoint does not write it again.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import dataclasses
 import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -43,29 +42,19 @@ from queueplane.worker.outcomes import (
     Outcome,
     ProducedRecord,
     dead_letter_record,
+    outcome_batch,
     output_record,
     produce,
 )
+from queueplane.worker.processes import PerProcess, ServedProducer
 from queueplane.worker.settings import JsonSettings
 
 log = logging.getLogger("queueplane.worker")
 
-OUTCOME_ARROW = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.string()),
-        ("delivery_count", pa.int32()),
-        ("outcome", pa.string()),
-        ("error", pa.string()),
-        ("latency_ms", pa.float64()),
-        ("inflight", pa.int32()),
-    ]
-)
 # Columns the driver selects from Spark's Kafka source before handing batches to the tasks.
 INPUT_COLUMNS = ("key", "value", "topic", "partition", "offset", "unix_millis(timestamp) AS ts", "headers")
 WATCH_INTERVAL_S = 0.05
+MAX_CACHED_KEYS = 100_000
 TXN_TIMEOUT_S = 60.0
 COMMIT_TIMEOUT_S = 30.0
 
@@ -104,9 +93,8 @@ class WorkerProcess:
 
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        self.producer = Producer(
-            {**settings.kafka, "enable.idempotence": True, "acks": "all", "linger.ms": 2, "logger": quiet_logger()}
-        )
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2)
+        self.producer = self.delivery.producer
         # Never subscribes: it reads and commits the group's offsets, and lends its group metadata
         # to transactions. read_committed makes committed() wait for offsets of open transactions.
         self.group = Consumer(
@@ -118,12 +106,6 @@ class WorkerProcess:
                 "logger": quiet_logger(),
             }
         )
-        self._stop = threading.Event()
-        threading.Thread(target=self._serve_deliveries, name="qp-delivery", daemon=True).start()
-
-    def _serve_deliveries(self) -> None:
-        while not self._stop.is_set():
-            self.producer.poll(0.05)
 
     def committed(self, topic: str, partition: int) -> int | None:
         return fetch_committed(self.group, topic, [partition])[partition]
@@ -132,9 +114,7 @@ class WorkerProcess:
         self.group.commit(offsets=[TopicPartition(topic, partition, offset)], asynchronous=False)
 
     def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            self.producer.flush(10)
+        self.delivery.close()
         with contextlib.suppress(Exception):
             self.group.close()
 
@@ -203,15 +183,22 @@ class _Call:
 class Slot:
     """One thread handling its records in order; the watchdog replaces it when a call passes its deadline.
 
+    Records arrive in chunks (one queue hand-off per chunk, not per record: waking a thread
+    per record cost more than a trivial handler). ``backlog`` holds the taken chunk's records
+    not yet started, so a thread that replaces a stuck one carries on where it stopped.
+
     A Python thread cannot be stopped: a call past ``lockDuration`` keeps its thread, which
     exits when the call returns and drops the result (``generation`` moved on), while a new
-    thread carries on with the record's next attempt and the rest of the queue.
+    thread carries on with the record's next attempt and the rest of the backlog.
     """
 
-    def __init__(self, task: PartitionTask, index: int, capacity: int):
+    DEPTH = 4  # chunks a slot's queue holds: the reader fills the next ones while the slot works
+
+    def __init__(self, task: PartitionTask, index: int):
         self.task = task
         self.index = index
-        self.queue: queue.Queue[Record | None] = queue.Queue(maxsize=capacity)
+        self.queue: queue.Queue[list[Record] | None] = queue.Queue(maxsize=self.DEPTH)
+        self.backlog: deque[Record] = deque()
         self.lock = threading.Lock()
         self.generation = 0
         self.current: _Call | None = None
@@ -226,12 +213,15 @@ class Slot:
         try:
             if resume is not None and not self._handle(gen, *resume):
                 return
+            backlog = self.backlog
             while True:
-                record = self.queue.get()
-                if record is None:
-                    self.finished.set()
-                    return
-                if not self._handle(gen, record, 1, int(time.time() * 1000), 0.0):
+                if not backlog:
+                    chunk = self.queue.get()
+                    if chunk is None:
+                        self.finished.set()
+                        return
+                    backlog.extend(chunk)
+                if not self._handle(gen, backlog.popleft(), 1, int(time.time() * 1000), 0.0):
                     return
         except BaseException as exc:  # a bug here must fail the task, not hang it
             self.task.fail(exc)
@@ -243,7 +233,7 @@ class Slot:
         while True:
             if wait_ms:
                 time.sleep(wait_ms / 1000)
-            delivery = dataclasses.replace(record, delivery_count=attempt)
+            delivery = record if record.delivery_count == attempt else replace(record, delivery_count=attempt)
             started = time.monotonic()
             with self.lock:
                 if gen != self.generation:
@@ -314,26 +304,52 @@ class PartitionTask:
         self.committed = process.committed(topic, partition)  # after the writer fenced any predecessor
         self.last_commit = self.committed
         count = 1 if s.ordering == "partition" else s.slots
-        self.slots = [Slot(self, i, s.slot_queue) for i in range(count)]
+        self.slots = [Slot(self, i) for i in range(count)]
+        # A slot's queue holds Slot.DEPTH chunks: chunks of this size keep maxInFlight records at most.
+        self.chunk = max(1, s.slot_queue // Slot.DEPTH)
         self._next_slot = 0
+        self._slot_of: dict[bytes | None, int] = {}  # FNV-1a of a key, once per key
         self._done = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="qp-watch", daemon=True)
         self._watcher.start()
 
     # -- reading -----------------------------------------------------------------------------
-    def feed(self, record: Record) -> None:
-        if self.committed is not None and record.offset < self.committed:
-            self.report(record, SKIPPED, None, 0.0, 0)
-            return
-        if self.settings.ordering == "none":
-            slot = self.slots[self._next_slot]
-            self._next_slot = (self._next_slot + 1) % len(self.slots)
+    def feed(self, records: list[Record]) -> None:
+        """Records of this partition in offset order: skip what the group already committed, hand
+        the rest to their slots in chunks."""
+        if self.committed is not None and records[0].offset < self.committed:
+            for record in records:
+                if record.offset < self.committed:
+                    self.report(record, SKIPPED, None, 0.0, 0)
+            records = [r for r in records if r.offset >= self.committed]
+            if not records:
+                return
+        self.tracker.add([r.offset for r in records])
+        per_slot: list[list[Record]] = [[] for _ in self.slots]
+        if len(self.slots) == 1:
+            per_slot[0] = records
+        elif self.settings.ordering == "none":
+            for record in records:
+                per_slot[self._next_slot].append(record)
+                self._next_slot = (self._next_slot + 1) % len(self.slots)
         else:
-            slot = self.slots[key_slot(record.key, len(self.slots))]
-        self.tracker.add(record.offset)
-        self._put(slot, record)
+            slot_of = self._slot_of
+            if len(slot_of) > MAX_CACHED_KEYS:
+                slot_of.clear()
+            for record in records:
+                index = slot_of.get(record.key)
+                if index is None:
+                    index = slot_of[record.key] = key_slot(record.key, len(self.slots))
+                per_slot[index].append(record)
+        # Chunks go out round by round, one per slot, so every slot gets work before any slot's
+        # full queue holds the reader back.
+        step = self.chunk
+        for start in range(0, max(len(mine) for mine in per_slot), step):
+            for slot, mine in zip(self.slots, per_slot, strict=True):
+                if start < len(mine):
+                    self._put(slot, mine[start : start + step])
 
-    def _put(self, slot: Slot, item: Record | None) -> None:
+    def _put(self, slot: Slot, item: list[Record] | None) -> None:
         """A full slot queue holds the reader back (backpressure), unless the task has failed."""
         while True:
             self.raise_if_failed()
@@ -421,6 +437,7 @@ class PartitionTask:
         self.fail(RuntimeError("task ended"))
         self._done.set()
         for slot in self.slots:
+            slot.backlog.clear()
             with contextlib.suppress(queue.Empty):
                 while True:
                     slot.queue.get_nowait()
@@ -462,72 +479,62 @@ class PartitionTask:
         self.last_commit = mark
 
 
-_PROCESSES: dict[str, WorkerProcess] = {}
-_PROCESSES_LOCK = threading.Lock()
+PROCESSES: PerProcess[WorkerProcess] = PerProcess(lambda text: WorkerProcess(ConsumerSettings.from_json(text)))
 
 
-def process_for(settings_json: str) -> WorkerProcess:
-    if not logging.getLogger().handlers:  # Spark's Python workers: log to stderr, which Spark keeps
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
+def _records_by_partition(batch: pa.RecordBatch) -> list[tuple[tuple[str, int], list[Record]]]:
+    """An Arrow batch of INPUT_COLUMNS as records, grouped by Kafka partition in offset order."""
+    columns = batch.to_pydict()
+    groups: dict[tuple[str, int], list[Record]] = {}
+    for key, value, topic, partition, offset, ts, headers in zip(
+        columns["key"],
+        columns["value"],
+        columns["topic"],
+        columns["partition"],
+        columns["offset"],
+        columns["ts"],
+        columns["headers"],
+        strict=True,
+    ):
+        record = Record(
+            key=key,
+            value=value,
+            headers=tuple((h["key"], h["value"]) for h in headers) if headers else (),
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            delivery_count=1,
+            timestamp=ts,
         )
-    with _PROCESSES_LOCK:
-        process = _PROCESSES.get(settings_json)
-        if process is None:
-            process = _PROCESSES[settings_json] = WorkerProcess(ConsumerSettings.from_json(settings_json))
-        return process
-
-
-def _outcome_batch(rows: list[Outcome]) -> pa.RecordBatch:
-    columns = list(zip(*rows, strict=True))
-    return pa.RecordBatch.from_arrays(
-        [pa.array(col, type=f.type) for col, f in zip(columns, OUTCOME_ARROW, strict=True)], schema=OUTCOME_ARROW
-    )
+        group = groups.get((topic, partition))
+        if group is None:
+            group = groups[(topic, partition)] = []
+        group.append(record)
+    return list(groups.items())
 
 
 def run_partition(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the records of one Kafka partition in offset order in, outcome rows out."""
-    process = process_for(settings_json)
+    process = PROCESSES.get(settings_json)
     tasks: dict[tuple[str, int], PartitionTask] = {}
     ends: dict[tuple[str, int], int] = {}
     try:
         for batch in batches:
-            columns = batch.to_pydict()
-            for i in range(batch.num_rows):
-                tp = (columns["topic"][i], columns["partition"][i])
+            for tp, records in _records_by_partition(batch):
                 task = tasks.get(tp)
                 if task is None:
                     task = tasks[tp] = PartitionTask(process, *tp)
-                headers = columns["headers"][i] or ()
-                offset = columns["offset"][i]
-                task.feed(
-                    Record(
-                        key=columns["key"][i],
-                        value=columns["value"][i],
-                        headers=tuple((h["key"], h["value"]) for h in headers),
-                        topic=tp[0],
-                        partition=tp[1],
-                        offset=offset,
-                        delivery_count=1,
-                        timestamp=columns["ts"][i],
-                    )
-                )
-                ends[tp] = offset + 1
+                task.feed(records)
+                ends[tp] = records[-1].offset + 1
             rows = [row for task in tasks.values() for row in task.drain()]
             if rows:
-                yield _outcome_batch(rows)
+                yield outcome_batch(rows)
         for tp, task in tasks.items():
             task.finish(ends[tp])
         rows = [row for task in tasks.values() for row in task.drain()]
         if rows:
-            yield _outcome_batch(rows)
+            yield outcome_batch(rows)
     except BaseException:
         for task in tasks.values():  # a retried task starts over from the group's offset
             task.abandon()
         raise
-
-
-@atexit.register
-def _close_all() -> None:
-    for process in list(_PROCESSES.values()):
-        process.close()

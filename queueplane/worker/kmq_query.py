@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
-from queueplane.connection import KafkaTarget, java_client_settings
+from queueplane.connection import KafkaTarget
 from queueplane.model import QueueSpec
 from queueplane.paths import home_dir
 from queueplane.worker import kmq_markers as km
@@ -30,6 +30,7 @@ from queueplane.worker.kmq_runtime import KmqSettings, run_range
 from queueplane.worker.kmq_tracker import GIVE_UP, Expired, Redeliverer, tracker_interval_ms, tracker_stream
 from queueplane.worker.outcomes import DEAD_LETTERED, OUTCOME_SCHEMA, key_text
 from queueplane.worker.settings import common_settings
+from queueplane.worker.spark_packages import kafka_source
 
 log = logging.getLogger("queueplane.worker")
 # kmq: deliveries the tracker timed out and produced again (a RunSummary count).
@@ -55,14 +56,10 @@ def batch_records(queue: QueueSpec, requested: int | None) -> int:
 
 def kmq_stream(spark: Any, queue: QueueSpec, target: KafkaTarget, max_batch_records: int | None, tasks: int) -> Any:
     """The outcome rows of a kmq queue, as a streaming DataFrame."""
-    reader = spark.readStream.format("kafka")
-    for key, value in java_client_settings(target.settings).items():
-        reader = reader.option(f"kafka.{key}", value)
     reader = (
-        reader.option("subscribe", queue.topic.name)
+        kafka_source(spark, target, queue.topic.name)
         .option("startingOffsets", starting_offsets(target, queue))
         .option("includeHeaders", "true")
-        .option("failOnDataLoss", "false")
         .option("maxOffsetsPerTrigger", str(batch_records(queue, max_batch_records)))
         .option("minPartitions", str(max(tasks, queue.topic.partitions)))
     )

@@ -15,8 +15,6 @@ by the driver after the batch: from then on, redelivery is the tracker's job.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
 import queue
 import threading
@@ -25,12 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
-from confluent_kafka import Producer
 
 from queueplane.dlq import Failure
 from queueplane.handler import Handler, Record, Reject, load_handler, outputs_of
 from queueplane.worker import kmq_markers as km
-from queueplane.worker.consumer_runtime import _outcome_batch
 from queueplane.worker.ordering import retry_delay_ms
 from queueplane.worker.outcomes import (
     ACCEPTED,
@@ -40,9 +36,11 @@ from queueplane.worker.outcomes import (
     Outcome,
     ProducedRecord,
     dead_letter_record,
+    outcome_batch,
     output_record,
     produce,
 )
+from queueplane.worker.processes import PerProcess, ServedProducer
 from queueplane.worker.settings import JsonSettings
 
 log = logging.getLogger("queueplane.worker")
@@ -98,25 +96,14 @@ class KmqProcess:
     """One per Python worker process and queue: the handler, its threads, the producer."""
 
     def __init__(self, settings: KmqSettings):
-        from queueplane.cluster import quiet_logger
-
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        self.producer = Producer(
-            {**settings.kafka, "enable.idempotence": True, "acks": "all", "linger.ms": 2, "logger": quiet_logger()}
-        )
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2)
+        self.producer = self.delivery.producer
         self.threads = HandlerThreads(settings.threads)
-        self._stop = threading.Event()
-        threading.Thread(target=self._serve_deliveries, name="qp-delivery", daemon=True).start()
-
-    def _serve_deliveries(self) -> None:
-        while not self._stop.is_set():
-            self.producer.poll(0.05)
 
     def close(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            self.producer.flush(10)
+        self.delivery.close()
 
 
 class KmqTask:
@@ -271,21 +258,12 @@ class KmqTask:
         return rows
 
 
-_PROCESSES: dict[str, KmqProcess] = {}
-_PROCESSES_LOCK = threading.Lock()
-
-
-def process_for(settings_json: str) -> KmqProcess:
-    with _PROCESSES_LOCK:
-        process = _PROCESSES.get(settings_json)
-        if process is None:
-            process = _PROCESSES[settings_json] = KmqProcess(KmqSettings.from_json(settings_json))
-        return process
+PROCESSES: PerProcess[KmqProcess] = PerProcess(lambda text: KmqProcess(KmqSettings.from_json(text)))
 
 
 def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the records of one offset range in, one outcome row per record out."""
-    process = process_for(settings_json)
+    process = PROCESSES.get(settings_json)
     records: list[Record] = []
     for batch in batches:
         columns = batch.to_pydict()
@@ -310,10 +288,4 @@ def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator
     task.wait()
     rows = task.drain()
     if rows:
-        yield _outcome_batch(rows)
-
-
-@atexit.register
-def _close_all() -> None:
-    for process in list(_PROCESSES.values()):
-        process.close()
+        yield outcome_batch(rows)

@@ -20,12 +20,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from queueplane.connection import KafkaTarget, java_client_settings
+from queueplane.connection import KafkaTarget
 from queueplane.dlq import Failure
 from queueplane.handler import Record
 from queueplane.model import QueueSpec
 from queueplane.worker import kmq_markers as km
 from queueplane.worker.outcomes import ProducedRecord, dead_letter_record, produce_and_wait
+from queueplane.worker.spark_packages import kafka_source
 
 log = logging.getLogger("queueplane.worker")
 
@@ -93,14 +94,10 @@ def tracker_processor(lock_ms: int, delivery_limit: int) -> Any:
 def tracker_stream(spark: Any, queue: QueueSpec, target: KafkaTarget) -> Any:
     """The deliveries whose deadline passed, as a streaming DataFrame (EXPIRED_SCHEMA)."""
     assert queue.markers is not None
-    reader = spark.readStream.format("kafka")
-    for key, value in java_client_settings(target.settings).items():
-        reader = reader.option(f"kafka.{key}", value)
     markers = (
-        reader.option("subscribe", queue.markers.name)
+        kafka_source(spark, target, queue.markers.name)
         # Only without a checkpoint: every retained marker, so the open deliveries are rebuilt.
         .option("startingOffsets", "earliest")
-        .option("failOnDataLoss", "false")
         .load()
         .selectExpr(*km.SQL_COLUMNS)
         .selectExpr(*km.SQL_FIELDS)

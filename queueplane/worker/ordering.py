@@ -56,11 +56,12 @@ class ContiguousOffsets:
         self._lock = threading.Lock()
         self.watermark: int | None = None
 
-    def add(self, offset: int) -> None:
+    def add(self, offsets: list[int]) -> None:
+        """Offsets handed out, in offset order."""
         with self._lock:
-            self._open.append(offset)
-            if self.watermark is None:
-                self.watermark = offset
+            self._open.extend(offsets)
+            if self.watermark is None and offsets:
+                self.watermark = offsets[0]
 
     def complete(self, offset: int, payload: Any = None) -> None:
         with self._lock:

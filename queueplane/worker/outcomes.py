@@ -11,16 +11,29 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+import pyarrow as pa
 from confluent_kafka import Message, Producer
 
 from queueplane.dlq import Failure, dlq_headers
 from queueplane.handler import Output, Record
 
-# Columns of one outcome row: the streaming query's output.
-OUTCOME_SCHEMA = (
-    "topic string, partition int, offset long, key string, delivery_count int, outcome string, "
-    "error string, latency_ms double, inflight int"
+# Columns of one outcome row: the streaming query's output. Tasks hand Spark Arrow batches of
+# exactly this schema, so no per-row conversion runs in a Python worker beside the handlers.
+OUTCOME_ARROW = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.string()),
+        ("delivery_count", pa.int32()),
+        ("outcome", pa.string()),
+        ("error", pa.string()),
+        ("latency_ms", pa.float64()),
+        ("inflight", pa.int32()),
+    ]
 )
+_SQL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long", pa.float64(): "double"}
+OUTCOME_SCHEMA = ", ".join(f"{f.name} {_SQL_TYPES[f.type]}" for f in OUTCOME_ARROW)
 ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
 # Consumer groups: a record at or below the group's committed offset, already handled before a restart.
 SKIPPED = "skipped"
@@ -57,6 +70,14 @@ class Outcome(NamedTuple):
             latency_ms,
             inflight,
         )
+
+
+def outcome_batch(rows: list[Outcome]) -> pa.RecordBatch:
+    """Outcome rows as one Arrow batch of OUTCOME_ARROW, column by column."""
+    columns = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, OUTCOME_ARROW, strict=True)], schema=OUTCOME_ARROW
+    )
 
 
 def key_text(record: Record) -> str | None:

@@ -14,18 +14,16 @@ report it, so a stopped worker leaves nothing acquired and nothing unreported.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import json
 import logging
 import os
 import queue
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from confluent_kafka import AcknowledgeType, KafkaException, Message, Producer, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaException, Message, ShareConsumer
 
 from queueplane.dlq import Failure
 from queueplane.handler import Handler, Output, Record, Reject, load_handler, outputs_of
@@ -40,6 +38,8 @@ from queueplane.worker.outcomes import (
     output_record,
     produce_and_wait,
 )
+from queueplane.worker.processes import PerProcess, ServedProducer
+from queueplane.worker.settings import JsonSettings
 
 log = logging.getLogger("queueplane.worker")
 
@@ -51,7 +51,7 @@ LEASE_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
-class ShareSettings:
+class ShareSettings(JsonSettings):
     """Everything an executor needs, sent from the driver as JSON (no spec parsing on executors)."""
 
     kafka: dict[str, str]
@@ -67,13 +67,6 @@ class ShareSettings:
     slots: int = 8
     max_poll_records: int = 5
     batch_ms: int = 1000
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ShareSettings:
-        return cls(**json.loads(text))
 
 
 class _Call:
@@ -191,22 +184,10 @@ class ProcessRuntime:
     """One per Python worker process and queue: producer, handler, handler pool and fetchers."""
 
     def __init__(self, settings: ShareSettings):
-        from queueplane.cluster import quiet_logger
-
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        self.producer = Producer(
-            {
-                **settings.kafka,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 1,
-                "logger": quiet_logger(),
-            }
-        )
-        self._stop = threading.Event()
-        self._poller = threading.Thread(target=self._serve_deliveries, name="qp-delivery", daemon=True)
-        self._poller.start()
+        self.delivery = ServedProducer(settings.kafka, linger_ms=1)
+        self.producer = self.delivery.producer
         self.pool = HandlerPool(self, settings.slots)
         self.fetchers: list[ShareFetcher] = []
         # When a record's first failed delivery started in this process, for the DLQ headers (bounded).
@@ -218,10 +199,6 @@ class ProcessRuntime:
         self._lease_until = 0.0
         self._outbox: list[Outcome] = []
         self._outbox_lock = threading.Lock()
-
-    def _serve_deliveries(self) -> None:
-        while not self._stop.is_set():
-            self.producer.poll(0.05)
 
     def first_attempt(self, record: Record, now_ms: int) -> int:
         key = (record.topic, record.partition, record.offset)
@@ -292,9 +269,7 @@ class ProcessRuntime:
             self._lease.notify_all()
         for fetcher in self.fetchers:
             fetcher.close()
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            self.producer.flush(10)
+        self.delivery.close()
 
 
 class ShareFetcher:
@@ -468,26 +443,5 @@ def _outcome(call: _Call, outcome: str, failure: Failure | None) -> Outcome:
     return Outcome.of(call.record, outcome, failure, (time.monotonic() - call.started) * 1000, call.inflight)
 
 
-_RUNTIMES: dict[str, ProcessRuntime] = {}
-_RUNTIMES_LOCK = threading.Lock()
-
-
-def runtime_for(settings: ShareSettings) -> ProcessRuntime:
-    """This process's runtime for a queue, created on first use and kept for later batches."""
-    key = settings.to_json()
-    if not logging.getLogger().handlers:  # Spark's Python workers: log to stderr, which Spark keeps
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
-        )
-    with _RUNTIMES_LOCK:
-        runtime = _RUNTIMES.get(key)
-        if runtime is None:
-            runtime = _RUNTIMES[key] = ProcessRuntime(settings)
-        return runtime
-
-
-@atexit.register
-def _close_all() -> None:
-    """Leave the share group cleanly when Spark stops the worker process."""
-    for runtime in list(_RUNTIMES.values()):
-        runtime.close()
+# Share consumers leave the group cleanly when Spark stops the worker process.
+RUNTIMES: PerProcess[ProcessRuntime] = PerProcess(lambda text: ProcessRuntime(ShareSettings.from_json(text)))

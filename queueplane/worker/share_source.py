@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from queueplane.worker.outcomes import OUTCOME_SCHEMA
-from queueplane.worker.share_runtime import ShareSettings, runtime_for
+from queueplane.worker.outcomes import OUTCOME_SCHEMA, outcome_batch
+from queueplane.worker.share_runtime import RUNTIMES
 
 SOURCE_NAME = "queueplane-share"
 
@@ -48,8 +48,10 @@ class ShareStreamReader(DataSourceStreamReader):
         return [SlotTask(i, final) for i in range(self.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
-        runtime = runtime_for(ShareSettings.from_json(self.settings_json))
-        yield from runtime.run_batch(final=getattr(partition, "final", False))
+        runtime = RUNTIMES.get(self.settings_json)
+        rows = runtime.run_batch(final=getattr(partition, "final", False))
+        if rows:
+            yield outcome_batch(rows)
 
     def commit(self, end: dict) -> None:
         # Acknowledgements were committed to the broker inside the tasks, before they returned.

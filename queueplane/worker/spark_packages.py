@@ -1,4 +1,4 @@
-"""The JVM jars a worker's Spark session adds for Kafka, pinned, in one place.
+"""Spark's Kafka connector in one place: its pinned jars, and the source the runtimes read with.
 
 Spark's Kafka source and sink (spark-sql-kafka-0-10) are not part of pyspark; they come
 from Maven Central through the same Maven fetch as the local broker's jars, cached under
@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from queueplane.connection import KafkaTarget, java_client_settings
 from queueplane.errors import QueueplaneError
 from queueplane.maven import copy_dependencies
 from queueplane.paths import cache_dir
@@ -59,3 +60,22 @@ def _pyspark_jars() -> Path:
 def with_kafka_connector(builder: Any) -> Any:
     """A SparkSession builder with Spark's built-in Kafka source and sink on its classpath."""
     return builder.config("spark.jars", ",".join(connector_jars()))
+
+
+def kafka_options(target: KafkaTarget) -> dict[str, str]:
+    """The cluster's client settings as Spark's Kafka source and sink options (``kafka.`` prefixed)."""
+    return {f"kafka.{key}": value for key, value in java_client_settings(target.settings).items()}
+
+
+def kafka_source(spark: Any, target: KafkaTarget, topic: str) -> Any:
+    """A streaming reader of ``topic``: the consumer, kmq and tracker queries all start here.
+
+    Retention may delete records a stopped worker never saw; the queue carries on rather
+    than stop (``failOnDataLoss`` off).
+    """
+    return (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(target))
+        .option("subscribe", topic)
+        .option("failOnDataLoss", "false")
+    )

@@ -1,0 +1,103 @@
+"""What every worker benchmark shares: its own broker, specs applied to it, the steady-rate rule, results.
+
+Each benchmark runs on a broker of its own in a temporary folder (nothing shared with a
+checkout's broker or spec cache), and measures the worker and its baseline the same way:
+steady throughput over the middle of the run (see ``steady_rate``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from queueplane import workflow
+from queueplane.connection import KafkaTarget
+from queueplane.local.stack import LocalStack
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# Steady state: the records finished between these two fractions of the run (ramp-up and tail left out).
+STEADY_FROM, STEADY_TO = 0.1, 0.9
+console = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def bench_broker(prefix: str) -> Iterator[tuple[Path, KafkaTarget]]:
+    """A temporary folder (queueplane's home for the run) and a real local broker in it, removed after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.environ["QUEUEPLANE_HOME"] = tmp
+        folder = Path(tmp)
+        stack = LocalStack(folder / "local")
+        with console.status("starting a local Kafka broker for the benchmark"):
+            state = stack.up()
+        try:
+            yield folder, KafkaTarget({"bootstrap.servers": state.bootstrap}, state.bootstrap)
+        finally:
+            stack.down(purge=True)
+
+
+def apply_queue(folder: Path, target: KafkaTarget, group: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """Write a queue spec with a fresh name into ``folder``, apply it, and say where it lives.
+
+    ``spec`` holds the spec's other sections (processing, ...); the topic gets a unique name.
+    """
+    tag = uuid.uuid4().hex[:6]
+    topic = spec.pop("topic")
+    doc = {
+        "apiVersion": "queueplane.io/v1",
+        "kind": "Queue",
+        "metadata": {"name": f"bench-{group['type']}-{tag}", "team": "bench"},
+        "spec": {"topic": {"name": f"bench.{tag}", **topic}, "group": {"id": f"bench-{tag}", **group}, **spec},
+    }
+    path = folder / f"bench-{tag}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    workflow.apply(workflow.plan([str(path)], target))
+    return {"path": path, "topic": f"bench.{tag}", "group": f"bench-{tag}", "doc": doc}
+
+
+def steady_rate(finished_at: Sequence[float]) -> float:
+    """Records/s between the 10th and the 90th percentile of finishing times.
+
+    Start-up (Spark planning the first batch, Python workers forking, consumers joining the
+    group one after another) and the tail (the last slots running dry) are not throughput;
+    the middle of the run is, and every run and baseline is cut the same way.
+    """
+    times = sorted(finished_at)
+    if len(times) < 10:
+        return 0.0
+    first, last = int(len(times) * STEADY_FROM), int(len(times) * STEADY_TO) - 1
+    span = times[last] - times[first]
+    return round((last - first) / span, 1) if span > 0 else 0.0
+
+
+def full_rate(finished_at: Sequence[float]) -> float:
+    """Records/s from the first finish to the last, for comparison with the steady figure."""
+    span = max(finished_at) - min(finished_at)
+    return round(len(finished_at) / span, 1) if span > 0 else 0.0
+
+
+def save(name: str, result: dict[str, Any], figure: Any) -> None:
+    """``bench/results/NAME.json`` and ``NAME.png``, and the figures on stdout."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    figure.tight_layout()
+    figure.savefig(RESULTS / f"{name}.png", dpi=110)
+    print(json.dumps(result, indent=2))
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend (benchmarks run without a display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
