@@ -44,36 +44,45 @@ def bench_broker(prefix: str) -> Iterator[tuple[Path, KafkaTarget]]:
             stack.down(purge=True)
 
 
-def apply_queue(folder: Path, target: KafkaTarget, group: dict[str, Any], **spec: Any) -> dict[str, Any]:
+def apply_queue(
+    folder: Path, target: KafkaTarget, group: dict[str, Any], with_output: bool = False, **spec: Any
+) -> dict[str, Any]:
     """Write a queue spec with a fresh name into ``folder``, apply it, and say where it lives.
 
-    ``spec`` holds the spec's other sections (processing, ...); the topic gets a unique name.
+    ``spec`` holds the spec's other sections (topic settings, processing); the topic and the
+    group get unique names, and ``with_output`` gives the handler an output topic of its own.
     """
     tag = uuid.uuid4().hex[:6]
-    topic = spec.pop("topic")
+    names = {"path": folder / f"bench-{tag}.yaml", "topic": f"bench.{tag}", "group": f"bench-{tag}"}
+    topic = {"name": names["topic"], **spec.pop("topic", {})}
+    if with_output:
+        names["output"] = f"{names['topic']}.out"
+        spec["processing"] = {**spec["processing"], "output": {"topic": names["output"]}}
     doc = {
         "apiVersion": "queueplane.io/v1",
         "kind": "Queue",
         "metadata": {"name": f"bench-{group['type']}-{tag}", "team": "bench"},
-        "spec": {"topic": {"name": f"bench.{tag}", **topic}, "group": {"id": f"bench-{tag}", **group}, **spec},
+        "spec": {"topic": topic, "group": {"id": names["group"], **group}, **spec},
     }
-    path = folder / f"bench-{tag}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    workflow.apply(workflow.plan([str(path)], target))
-    return {"path": path, "topic": f"bench.{tag}", "group": f"bench-{tag}", "doc": doc}
+    names["path"].write_text(yaml.safe_dump(doc))
+    workflow.apply(workflow.plan([str(names["path"])], target))
+    return names
 
 
-def steady_rate(finished_at: Sequence[float]) -> float:
+def steady_rate(finished_at: Sequence[float], total: int | None = None) -> float:
     """Records/s between the 10th and the 90th percentile of finishing times.
 
     Start-up (Spark planning the first batch, Python workers forking, consumers joining the
     group one after another) and the tail (the last slots running dry) are not throughput;
-    the middle of the run is, and every run and baseline is cut the same way.
+    the middle of the run is, and every run and baseline is cut the same way. ``total``: how
+    many records the run finished, where the last few finishing times may not have been
+    written down before the process ended.
     """
     times = sorted(finished_at)
-    if len(times) < 10:
+    total = max(total or 0, len(times))
+    first, last = int(total * STEADY_FROM), min(int(total * STEADY_TO), len(times)) - 1
+    if last - first < 10:
         return 0.0
-    first, last = int(len(times) * STEADY_FROM), int(len(times) * STEADY_TO) - 1
     span = times[last] - times[first]
     return round((last - first) / span, 1) if span > 0 else 0.0
 

@@ -15,13 +15,12 @@ Throughput is measured the same way for every run, the worker and the pass-throu
 records in the output topic divided by the span of their timestamps (first to last write),
 so Spark start-up and shutdown are left out.
 
-    .venv/bin/python bench/consumer.py [--records 20000] [--trivial-records 50000]
+    .venv/bin/python bench/consumer.py [--records 20000] [--trivial-records 100000]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -29,22 +28,19 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
-import yaml
+from common import apply_queue, bench_broker, console, full_rate, pyplot, save
 from confluent_kafka import Consumer, Producer, TopicPartition
-from rich.console import Console
 
 from queueplane import workflow
 from queueplane.cluster import quiet_logger
 from queueplane.connection import KafkaTarget
 from queueplane.lag import queue_backlog
-from queueplane.local.stack import LocalStack
 from queueplane.worker.ordering import key_slot
 from queueplane.worker.runner import RunOptions, run_queue
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS, KEYS, SLOTS, SLEEP_S = 6, 32, 8, 0.010
-console = Console(stderr=True)
 
 HANDLERS = """
 import time
@@ -61,33 +57,17 @@ def echo(record):
 """
 
 
-def make_spec(folder: Path, target: KafkaTarget, handler: str, ordering: str, exactly_once: bool = False) -> dict:
-    tag = uuid.uuid4().hex[:6]
-    doc = {
-        "apiVersion": "queueplane.io/v1",
-        "kind": "Queue",
-        "metadata": {"name": f"bench-{tag}", "team": "bench"},
-        "spec": {
-            "topic": {"name": f"bench.{tag}", "partitions": PARTITIONS},
-            "group": {
-                "type": "consumer",
-                "id": f"bench-{tag}",
-                "lockDuration": "30s",
-                "maxInFlight": 2000,
-                "ordering": ordering,
-            },
-            "processing": {
-                "handler": f"bench_handlers:{handler}",
-                "concurrency": SLOTS,
-                "output": {"topic": f"bench.{tag}.out"},
-                "exactlyOnce": exactly_once,
-            },
-        },
-    }
-    path = folder / f"bench-{tag}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    workflow.apply(workflow.plan([str(path)], target))
-    return {"path": path, "topic": f"bench.{tag}", "output": f"bench.{tag}.out"}
+def apply_consumer_queue(
+    folder: Path, target: KafkaTarget, handler: str, ordering: str, exactly_once: bool = False
+) -> dict:
+    return apply_queue(
+        folder,
+        target,
+        {"type": "consumer", "lockDuration": "30s", "maxInFlight": 2000, "ordering": ordering},
+        with_output=True,
+        topic={"partitions": PARTITIONS},
+        processing={"handler": f"bench_handlers:{handler}", "concurrency": SLOTS, "exactlyOnce": exactly_once},
+    )
 
 
 def seed_layout(count: int, hot_key: bool = False) -> list[tuple[int, bytes]]:
@@ -139,8 +119,7 @@ def output_rate(target: KafkaTarget, topic: str, expected: int) -> float:
     while len(stamps) < expected and time.monotonic() < deadline:
         stamps += [m.timestamp()[1] for m in consumer.consume(1000, 0.5) if not m.error()]
     consumer.close()
-    span = (max(stamps) - min(stamps)) / 1000
-    return round(len(stamps) / span, 1) if span > 0 else 0.0
+    return full_rate([stamp / 1000 for stamp in stamps])
 
 
 def run_worker(spec: dict, target: KafkaTarget, records: int) -> float:
@@ -198,9 +177,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--hot-records", type=int, default=2_000)
-    parser.add_argument("--trivial-records", type=int, default=50_000)
+    parser.add_argument("--trivial-records", type=int, default=100_000)
     args = parser.parse_args()
-    RESULTS.mkdir(exist_ok=True)
     result: dict = {
         "records": args.records,
         "partitions": PARTITIONS,
@@ -208,67 +186,52 @@ def main() -> int:
         "slots": SLOTS,
         "goals": {"ratio_to_ideal": ">= 0.85", "trivial_ratio_to_pass_through": ">= 0.8"},
     }
-    with tempfile.TemporaryDirectory(prefix="qp-bench-consumer-") as tmp:
-        os.environ["QUEUEPLANE_HOME"] = tmp
-        folder = Path(tmp)
+    with bench_broker("qp-bench-consumer-") as (folder, target):
         (folder / "bench_handlers.py").write_text(HANDLERS)
-        stack = LocalStack(folder / "local")
-        with console.status("starting a local Kafka broker for the benchmark"):
-            state = stack.up()
-        target = KafkaTarget({"bootstrap.servers": state.bootstrap}, state.bootstrap)
-        try:
-            layout = seed_layout(args.records)
-            scenarios = [
-                ("partition", "partition", layout, PARTITIONS / SLEEP_S),
-                ("key", "key", layout, key_ideal(layout)),
-                ("hot_key", "key", seed_layout(args.hot_records, hot_key=True), 1 / SLEEP_S),
-            ]
-            for name, ordering, records, ideal in scenarios:
-                spec = make_spec(folder, target, "sleep_10ms", ordering)
-                fill(target, spec["topic"], records)
-                console.print(f"10 ms handler, ordering={ordering} ({name}), {len(records)} records")
-                rate = run_worker(spec, target, len(records))
-                result[name] = {
-                    "records": len(records),
-                    "records_per_s": rate,
-                    "ideal_records_per_s": round(ideal, 1),
-                    "ratio_to_ideal": round(rate / ideal, 3),
-                }
-                console.print(result[name])
-            trivial_layout = seed_layout(args.trivial_records)
-            rates = {}
-            for label, exactly_once in (("at_least_once", False), ("exactly_once", True)):
-                spec = make_spec(folder, target, "echo", "key", exactly_once)
-                fill(target, spec["topic"], trivial_layout)
-                console.print(f"trivial handler, ordering=key, {label}, {len(trivial_layout)} records")
-                rates[label] = run_worker(spec, target, len(trivial_layout))
-            baseline = make_spec(folder, target, "echo", "key")
-            fill(target, baseline["topic"], trivial_layout)
-            console.print("plain Spark Kafka-to-Kafka pass-through")
-            plain = pass_through(target, baseline["topic"], baseline["output"], len(trivial_layout))
-            result["trivial"] = {
-                "records": len(trivial_layout),
-                "worker_records_per_s": rates["at_least_once"],
-                "exactly_once_records_per_s": rates["exactly_once"],
-                "pass_through_records_per_s": plain,
-                "ratio_to_pass_through": round(rates["at_least_once"] / plain, 3),
-                "exactly_once_ratio_to_at_least_once": round(rates["exactly_once"] / rates["at_least_once"], 3),
+        layout = seed_layout(args.records)
+        scenarios = [
+            ("partition", "partition", layout, PARTITIONS / SLEEP_S),
+            ("key", "key", layout, key_ideal(layout)),
+            ("hot_key", "key", seed_layout(args.hot_records, hot_key=True), 1 / SLEEP_S),
+        ]
+        for name, ordering, records, ideal in scenarios:
+            spec = apply_consumer_queue(folder, target, "sleep_10ms", ordering)
+            fill(target, spec["topic"], records)
+            console.print(f"10 ms handler, ordering={ordering} ({name}), {len(records)} records")
+            rate = run_worker(spec, target, len(records))
+            result[name] = {
+                "records": len(records),
+                "records_per_s": rate,
+                "ideal_records_per_s": round(ideal, 1),
+                "ratio_to_ideal": round(rate / ideal, 3),
             }
-            console.print(result["trivial"])
-        finally:
-            stack.down(purge=True)
-    (RESULTS / "consumer.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result)
-    print(json.dumps(result, indent=2))
+            console.print(result[name])
+        trivial_layout = seed_layout(args.trivial_records)
+        rates = {}
+        for label, exactly_once in (("at_least_once", False), ("exactly_once", True)):
+            spec = apply_consumer_queue(folder, target, "echo", "key", exactly_once)
+            fill(target, spec["topic"], trivial_layout)
+            console.print(f"trivial handler, ordering=key, {label}, {len(trivial_layout)} records")
+            rates[label] = run_worker(spec, target, len(trivial_layout))
+        baseline = apply_consumer_queue(folder, target, "echo", "key")
+        fill(target, baseline["topic"], trivial_layout)
+        console.print("plain Spark Kafka-to-Kafka pass-through")
+        plain = pass_through(target, baseline["topic"], baseline["output"], len(trivial_layout))
+        result["trivial"] = {
+            "records": len(trivial_layout),
+            "worker_records_per_s": rates["at_least_once"],
+            "exactly_once_records_per_s": rates["exactly_once"],
+            "pass_through_records_per_s": plain,
+            "ratio_to_pass_through": round(rates["at_least_once"] / plain, 3),
+            "exactly_once_ratio_to_at_least_once": round(rates["exactly_once"] / rates["at_least_once"], 3),
+        }
+        console.print(result["trivial"])
+    save("consumer", result, plot(result))
     return 0
 
 
-def plot(result: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(result: dict) -> Any:
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     names = ["partition", "key", "hot_key"]
     labels = ["ordering=partition", f"ordering=key, {result['slots']} slots", "one hot key"]
@@ -294,8 +257,7 @@ def plot(result: dict) -> None:
         f"trivial handler: {t['ratio_to_pass_through']:.2f} of pass-through (goal >= 0.8)\n"
         f"exactlyOnce: {t['exactly_once_ratio_to_at_least_once']:.2f} of at-least-once"
     )
-    fig.tight_layout()
-    fig.savefig(RESULTS / "consumer.png", dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

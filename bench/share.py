@@ -6,80 +6,70 @@
    the same slots, on the same broker, in the same run (goal >= 0.7).
 3. Peak RSS of the driver (Python and JVM) and of the Python workers.
 
-    .venv/bin/python bench/share.py [--records 20000] [--slots 6,24,48]
+Steady throughput, for the worker and the plain loop alike, counts the records finished
+between 10% and 90% of the run over that span (bench/common.py): Spark's start-up, the
+group's members joining one by one and the last slots running dry are left out. The
+first-to-last figures are reported beside it.
+
+    .venv/bin/python bench/share.py [--records 20000] [--trivial-records 100000] [--slots 6,24,48]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
+from typing import Any
 
-import yaml
+from common import STEADY_FROM, STEADY_TO, apply_queue, bench_broker, console, full_rate, pyplot, save, steady_rate
 from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
-from rich.console import Console
 
 from queueplane import workflow
 from queueplane.cluster import quiet_logger
 from queueplane.connection import KafkaTarget
 from queueplane.lag import queue_backlog
 from queueplane.load import QUEUE_PRODUCER
-from queueplane.local.stack import LocalStack
 from queueplane.worker.runner import RunOptions, run_queue
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 6
-console = Console(stderr=True)
 
 HANDLERS = """
-import atexit
 import os
+import threading
 import time
 
-_MARKS = os.environ.get("QP_BENCH_MARKS", "/tmp")
-_first = []  # this process's first call
-_last = [0.0, 0.0]  # last call's end, last time it was written
+# Every call's finishing time, kept in memory (a list append costs next to nothing per call) and
+# appended to this process's file five times a second by a background thread, so the benchmark
+# can cut the run's steady middle out of all calls. Spark ends its Python workers without exit
+# handlers, hence the thread.
+_finished = []
 
 
-def _write(kind, value):
-    with open(os.path.join(_MARKS, f"{kind}-{os.getpid()}"), "w") as handle:
-        handle.write(repr(value))
+def _flush_forever():
+    path = os.path.join(os.environ["QP_BENCH_MARKS"], f"finished-{os.getpid()}")
+    written = 0
+    while True:
+        time.sleep(0.2)
+        count = len(_finished)
+        if count > written:
+            with open(path, "a") as handle:
+                handle.write("\\n".join(map(repr, _finished[written:count])) + "\\n")
+            written = count
 
 
-def _mark_first():
-    # Once per process, checked in memory: the handler must cost next to nothing per call.
-    if not _first:
-        _first.append(time.time())
-        _write("first", _first[0])
-
-
-def _mark_last():
-    now = time.time()
-    _last[0] = now
-    if now - _last[1] > 0.05:
-        _last[1] = now
-        _write("last", now)
-
-
-atexit.register(lambda: _last[0] and _write("last", _last[0]))
+threading.Thread(target=_flush_forever, daemon=True).start()
 
 
 def sleep_10ms(record):
-    _mark_first()
     time.sleep(0.010)
-    _mark_last()
+    _finished.append(time.time())
 
 
 def trivial(record):
-    _mark_first()
-    _mark_last()
-    return None
+    _finished.append(time.time())
 """
 
 
@@ -138,7 +128,7 @@ class RssSampler:
                     workers += rss
             for key, value in (("driver_python_mb", python), ("driver_jvm_mb", jvm), ("python_workers_mb", workers)):
                 self.peak[key] = max(self.peak[key], round(value, 1))
-            time.sleep(0.5)
+            time.sleep(0.2)
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -149,24 +139,16 @@ class RssSampler:
         self._thread.join()
 
 
-def make_spec(folder: Path, target: KafkaTarget, handler: str, slots: int) -> Path:
-    tag = uuid.uuid4().hex[:6]
-    doc = {
-        "apiVersion": "queueplane.io/v1",
-        "kind": "Queue",
-        "metadata": {"name": f"bench-{tag}", "team": "bench"},
-        "spec": {
-            "topic": {"name": f"bench.{tag}", "partitions": PARTITIONS},
-            # maxInFlight bounds what one poll can acquire (librdkafka's max.poll.records is best-effort):
-            # sized so the slots can start every acquired record well within the lock.
-            "group": {"type": "share", "id": f"bench-{tag}", "lockDuration": "15s", "maxInFlight": 200},
-            "processing": {"handler": f"bench_handlers:{handler}", "concurrency": slots},
-        },
-    }
-    path = folder / f"bench-{tag}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    workflow.apply(workflow.plan([str(path)], target))
-    return path
+def apply_share_queue(folder: Path, target: KafkaTarget, handler: str, slots: int) -> dict:
+    # maxInFlight bounds what one poll can acquire (librdkafka's max.poll.records is best-effort):
+    # sized so the slots can start every acquired record well within the lock.
+    return apply_queue(
+        folder,
+        target,
+        {"type": "share", "lockDuration": "15s", "maxInFlight": 200},
+        topic={"partitions": PARTITIONS},
+        processing={"handler": f"bench_handlers:{handler}", "concurrency": slots},
+    )
 
 
 def fill(target: KafkaTarget, topic: str, count: int) -> None:
@@ -182,32 +164,28 @@ def fill(target: KafkaTarget, topic: str, count: int) -> None:
 
 
 def worker_throughput(spec: Path, target: KafkaTarget, records: int, marks_dir: Path) -> dict:
-    """Records/s from the first handler call to the end of the last: Spark and group start-up and the
-    shutdown excluded (the handlers mark both ends; Python workers write the last mark on exit)."""
+    """Steady records/s of the worker, from the finishing times its handler calls wrote down."""
     (queue,) = workflow.validate([str(spec)], target)
-    for old in marks_dir.glob("*-*"):
+    for old in marks_dir.glob("finished-*"):
         old.unlink()
-    summary = run_queue(
-        queue,
-        target,
-        RunOptions(max_records=records),
-        backlog=queue_backlog(target, queue),
-    )
-    first = min(float(p.read_text()) for p in marks_dir.glob("first-*"))
-    ended = max(float(p.read_text()) for p in marks_dir.glob("last-*"))
+    summary = run_queue(queue, target, RunOptions(max_records=records), backlog=queue_backlog(target, queue))
+    finished = [float(line) for path in marks_dir.glob("finished-*") for line in path.read_text().split()]
     done = summary.counts.get("accepted", 0) + summary.counts.get("dlq", 0)
-    return {"records": done, "steady_records_per_s": round(done / (ended - first), 1), "counts": summary.counts}
+    return {
+        "records": done,
+        "steady_records_per_s": steady_rate(finished, done),
+        "first_to_last_records_per_s": full_rate(finished),
+        "counts": summary.counts,
+    }
 
 
-def plain_loop_throughput(target: KafkaTarget, topic: str, group: str, slots: int, records: int) -> float:
+def plain_loop_throughput(target: KafkaTarget, topic: str, group: str, slots: int, records: int) -> dict:
     """The baseline: ``slots`` threads, each a ShareConsumer polling and ACCEPTing, nothing else."""
-    done = 0
+    finished: list[float] = []
     lock = threading.Lock()
-    first: list[float] = []
     stop = threading.Event()
 
     def loop(i: int) -> None:
-        nonlocal done
         consumer = ShareConsumer(
             {
                 **target.settings,
@@ -225,11 +203,10 @@ def plain_loop_throughput(target: KafkaTarget, topic: str, group: str, slots: in
                     consumer.acknowledge(m, AcknowledgeType.ACCEPT)
             if messages:
                 consumer.commit_sync()  # counted once the broker has the acknowledgements, as in the worker
+                now = time.time()
                 with lock:
-                    if not first:
-                        first.append(time.monotonic())
-                    done += len(messages)
-                    if done >= records:
+                    finished.extend([now] * len(messages))
+                    if len(finished) >= records:
                         stop.set()
         consumer.close()
 
@@ -237,81 +214,69 @@ def plain_loop_throughput(target: KafkaTarget, topic: str, group: str, slots: in
     for t in threads:
         t.start()
     stop.wait(300)
-    end = time.monotonic()
     stop.set()
     for t in threads:
         t.join()
-    return round(done / (end - first[0]), 1)
+    return {"steady_records_per_s": steady_rate(finished), "first_to_last_records_per_s": full_rate(finished)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--trivial-records", type=int, default=100_000)
     parser.add_argument("--slots", default="6,24,48")
     args = parser.parse_args()
     slot_counts = [int(s) for s in args.slots.split(",")]
-    RESULTS.mkdir(exist_ok=True)
     result: dict = {
         "records": args.records,
         "partitions": PARTITIONS,
+        "method": f"steady records/s: records finished between {STEADY_FROM:.0%} and {STEADY_TO:.0%} of the run",
         "sleep_10ms": {},
         "goals": {"ratio_to_ideal_at_48": ">= 0.85", "trivial_ratio_to_plain_loop": ">= 0.7"},
     }
-    with tempfile.TemporaryDirectory(prefix="qp-bench-share-") as tmp:
-        os.environ["QUEUEPLANE_HOME"] = tmp
-        folder = Path(tmp)
+    with bench_broker("qp-bench-share-") as (folder, target):
         marks = folder / "marks"
         marks.mkdir()
         os.environ["QP_BENCH_MARKS"] = str(marks)
         (folder / "bench_handlers.py").write_text(HANDLERS)
-        stack = LocalStack(folder / "local")
-        with console.status("starting a local Kafka broker for the benchmark"):
-            state = stack.up()
-        target = KafkaTarget({"bootstrap.servers": state.bootstrap}, state.bootstrap)
-        try:
-            with RssSampler() as rss:
-                for slots in slot_counts:
-                    spec = make_spec(folder, target, "sleep_10ms", slots)
-                    fill(target, yaml.safe_load(spec.read_text())["spec"]["topic"]["name"], args.records)
-                    console.print(f"sleep 10ms handler, {slots} slots")
-                    measured = worker_throughput(spec, target, args.records, marks)
-                    ideal = slots / 0.010
-                    measured["ideal_records_per_s"] = ideal
-                    measured["ratio_to_ideal"] = round(measured["steady_records_per_s"] / ideal, 3)
-                    result["sleep_10ms"][str(slots)] = measured
-                    console.print(measured)
-                slots = slot_counts[-1]
-                spec = make_spec(folder, target, "trivial", slots)
-                topic = yaml.safe_load(spec.read_text())["spec"]["topic"]["name"]
-                fill(target, topic, args.records)
-                console.print(f"trivial handler, {slots} slots")
-                trivial = worker_throughput(spec, target, args.records, marks)
-            plain_topic_spec = make_spec(folder, target, "trivial", slots)
-            doc = yaml.safe_load(plain_topic_spec.read_text())["spec"]
-            fill(target, doc["topic"]["name"], args.records)
-            console.print(f"plain ShareConsumer loop, {slots} consumers")
-            plain = plain_loop_throughput(target, doc["topic"]["name"], doc["group"]["id"], slots, args.records)
-            result["trivial"] = {
-                "slots": slots,
-                "worker_records_per_s": trivial["steady_records_per_s"],
-                "plain_loop_records_per_s": plain,
-                "ratio": round(trivial["steady_records_per_s"] / plain, 3),
-            }
-            result["peak_rss"] = rss.peak
-        finally:
-            stack.down(purge=True)
-    (RESULTS / "share.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result)
-    print(json.dumps(result, indent=2))
+        with RssSampler() as rss:
+            for slots in slot_counts:
+                queue = apply_share_queue(folder, target, "sleep_10ms", slots)
+                fill(target, queue["topic"], args.records)
+                console.print(f"sleep 10ms handler, {slots} slots")
+                measured = worker_throughput(queue["path"], target, args.records, marks)
+                ideal = slots / 0.010
+                measured["ideal_records_per_s"] = ideal
+                measured["ratio_to_ideal"] = round(measured["steady_records_per_s"] / ideal, 3)
+                result["sleep_10ms"][str(slots)] = measured
+                console.print(measured)
+            slots = slot_counts[-1]
+            queue = apply_share_queue(folder, target, "trivial", slots)
+            fill(target, queue["topic"], args.trivial_records)
+            console.print(f"trivial handler, {slots} slots, {args.trivial_records} records")
+            trivial = worker_throughput(queue["path"], target, args.trivial_records, marks)
+        baseline = apply_share_queue(folder, target, "trivial", slots)
+        fill(target, baseline["topic"], args.trivial_records)
+        console.print(f"plain ShareConsumer loop, {slots} consumers")
+        plain = plain_loop_throughput(target, baseline["topic"], baseline["group"], slots, args.trivial_records)
+        result["trivial"] = {
+            "slots": slots,
+            "records": args.trivial_records,
+            "worker_records_per_s": trivial["steady_records_per_s"],
+            "plain_loop_records_per_s": plain["steady_records_per_s"],
+            "ratio": round(trivial["steady_records_per_s"] / plain["steady_records_per_s"], 3),
+            "first_to_last": {
+                "worker": trivial["first_to_last_records_per_s"],
+                "plain_loop": plain["first_to_last_records_per_s"],
+            },
+        }
+        result["peak_rss"] = rss.peak
+    save("share", result, plot(result))
     return 0
 
 
-def plot(result: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(result: dict) -> Any:
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     slots = list(result["sleep_10ms"])
     measured = [result["sleep_10ms"][s]["steady_records_per_s"] for s in slots]
@@ -322,8 +287,8 @@ def plot(result: dict) -> None:
     for i, s in enumerate(slots):
         left.text(i + 0.2, measured[i], f"{result['sleep_10ms'][s]['ratio_to_ideal']:.2f}", ha="center", va="bottom")
     left.set_xticks(list(x), [f"{s} slots" for s in slots])
-    left.set_ylabel("records/s")
-    left.set_title(f"10 ms handler, {result['partitions']} partitions")
+    left.set_ylabel("steady records/s")
+    left.set_title(f"10 ms handler, {result['partitions']} partitions (goal >= 0.85 at 48)")
     left.legend()
     t = result["trivial"]
     right.bar(
@@ -331,10 +296,9 @@ def plot(result: dict) -> None:
         [t["plain_loop_records_per_s"], t["worker_records_per_s"]],
         color=["#c44e52", "#4c72b0"],
     )
-    right.set_ylabel("records/s")
+    right.set_ylabel("steady records/s")
     right.set_title(f"trivial handler, {t['slots']} slots: ratio {t['ratio']:.2f} (goal >= 0.7)")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "share.png", dpi=110)
+    return fig
 
 
 if __name__ == "__main__":
