@@ -31,7 +31,7 @@ from queueplane.worker.kmq_query import KmqQueries
 from queueplane.worker.metrics import WorkerMetrics
 from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
 from queueplane.worker.settings import common_settings
-from queueplane.worker.share_runtime import FETCHER_SHARE, ShareSettings
+from queueplane.worker.share_runtime import POLL_ROUNDS, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
@@ -95,9 +95,8 @@ def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions, t
         **common_settings(queue, target),
         topic=queue.topic.name,
         slots=slots,
-        # Each fetcher asks for twice its share of the pool: enough to keep the pool busy while it
-        # polls again, few enough that records do not sit locked in the pool's queue.
-        max_poll_records=max(1, min(queue.group.max_in_flight, 2 * FETCHER_SHARE)),
+        # Enough for POLL_ROUNDS rounds of the process's threads, never more than the partition's lock cap.
+        max_poll_records=max(1, min(queue.group.max_in_flight, POLL_ROUNDS * slots)),
         batch_ms=options.batch_ms,
     )
 

@@ -45,6 +45,10 @@ log = logging.getLogger("queueplane.worker")
 
 HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
 FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least two a process)
+# A poll may acquire this many rounds of the pool's threads: fewer fetch round trips per record
+# (a quick handler's throughput was bound by them at 8 records a poll), while the pool's room
+# check keeps acquired records from queueing behind a busy pool.
+POLL_ROUNDS = 8
 # Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
 # before the next batch; without a renewal they stop and only settle what they hold.
 LEASE_GRACE_S = 3.0
@@ -123,10 +127,28 @@ class HandlerPool:
         self.size = size
         self.calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)  # notified when queued calls fall below size
         self.live = 0
         self.inflight = 0
+        self.queued = 0  # calls handed in and not yet taken by a thread
         for _ in range(size):
             self._spawn()
+
+    def submit(self, calls: list[_Call]) -> None:
+        with self.lock:
+            self.queued += len(calls)
+        put = self.calls.put
+        for call in calls:
+            put(call)
+
+    def wait_for_room(self, timeout: float) -> bool:
+        """Whether fewer calls wait than there are threads (waiting up to ``timeout`` for it).
+
+        Fetchers acquire more records only then: records acquired while the pool is behind
+        would wait in its queue while their acquisition lock runs down.
+        """
+        with self.room:
+            return self.room.wait_for(lambda: self.queued < self.size, timeout)
 
     def _spawn(self) -> None:
         with self.lock:
@@ -146,6 +168,10 @@ class HandlerPool:
                     return
 
     def _run(self, call: _Call) -> None:
+        with self.lock:
+            self.queued -= 1
+            if self.queued < self.size:
+                self.room.notify_all()
         poll = call.poll
         with poll.cond:
             if call.state != _Call.QUEUED:
@@ -325,6 +351,10 @@ class ShareFetcher:
 
     def _cycle(self, outcomes: list[Outcome]) -> None:
         """One poll: hand its records to the pool, settle them together, acknowledge each."""
+        if not self.runtime.pool.wait_for_room(0.05):
+            if self.pending:  # acknowledgements must not wait for the pool: their records' locks run
+                self.pending = not self._commit()
+            return
         try:
             messages = self.consumer.poll(0.2)
         except KafkaException as exc:
@@ -343,9 +373,7 @@ class ShareFetcher:
                 log.warning("share consumer error: %s", m.error())
         poll = _Poll(len(good))
         calls = [_Call(_record(m), poll, deadline) for m in good]
-        put = self.runtime.pool.calls.put
-        for call in calls:
-            put(call)
+        self.runtime.pool.submit(calls)
         self._await(poll, calls, deadline)
         acknowledge = self.consumer.acknowledge
         for message, call in zip(good, calls, strict=True):
