@@ -49,6 +49,7 @@ FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least t
 # (a quick handler's throughput was bound by them at 8 records a poll), while the pool's room
 # check keeps acquired records from queueing behind a busy pool.
 POLL_ROUNDS = 8
+ROOM_ROUNDS = 4
 # Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
 # before the next batch; without a renewal they stop and only settle what they hold.
 LEASE_GRACE_S = 3.0
@@ -142,13 +143,14 @@ class HandlerPool:
             put(call)
 
     def wait_for_room(self, timeout: float) -> bool:
-        """Whether fewer calls wait than there are threads (waiting up to ``timeout`` for it).
+        """Whether fewer calls wait than ROOM_ROUNDS rounds of the threads (waiting up to ``timeout``).
 
-        Fetchers acquire more records only then: records acquired while the pool is behind
-        would wait in its queue while their acquisition lock runs down.
+        Fetchers acquire more records only then: records acquired while the pool is far behind
+        would wait in its queue while their acquisition lock runs down. A few rounds stay
+        queued, so the threads have work while a fetcher's poll is on its way.
         """
         with self.room:
-            return self.room.wait_for(lambda: self.queued < self.size, timeout)
+            return self.room.wait_for(lambda: self.queued < ROOM_ROUNDS * self.size, timeout)
 
     def _spawn(self) -> None:
         with self.lock:
@@ -170,7 +172,7 @@ class HandlerPool:
     def _run(self, call: _Call) -> None:
         with self.lock:
             self.queued -= 1
-            if self.queued < self.size:
+            if self.queued == ROOM_ROUNDS * self.size - 1:
                 self.room.notify_all()
         poll = call.poll
         with poll.cond:
