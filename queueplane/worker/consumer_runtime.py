@@ -305,7 +305,8 @@ class PartitionTask:
         self.last_commit = self.committed
         count = 1 if s.ordering == "partition" else s.slots
         self.slots = [Slot(self, i) for i in range(count)]
-        # A slot's queue holds Slot.DEPTH chunks: chunks of this size keep maxInFlight records at most.
+        # A slot's queue holds Slot.DEPTH chunks of this size: maxInFlight records of the partition at
+        # most wait in queues, beside the chunk each slot is working through.
         self.chunk = max(1, s.slot_queue // Slot.DEPTH)
         self._next_slot = 0
         self._slot_of: dict[bytes | None, int] = {}  # FNV-1a of a key, once per key

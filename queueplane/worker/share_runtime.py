@@ -128,7 +128,7 @@ class HandlerPool:
         self.size = size
         self.calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self.lock = threading.Lock()
-        self.room = threading.Condition(self.lock)  # notified when queued calls fall below size
+        self.room = threading.Condition(self.lock)  # notified when queued calls fall below ROOM_ROUNDS rounds
         self.live = 0
         self.inflight = 0
         self.queued = 0  # calls handed in and not yet taken by a thread
