@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -483,11 +483,13 @@ class PartitionTask:
 PROCESSES: PerProcess[WorkerProcess] = PerProcess(lambda text: WorkerProcess(ConsumerSettings.from_json(text)))
 
 
-def _records_by_partition(batch: pa.RecordBatch) -> list[tuple[tuple[str, int], list[Record]]]:
-    """An Arrow batch of INPUT_COLUMNS as records, grouped by Kafka partition in offset order."""
+def input_records(
+    batch: pa.RecordBatch, delivery_count: Callable[[tuple[tuple[str, bytes | None], ...]], int] | None = None
+) -> list[Record]:
+    """An Arrow batch of INPUT_COLUMNS as records; ``delivery_count`` reads it from the headers (kmq), else 1."""
     columns = batch.to_pydict()
-    groups: dict[tuple[str, int], list[Record]] = {}
-    for key, value, topic, partition, offset, ts, headers in zip(
+    records = []
+    for key, value, topic, partition, offset, ts, raw_headers in zip(
         columns["key"],
         columns["value"],
         columns["topic"],
@@ -497,19 +499,29 @@ def _records_by_partition(batch: pa.RecordBatch) -> list[tuple[tuple[str, int], 
         columns["headers"],
         strict=True,
     ):
-        record = Record(
-            key=key,
-            value=value,
-            headers=tuple((h["key"], h["value"]) for h in headers) if headers else (),
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            delivery_count=1,
-            timestamp=ts,
+        headers = tuple((h["key"], h["value"]) for h in raw_headers) if raw_headers else ()
+        records.append(
+            Record(
+                key=key,
+                value=value,
+                headers=headers,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                delivery_count=delivery_count(headers) if delivery_count else 1,
+                timestamp=ts,
+            )
         )
-        group = groups.get((topic, partition))
+    return records
+
+
+def _records_by_partition(batch: pa.RecordBatch) -> list[tuple[tuple[str, int], list[Record]]]:
+    """An Arrow batch of INPUT_COLUMNS as records, grouped by Kafka partition in offset order."""
+    groups: dict[tuple[str, int], list[Record]] = {}
+    for record in input_records(batch):
+        group = groups.get((record.topic, record.partition))
         if group is None:
-            group = groups[(topic, partition)] = []
+            group = groups[(record.topic, record.partition)] = []
         group.append(record)
     return list(groups.items())
 

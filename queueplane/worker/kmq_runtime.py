@@ -27,6 +27,7 @@ import pyarrow as pa
 from queueplane.dlq import Failure
 from queueplane.handler import Handler, Record, Reject, load_handler, outputs_of
 from queueplane.worker import kmq_markers as km
+from queueplane.worker.consumer_runtime import input_records
 from queueplane.worker.ordering import retry_delay_ms
 from queueplane.worker.outcomes import (
     ACCEPTED,
@@ -264,23 +265,7 @@ PROCESSES: PerProcess[KmqProcess] = PerProcess(lambda text: KmqProcess(KmqSettin
 def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the records of one offset range in, one outcome row per record out."""
     process = PROCESSES.get(settings_json)
-    records: list[Record] = []
-    for batch in batches:
-        columns = batch.to_pydict()
-        for i in range(batch.num_rows):
-            headers = tuple((h["key"], h["value"]) for h in columns["headers"][i] or ())
-            records.append(
-                Record(
-                    key=columns["key"][i],
-                    value=columns["value"][i],
-                    headers=headers,
-                    topic=columns["topic"][i],
-                    partition=columns["partition"][i],
-                    offset=columns["offset"][i],
-                    delivery_count=km.delivery_count(headers),
-                    timestamp=columns["ts"][i],
-                )
-            )
+    records = [record for batch in batches for record in input_records(batch, km.delivery_count)]
     if not records:
         return
     task = KmqTask(process, records)

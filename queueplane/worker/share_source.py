@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from queueplane.worker.outcomes import OUTCOME_SCHEMA, outcome_batch
@@ -47,7 +48,7 @@ class ShareStreamReader(DataSourceStreamReader):
         final = bool(self.drain_file) and os.path.exists(self.drain_file)
         return [SlotTask(i, final) for i in range(self.tasks)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         runtime = RUNTIMES.get(self.settings_json)
         rows = runtime.run_batch(final=getattr(partition, "final", False))
         if rows:
