@@ -23,8 +23,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -487,32 +488,30 @@ def input_records(
     batch: pa.RecordBatch, delivery_count: Callable[[tuple[tuple[str, bytes | None], ...]], int] | None = None
 ) -> list[Record]:
     """An Arrow batch of INPUT_COLUMNS as records; ``delivery_count`` reads it from the headers (kmq), else 1."""
-    columns = batch.to_pydict()
-    records = []
-    for key, value, topic, partition, offset, ts, raw_headers in zip(
-        columns["key"],
-        columns["value"],
-        columns["topic"],
-        columns["partition"],
-        columns["offset"],
-        columns["ts"],
-        columns["headers"],
-        strict=True,
-    ):
-        headers = tuple((h["key"], h["value"]) for h in raw_headers) if raw_headers else ()
-        records.append(
-            Record(
-                key=key,
-                value=value,
-                headers=headers,
-                topic=topic,
-                partition=partition,
-                offset=offset,
-                delivery_count=delivery_count(headers) if delivery_count else 1,
-                timestamp=ts,
-            )
+    column = batch.column
+    raw_headers = column("headers")
+    if len(raw_headers.flatten()) == 0:  # no record of the batch has headers: skip converting them
+        headers: Iterable[tuple[tuple[str, bytes | None], ...]] = repeat((), batch.num_rows)
+    else:
+        headers = [tuple((h["key"], h["value"]) for h in raw) if raw else () for raw in raw_headers.to_pylist()]
+    if delivery_count is None:
+        counts: Iterable[int] = repeat(1, batch.num_rows)
+    else:
+        headers = list(headers)
+        counts = [delivery_count(h) for h in headers]
+    return list(
+        map(
+            Record.make,
+            column("key").to_pylist(),
+            column("value").to_pylist(),
+            headers,
+            column("topic").to_pylist(),
+            column("partition").to_pylist(),
+            column("offset").to_pylist(),
+            counts,
+            column("ts").to_pylist(),
         )
-    return records
+    )
 
 
 def _records_by_partition(batch: pa.RecordBatch) -> list[tuple[tuple[str, int], list[Record]]]:

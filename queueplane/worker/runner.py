@@ -41,6 +41,7 @@ RUNTIMES = ("share", "consumer", "kmq")
 # trivial handler's batch. Memory does not grow with it: slot queues hold the reader back.
 DEFAULT_BATCH_RECORDS = 50_000
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
+DAEMON_MODULE = "queueplane.worker.spark_daemon"  # forks Python workers with pyspark imported once
 
 
 @dataclass
@@ -159,6 +160,7 @@ def spark_session(queue: QueueSpec, options: RunOptions) -> Any:
         builder = builder.master(f"local[{local_threads(queue, options)}]").config("spark.ui.enabled", "false")
     spark = (
         builder.config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", DAEMON_MODULE)
         # kmq: the tracker is the only shuffle; one stateful partition keeps it to one Python worker.
         .config("spark.sql.shuffle.partitions", "1" if queue.group.type == "kmq" else "2")
         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")

@@ -457,15 +457,15 @@ class ShareFetcher:
 
 
 def _record(message: Message) -> Record:
-    return Record(
-        key=message.key(),
-        value=message.value(),
-        headers=tuple(message.headers() or ()),
-        topic=message.topic(),
-        partition=message.partition(),
-        offset=message.offset(),
-        delivery_count=message.delivery_count() or 1,
-        timestamp=message.timestamp()[1],
+    return Record.make(
+        message.key(),
+        message.value(),
+        tuple(message.headers() or ()),
+        message.topic(),
+        message.partition(),
+        message.offset(),
+        message.delivery_count() or 1,
+        message.timestamp()[1],
     )
 
 

@@ -1,0 +1,135 @@
+"""What the runtimes hand Spark and the handler: outcome batches, records, the daemon's path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from queueplane.handler import Record
+from queueplane.worker import spark_daemon
+from queueplane.worker.consumer_runtime import input_records
+from queueplane.worker.outcomes import OUTCOME_ARROW, Outcome, arrow_column, outcome_batch
+
+texts = st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12))
+outcome_rows = st.builds(
+    Outcome,
+    topic=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20),
+    partition=st.integers(0, 2**31 - 1),
+    offset=st.integers(0, 2**63 - 1),
+    key=texts,
+    delivery_count=st.integers(1, 1000),
+    outcome=st.sampled_from(["accepted", "released", "dlq", "skipped"]),
+    error=texts,
+    latency_ms=st.floats(0, 1e9),
+    inflight=st.integers(0, 10_000),
+)
+
+
+@settings(deadline=None)  # the expected batch's first pa.array call imports pandas
+@given(st.lists(outcome_rows, min_size=1, max_size=40))
+def test_outcome_batches_hold_exactly_the_rows_pyarrow_itself_would_build(rows):
+    batch = outcome_batch(rows)
+    batch.validate(full=True)
+    expected = pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW)
+    assert batch.equals(expected)
+
+
+def test_a_column_of_missing_values_is_all_nulls():
+    column = arrow_column((None, None, None), pa.string())
+    assert column.null_count == 3
+    assert column.to_pylist() == [None, None, None]
+
+
+def test_building_outcome_batches_does_not_import_pandas():
+    """pa.array imports pandas on first use; every Spark Python worker paid for that import."""
+    code = (
+        "import sys\n"
+        "from queueplane.worker.outcomes import Outcome, outcome_batch\n"
+        "outcome_batch([Outcome('t', 0, 1, None, 1, 'accepted', None, 0.5, 1)])\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_record_made_for_speed_equals_one_made_by_its_constructor():
+    fields = (b"k", b"v", (("h", b"1"),), "orders", 3, 42, 2, 1_700_000_000_000)
+    fast, plain = Record.make(*fields), Record(*fields)
+    assert fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
+    with pytest.raises(AttributeError):
+        fast.offset = 1  # type: ignore[misc]
+
+
+INPUT_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("ts", pa.int64()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+
+
+def test_input_records_keep_headers_where_there_are_some_and_read_delivery_counts_from_them():
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "key": [b"a", None, b"c"],
+            "value": [b"1", b"2", None],
+            "topic": ["t"] * 3,
+            "partition": [0, 0, 0],
+            "offset": [10, 11, 12],
+            "ts": [5, 6, 7],
+            "headers": [[], None, [{"key": "n", "value": b"4"}]],
+        },
+        schema=INPUT_SCHEMA,
+    )
+    records = input_records(batch)
+    assert [r.headers for r in records] == [(), (), (("n", b"4"),)]
+    assert [(r.key, r.value, r.offset, r.delivery_count, r.timestamp) for r in records] == [
+        (b"a", b"1", 10, 1, 5),
+        (None, b"2", 11, 1, 6),
+        (b"c", None, 12, 1, 7),
+    ]
+    # A slice without headers takes the no-headers path and still lines records up.
+    assert [r.offset for r in input_records(batch.slice(0, 2))] == [10, 11]
+    counted = input_records(batch, lambda headers: int(headers[0][1]) if headers else 1)
+    assert [r.delivery_count for r in counted] == [1, 1, 4]
+
+
+def _pyspark_zip(folder: Path, version: str) -> str:
+    path = folder / "python" / "lib" / "pyspark.zip"
+    path.parent.mkdir(parents=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("pyspark/version.py", f'__version__: str = "{version}"\n')
+    return str(path)
+
+
+def test_the_daemon_drops_sparks_zip_only_when_the_same_pyspark_is_installed(tmp_path, monkeypatch):
+    import pyspark
+
+    same = _pyspark_zip(tmp_path / "same", pyspark.__version__)
+    monkeypatch.setattr(sys, "path", [same, *sys.path])
+    assert spark_daemon.drop_spark_zips() is True
+    assert same not in sys.path
+
+    other = _pyspark_zip(tmp_path / "other", "0.0.1")
+    monkeypatch.setattr(sys, "path", [other, *sys.path])
+    assert spark_daemon.drop_spark_zips() is False
+    assert sys.path[0] == other
+
+
+def test_the_daemon_preloads_without_starting_a_thread():
+    code = "from queueplane.worker.spark_daemon import preload; preload(); print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
