@@ -39,22 +39,23 @@ def _version_in(text: str) -> str | None:
     return None
 
 
-def installed_pyspark(path: list[str]) -> Path | None:
-    """The pyspark package directory found on ``path``, if any."""
-    spec = importlib.machinery.PathFinder.find_spec("pyspark", path)
+def installed_package(name: str, path: list[str]) -> Path | None:
+    """The directory of package ``name`` found on ``path``, if any."""
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
 
 
 def drop_spark_zips() -> bool:
-    """Remove Spark's zips from ``sys.path`` when the same pyspark version is installed beside them."""
+    """Remove Spark's zips from ``sys.path`` when the same pyspark version (and py4j) is installed beside them."""
     zips = [p for p in sys.path if p.endswith(".zip") and Path(p).name.startswith(SPARK_ZIPS)]
     pyspark_zip = next((p for p in zips if Path(p).name == "pyspark.zip"), None)
     if pyspark_zip is None:
         return False
-    package = installed_pyspark([p for p in sys.path if p not in zips])
-    if package is None or not (package / "version.py").is_file():
+    rest = [p for p in sys.path if p not in zips]
+    package = installed_package("pyspark", rest)
+    if package is None or installed_package("py4j", rest) is None or not (package / "version.py").is_file():
         return False
     try:
         with zipfile.ZipFile(pyspark_zip) as archive:
