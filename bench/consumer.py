@@ -9,7 +9,9 @@ over the partitions), a handler sleeping 10 ms, 20k records.
 3. One hot key (every record the same key): one slot of one partition works, ideal 100/s.
 4. Trivial handler (echoes the value): records/s as a ratio to a plain Spark Kafka-to-Kafka
    pass-through query on the same broker in the same run (goal >= 0.8), and the cost of
-   exactlyOnce as the ratio exactly-once / at-least-once.
+   exactlyOnce as the ratio exactly-once / at-least-once. Beside it, the ratio to the same
+   pass-through with the records crossing into a Python worker and back unchanged
+   (``mapInArrow``): the least any Spark job with a Python step per record pays.
 
 Throughput comes from the write timestamps of the records in the output topic, the same way
 for the worker and the pass-through: the 10 ms scenarios count all of them over the span from
@@ -31,6 +33,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,29 +137,45 @@ def run_worker(spec: dict, target: KafkaTarget, records: int) -> list[float]:
     return output_stamps(target, spec["output"], records)
 
 
-def pass_through(target: KafkaTarget, topic: str, output: str, records: int) -> list[float]:
-    """The baseline: Spark's Kafka source straight into Spark's Kafka sink, no Python in between."""
+def python_identity(batches: Iterator[Any]) -> Iterator[Any]:
+    """The Python pass-through's step: every Arrow batch back as it came."""
+    yield from batches
+
+
+def pass_through(target: KafkaTarget, topic: str, output: str, records: int, python: bool = False) -> list[float]:
+    """The baseline: Spark's Kafka source straight into Spark's Kafka sink, no Python in between.
+
+    ``python``: the records cross into a Python worker and back unchanged (``mapInArrow``), the
+    least any Spark job with a Python step per record pays; reported beside, not the goal's baseline.
+    """
     from pyspark.sql import SparkSession
 
-    from queueplane.worker.runner import DEFAULT_BATCH_RECORDS, SPARK_LOG4J
+    from queueplane.worker.runner import DAEMON_MODULE, DEFAULT_BATCH_RECORDS, SPARK_LOG4J
     from queueplane.worker.spark_packages import kafka_options, kafka_source, with_kafka_connector
 
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.appName("bench-pass-through").master(
         f"local[{max(os.cpu_count() or 2, PARTITIONS)}]"
     )
     spark = (
         with_kafka_connector(builder)
         .config("spark.ui.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", DAEMON_MODULE)
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .getOrCreate()
     )
-    query = (
+    frame = (
         kafka_source(spark, target, topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(DEFAULT_BATCH_RECORDS))
         .load()
         .selectExpr("key", "value")
-        .writeStream.format("kafka")
+    )
+    if python:
+        frame = frame.mapInArrow(python_identity, "key binary, value binary")
+    query = (
+        frame.writeStream.format("kafka")
         .options(**kafka_options(target))
         .option("topic", output)
         .option("checkpointLocation", tempfile.mkdtemp(prefix="qp-bench-pass-"))
@@ -212,7 +231,7 @@ def main() -> int:
             }
             console.print(result[name])
         trivial_layout = seed_layout(args.trivial_records)
-        sides = ("at_least_once", "exactly_once", "pass_through")
+        sides = ("at_least_once", "exactly_once", "pass_through", "python_pass_through")
         runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         # Rounds alternate the sides, so neither gets the quieter moments or the warmer JVM alone;
         # each side's best round counts (on a shared machine, noise only ever slows a run down).
@@ -221,8 +240,9 @@ def main() -> int:
                 spec = apply_consumer_queue(folder, target, "echo", "key", label == "exactly_once")
                 fill(target, spec["topic"], trivial_layout)
                 console.print(f"round {round_no}: trivial handler, {label}, {len(trivial_layout)} records")
-                if label == "pass_through":
-                    stamps = pass_through(target, spec["topic"], spec["output"], len(trivial_layout))
+                if label.endswith("pass_through"):
+                    python = label == "python_pass_through"
+                    stamps = pass_through(target, spec["topic"], spec["output"], len(trivial_layout), python)
                 else:
                     stamps = run_worker(spec, target, len(trivial_layout))
                 rates = {"steady": steady_rate(stamps), "first_to_last": full_rate(stamps)}
@@ -236,6 +256,8 @@ def main() -> int:
             "exactly_once_records_per_s": best["exactly_once"],
             "pass_through_records_per_s": best["pass_through"],
             "ratio_to_pass_through": round(best["at_least_once"] / best["pass_through"], 3),
+            "python_pass_through_records_per_s": best["python_pass_through"],
+            "ratio_to_python_pass_through": round(best["at_least_once"] / best["python_pass_through"], 3),
             "exactly_once_ratio_to_at_least_once": round(best["exactly_once"] / best["at_least_once"], 3),
             "first_to_last_ratio_to_pass_through": round(
                 max(r["first_to_last"] for r in runs["at_least_once"])
@@ -266,13 +288,19 @@ def plot(result: dict) -> Any:
     left.legend()
     t = result["trivial"]
     right.bar(
-        ["Spark pass-through", "worker", "worker, exactlyOnce"],
-        [t["pass_through_records_per_s"], t["worker_records_per_s"], t["exactly_once_records_per_s"]],
-        color=["#c44e52", "#4c72b0", "#55a868"],
+        ["Spark pass-through", "Spark pass-through\nvia Python", "worker", "worker,\nexactlyOnce"],
+        [
+            t["pass_through_records_per_s"],
+            t["python_pass_through_records_per_s"],
+            t["worker_records_per_s"],
+            t["exactly_once_records_per_s"],
+        ],
+        color=["#c44e52", "#dd8452", "#4c72b0", "#55a868"],
     )
-    right.set_ylabel("records/s")
+    right.set_ylabel("records/s (steady)")
     right.set_title(
-        f"trivial handler: {t['ratio_to_pass_through']:.2f} of pass-through (goal >= 0.8)\n"
+        f"trivial handler: {t['ratio_to_pass_through']:.2f} of pass-through (goal >= 0.8), "
+        f"{t['ratio_to_python_pass_through']:.2f} of it via Python\n"
         f"exactlyOnce: {t['exactly_once_ratio_to_at_least_once']:.2f} of at-least-once"
     )
     return fig
