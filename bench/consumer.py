@@ -272,7 +272,7 @@ def main() -> int:
 
 def plot(result: dict) -> Any:
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
     names = ["partition", "key", "hot_key"]
     labels = ["ordering=partition", f"ordering=key, {result['slots']} slots", "one hot key"]
     ideal = [result[n]["ideal_records_per_s"] for n in names]
@@ -288,7 +288,7 @@ def plot(result: dict) -> Any:
     left.legend()
     t = result["trivial"]
     right.bar(
-        ["Spark pass-through", "Spark pass-through\nvia Python", "worker", "worker,\nexactlyOnce"],
+        ["Spark\npass-through", "Spark pass-\nthrough via Python", "worker", "worker,\nexactlyOnce"],
         [
             t["pass_through_records_per_s"],
             t["python_pass_through_records_per_s"],
@@ -299,10 +299,12 @@ def plot(result: dict) -> Any:
     )
     right.set_ylabel("records/s (steady)")
     right.set_title(
-        f"trivial handler: {t['ratio_to_pass_through']:.2f} of pass-through (goal >= 0.8), "
-        f"{t['ratio_to_python_pass_through']:.2f} of it via Python\n"
-        f"exactlyOnce: {t['exactly_once_ratio_to_at_least_once']:.2f} of at-least-once"
+        f"trivial handler: {t['ratio_to_pass_through']:.2f} of pass-through (goal >= 0.8)\n"
+        f"{t['ratio_to_python_pass_through']:.2f} of pass-through via Python; "
+        f"exactlyOnce: {t['exactly_once_ratio_to_at_least_once']:.2f} of at-least-once",
+        fontsize=10,
     )
+    fig.tight_layout()
     return fig
 
 
