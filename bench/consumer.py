@@ -19,7 +19,7 @@ the first to the last (their ideals include the tail of the busiest key slot); t
 runs count the steady middle, 10% to 90% of the records (bench/common.py), as the share
 benchmark does: a queue worker runs for hours, and the first batch's Python workers starting
 up is not its throughput. The first-to-last figures are reported beside. The trivial runs
-alternate worker and pass-through for ``--rounds`` rounds and count each side's best.
+alternate the worker runs and the pass-throughs for ``--rounds`` rounds and count each side's best.
 
     .venv/bin/python bench/consumer.py [--records 20000] [--trivial-records 300000] [--rounds 2]
 """
