@@ -119,7 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-records", type=int, metavar="N", help="stop after N records ended accepted or in the DLQ")
     p.add_argument("--max-duration", metavar="DURATION", help="stop after this long in any case")
     p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on 127.0.0.1:PORT")
-    p.add_argument("--tasks", type=int, metavar="N", help="parallel Spark tasks per micro-batch (default: cores)")
+    p.add_argument(
+        "--tasks",
+        type=int,
+        metavar="N",
+        help="parallel Spark tasks per micro-batch (default: share groups, the spec's executor cores; "
+        "else the machine's cores)",
+    )
     p.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
