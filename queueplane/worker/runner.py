@@ -129,19 +129,6 @@ class BacklogWatcher:
         self._stop.set()
 
 
-def share_tasks(queue: QueueSpec, options: RunOptions, cluster_cores: int) -> int:
-    """Share-group tasks (Python processes) per micro-batch, each with its part of the slots.
-
-    Local mode stands for one executor of the spec's size, as on Kubernetes: ``executor.cores``
-    tasks share ``processing.concurrency``. One pool fed by every consumer kept 48 slots of a
-    10 ms handler busier than two pools did (0.95-0.96 of the ideal against 0.90-0.91); a
-    trivial handler gains from a second process on a second core (GIL), which cores: 2 gives.
-    """
-    if options.local:
-        return int(queue.executor.get("cores", 1))
-    return cluster_cores
-
-
 def local_threads(queue: QueueSpec, options: RunOptions) -> int:
     """Task threads of local mode: a consumer group runs one task per partition at once (handlers mostly wait)."""
     if options.tasks:
@@ -225,12 +212,17 @@ def outcome_stream(
     from queueplane.worker.share_source import SOURCE_NAME, ShareSource
 
     spark.dataSource.register(ShareSource)
+    cores = int(queue.executor.get("cores", 1))
     if controller.enabled:  # tasks for the most executors; with fewer, they run in turns
-        cores = int(queue.executor.get("cores", 1))
         tasks = options.tasks or controller.policy.ceiling * cores
         settings = share_settings(queue, target, options, cores)
     else:
-        tasks = options.tasks or share_tasks(queue, options, spark.sparkContext.defaultParallelism)
+        # Local mode stands for one executor of the spec's size, as on Kubernetes: executor.cores
+        # tasks (Python processes) share processing.concurrency. One pool fed by every consumer
+        # kept 48 slots of a 10 ms handler busier than two pools did (0.95-0.96 of the ideal
+        # against 0.90-0.91); a trivial handler gains from a second process on a second core
+        # (GIL), which cores: 2 gives. A fixed cluster runs a task per core.
+        tasks = options.tasks or (cores if options.local else spark.sparkContext.defaultParallelism)
         settings = share_settings(queue, target, options, tasks)
     return (
         spark.readStream.format(SOURCE_NAME)
