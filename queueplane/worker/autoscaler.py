@@ -5,6 +5,13 @@ decision interval the controller turns that into rates, asks queueplane.autoscal
 run, and applies it with Spark's executor-request API (SparkContext.requestExecutors and
 killExecutors on the JVM side), which the Kubernetes and standalone schedulers honour.
 In local mode there is nothing to scale; it only measures.
+
+Share-group executors hold outcomes they settled and acknowledged but have not yet handed
+to a task; killing one then would leave those records out of the counts and metrics. So
+with a ``drain`` the controller kills in two steps: it asks for a draining micro-batch
+(every process stops acquiring, settles and reports), and kills in the next batch's call,
+once that batch has run. A draining batch runs as many tasks as the most executors have
+cores, so while they idle between batches the scheduler gives each core one of them.
 """
 
 from __future__ import annotations
@@ -12,12 +19,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from queueplane.autoscale import Decision, Observation, ScalerState, decide, policy_for
 from queueplane.model import QueueSpec
 
 log = logging.getLogger("queueplane.autoscaler")
+
+
+class Drain(Protocol):
+    def request(self, reason: str) -> None: ...
+    def release(self, reason: str) -> None: ...
+
+
+DRAIN_REASON = "scale-down"
 
 
 class ExecutorController:
@@ -27,6 +42,7 @@ class ExecutorController:
         queue: QueueSpec,
         on_executors: Callable[[int, int], None] = lambda _running, _requested: None,
         clock: Callable[[], float] = time.monotonic,
+        drain: Drain | None = None,
         **policy_overrides: float,
     ):
         self.sc = spark.sparkContext
@@ -43,15 +59,37 @@ class ExecutorController:
         self.last_lag: int | None = None
         self.synced = False
         self.decisions: list[dict[str, Any]] = []
+        self.drain = drain
+        self._after_drain: list[Callable[[], None]] = []  # kills waiting for the draining batch
 
     def executor_ids(self) -> list[str]:
         """Registered executors (the driver is not one)."""
         text = self.jsc.getExecutorIds().mkString(",")
         return [i for i in text.split(",") if i and i != "driver"]
 
-    def _kill(self, ids: list[str]) -> None:
-        if ids:
+    def _kill(self, ids: list[str], then: Callable[[], None] = lambda: None) -> None:
+        """Kill these executors, after a draining batch if there is a drain; ``then`` runs after the kill."""
+        if not ids:
+            return
+
+        def kill() -> None:
             self.jsc.killExecutors(self.sc._jvm.PythonUtils.toSeq(ids))
+            then()
+
+        if self.drain is None:
+            kill()
+            return
+        self._after_drain.append(kill)
+        self.drain.request(DRAIN_REASON)
+
+    def _kill_drained(self) -> None:
+        """The batch that just ran drained every process: the executors waiting to go hold nothing now."""
+        if self.drain is None or not self._after_drain:
+            return
+        kills, self._after_drain = self._after_drain, []
+        for kill in kills:
+            kill()
+        self.drain.release(DRAIN_REASON)
 
     def _sync(self, ids: list[str]) -> None:
         """A standalone master starts as many executors as its cores allow; trim to the requested count."""
@@ -59,15 +97,18 @@ class ExecutorController:
         extra = len(ids) - self.requested
         if extra > 0:
             log.info("trimming %d executor(s) started beyond the initial %d", extra, self.requested)
-            self._kill(sorted(ids, key=_executor_order)[-extra:])
             # Each kill lowered Spark's target by one, below the count it never counted them in; restore it.
             lowered = max(self.requested - extra, 0)
-            if self.requested > lowered:
-                self.jsc.requestExecutors(self.requested - lowered)
+            restore = self.requested - lowered
+            self._kill(
+                sorted(ids, key=_executor_order)[-extra:],
+                then=lambda: self.jsc.requestExecutors(restore) if restore > 0 else None,
+            )
 
     def on_batch(self, handled: int, lag_by_partition: dict[int, int | None] | None) -> Decision | None:
         if not self.enabled:
             return None
+        self._kill_drained()
         ids = self.executor_ids()
         if not self.synced and ids:
             self._sync(ids)

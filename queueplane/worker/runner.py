@@ -102,6 +102,27 @@ def share_settings(queue: QueueSpec, target: KafkaTarget, options: RunOptions, t
     )
 
 
+class DrainRequests:
+    """Why the next micro-batches drain: the drain file exists while any reason is pending.
+
+    Stopping and scaling down both need every process settled and reported before they act;
+    each asks under its own reason, so one finishing does not cancel the other's drain.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._reasons: set[str] = set()
+
+    def request(self, reason: str) -> None:
+        self._reasons.add(reason)
+        self.path.touch()
+
+    def release(self, reason: str) -> None:
+        self._reasons.discard(reason)
+        if not self._reasons:
+            self.path.unlink(missing_ok=True)
+
+
 class BacklogWatcher:
     """Reads the queue's backlog in the background, so no micro-batch waits for a broker round trip."""
 
@@ -246,7 +267,11 @@ def run_queue(
     spark = spark_session(queue, options)
     if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
         ship_handler_modules(spark, queue)
-    controller = ExecutorController(spark, queue, **options.scaling)
+    # Share groups: once it exists, the next micro-batch drains the executors' fetchers.
+    drain = DrainRequests(Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain")
+    controller = ExecutorController(
+        spark, queue, drain=drain if queue.group.type == "share" else None, **options.scaling
+    )
     metrics = WorkerMetrics(queue.name)
     controller.on_executors = metrics.set_executors
     if options.metrics_port is not None:
@@ -258,7 +283,6 @@ def run_queue(
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
     checkpoint = options.checkpoint_dir or tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-ckpt-")
-    drain_file = Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain"
     watcher = BacklogWatcher(backlog)
     kmq = KmqQueries(queue, target, options, counts, dead) if queue.group.type == "kmq" else None
 
@@ -303,7 +327,7 @@ def run_queue(
             stop_requested.set()
             may_return.wait(STOP_WAIT_S)
         elif should_stop(lag):
-            drain_file.touch()  # the next batch drains the executors' share fetchers
+            drain.request("stop")  # the next batch drains the executors' share fetchers
             state["draining"] = True
 
     def should_stop(lag: dict[int, int | None] | None) -> bool:
@@ -323,7 +347,7 @@ def run_queue(
     if kmq is not None:
         checkpoint = kmq.start(spark)
     query = (
-        outcome_stream(spark, queue, target, options, drain_file, controller)
+        outcome_stream(spark, queue, target, options, drain.path, controller)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime="0 seconds")

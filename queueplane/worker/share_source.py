@@ -3,8 +3,9 @@
 Spark has no share-group source. This one has no offsets to track: the share-partition
 state lives on the broker, so each micro-batch is just "the next time slice", and its
 tasks renew the lease on their process's long-lived fetchers for that slice (see
-share_runtime). When the driver wants to stop, it creates the drain file; the next batch's
-tasks then drain their processes, and the driver stops the query after that batch.
+share_runtime). When the driver wants to stop or to scale down, it creates the drain file;
+the next batch's tasks then drain their processes. The driver stops the query after that batch, or kills
+the executors it scales away (a killed process takes its unreported outcomes with it).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class ShareStreamReader(DataSourceStreamReader):
 
 class ShareSource(DataSource):
     """Options: settings (ShareSettings as JSON), tasks (parallel tasks per micro-batch),
-    drain_file (its existence makes the next batch the last)."""
+    drain_file (while it exists, batches drain their processes)."""
 
     @classmethod
     def name(cls) -> str:
