@@ -20,7 +20,7 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message, ShareConsumer
@@ -50,6 +50,13 @@ FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least t
 # check keeps acquired records from queueing behind a busy pool.
 POLL_ROUNDS = 8
 ROOM_ROUNDS = 4
+# A pool thread takes a poll's calls in chunks of about this much handler time: a quick handler's
+# calls go to one thread together instead of waking a thread per record (each hand-over cost more
+# than a trivial call), while calls of 2 ms or more still go one to a thread.
+CHUNK_S = 0.002
+# A chunk whose running call has taken this long hands its calls not yet started to other threads,
+# so one slow or hung record holds up no other record for longer than this.
+STUCK_S = 0.05
 # Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
 # before the next batch; without a renewal they stop and only settle what they hold.
 LEASE_GRACE_S = 3.0
@@ -74,76 +81,106 @@ class ShareSettings(JsonSettings):
     batch_ms: int = 1000
 
 
-class _Call:
-    """One handler call handed to the pool; the fetcher that owns the record settles it.
+class _Poll:
+    """The calls of one poll and their deadline: the fetcher waits on one condition for all of them.
 
-    State changes happen under the call's poll condition. A call the fetcher gave up on
-    (deadline passed) is abandoned: if the handler returns later, its outputs are dropped,
-    so a released record never also produces output.
+    Pool threads report finished calls once per chunk, not per call, and write a call's
+    result without the lock: a trivial handler's record cost more in lock round trips than
+    in the handler. Only the moves that must not cross the fetcher giving up on a call take
+    the condition: a call starting to produce outputs, and the end of that.
     """
 
-    QUEUED, RUNNING, PRODUCING, DONE, ABANDONED = range(5)
-    __slots__ = ("deadline", "inflight", "poll", "record", "result", "started", "started_wall", "state")
+    __slots__ = ("abandoned", "cond", "deadline", "unsettled")
 
-    def __init__(self, record: Record, poll: _Poll, deadline: float):
-        self.record = record
-        self.poll = poll
+    def __init__(self, size: int, deadline: float):
+        self.cond = threading.Condition(threading.Lock())
+        self.unsettled = size
         self.deadline = deadline
+        self.abandoned = False  # the deadline passed: results written from now on are not waited for
+
+    def finished(self, count: int) -> None:
+        with self.cond:
+            self.unsettled -= count
+            if self.unsettled <= 0:
+                self.cond.notify_all()
+
+
+class _Call:
+    """One handler call handed to the pool; the fetcher that owns the record acknowledges it.
+
+    ``result`` stays None until the call ends. Once the fetcher gave up on the calls of a poll
+    (deadline passed), outputs of a call that returns later are dropped, so a released record
+    never also produces output.
+    """
+
+    QUEUED, RUNNING, PRODUCING, DONE = range(4)
+    __slots__ = ("inflight", "ran_at", "record", "result", "state")
+
+    def __init__(self, record: Record):
+        self.record = record
         self.state = _Call.QUEUED
         self.result: tuple[str, Failure | None] | None = None
         self.inflight = 0
-        self.started = time.monotonic()
-        self.started_wall = 0.0
+        self.ran_at = 0.0  # monotonic start of the handler, 0 if it never started
 
 
-class _Poll:
-    """The calls of one poll: the fetcher waits on one condition for all of them, not on each."""
+_ACCEPTED_RESULT: tuple[str, Failure | None] = (ACCEPTED, None)
 
-    __slots__ = ("cond", "unsettled")
 
-    def __init__(self, size: int):
-        self.cond = threading.Condition(threading.Lock())
-        self.unsettled = size
+class _Chunk:
+    """Calls of one poll that one pool thread runs in turn.
 
-    def settle(self, call: _Call, state: int, result: tuple[str, Failure | None] | None) -> bool:
-        """Move a call to DONE or ABANDONED once; False if it was settled already. Caller holds cond."""
-        if call.state in (_Call.DONE, _Call.ABANDONED):
-            return False
-        call.state, call.result = state, result
-        self.unsettled -= 1
-        if self.unsettled == 0:
-            self.cond.notify_all()
-        return True
+    ``todo`` is a deque because ``popleft`` is atomic: the thread and a fetcher splitting the
+    chunk off a stuck call both take calls from it, and each call is taken exactly once.
+    ``running``/``since`` say which call the thread is in and since when.
+    """
+
+    __slots__ = ("poll", "running", "since", "todo")
+
+    def __init__(self, poll: _Poll, calls: list[_Call]):
+        self.poll = poll
+        self.todo = deque(calls)
+        self.running: _Call | None = None
+        self.since = 0.0
 
 
 class HandlerPool:
     """``size`` daemon threads running handler calls for every fetcher of the process.
 
-    A call stuck past its deadline keeps its thread (a Python thread cannot be stopped);
-    the pool starts a replacement so the number of usable threads stays ``size``.
+    Threads take chunks: as many calls of one poll as make about CHUNK_S of handler time, by
+    the running mean of the calls so far (one call a chunk until there is one). A call stuck
+    past its deadline keeps its thread (a Python thread cannot be stopped); the pool starts a
+    replacement so the number of usable threads stays ``size``.
     """
 
     def __init__(self, runtime: ProcessRuntime, size: int):
         self.runtime = runtime
         self.size = size
-        self.calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self.chunks: queue.SimpleQueue[_Chunk] = queue.SimpleQueue()
         self.lock = threading.Lock()
-        self.room = threading.Condition(self.lock)  # notified when queued calls fall below ROOM_ROUNDS rounds
+        self.room = threading.Condition(self.lock)  # notified when queued chunks fall below ROOM_ROUNDS rounds
         self.live = 0
-        self.inflight = 0
-        self.queued = 0  # calls handed in and not yet taken by a thread
+        self.inflight = 0  # threads inside a chunk, so calls running at once
+        self.queued = 0  # chunks handed in and not yet taken by a thread
+        self.mean_call_s = CHUNK_S  # running mean of handler calls; unknown counts as slow
         for _ in range(size):
             self._spawn()
 
-    def submit(self, calls: list[_Call]) -> None:
+    def chunk_size(self, calls: int) -> int:
+        return max(1, min(calls, int(CHUNK_S / max(self.mean_call_s, 1e-7))))
+
+    def submit(self, poll: _Poll, calls: list[_Call], size: int = 1) -> list[_Chunk]:
+        """Hand ``calls`` to the threads in chunks of ``size``; the chunks, for the stuck check."""
+        chunks = [_Chunk(poll, calls[i : i + size]) for i in range(0, len(calls), size)]
         with self.lock:
-            self.queued += len(calls)
-        put = self.calls.put
-        for call in calls:
-            put(call)
+            self.queued += len(chunks)
+        put = self.chunks.put
+        for chunk in chunks:
+            put(chunk)
+        return chunks
 
     def wait_for_room(self, timeout: float) -> bool:
-        """Whether fewer calls wait than ROOM_ROUNDS rounds of the threads (waiting up to ``timeout``).
+        """Whether fewer chunks wait than ROOM_ROUNDS rounds of the threads (waiting up to ``timeout``).
 
         Fetchers acquire more records only then: records acquired while the pool is far behind
         would wait in its queue while their acquisition lock runs down. A few rounds stay
@@ -162,50 +199,78 @@ class HandlerPool:
 
     def _loop(self) -> None:
         while True:
-            call = self.calls.get()
-            self._run(call)
+            chunk = self.chunks.get()
             with self.lock:
+                self.queued -= 1
+                if self.queued == ROOM_ROUNDS * self.size - 1:
+                    self.room.notify_all()
+                self.inflight += 1
+            try:
+                self._run(chunk)
+            except Exception:  # handler errors are results; anything else must not cost the pool a thread
+                log.exception("a handler thread failed a chunk; continuing")
+            with self.lock:
+                self.inflight -= 1
                 if self.live > self.size:  # a replacement took this thread's place while it was stuck
                     self.live -= 1
                     return
 
-    def _run(self, call: _Call) -> None:
-        with self.lock:
-            self.queued -= 1
-            if self.queued == ROOM_ROUNDS * self.size - 1:
-                self.room.notify_all()
-        poll = call.poll
-        with poll.cond:
-            if call.state != _Call.QUEUED:
-                return  # the fetcher gave up on it while it waited in the queue
-            if time.monotonic() >= call.deadline:
-                poll.settle(
-                    call, _Call.DONE, (RELEASED, Failure("Timeout", "the lock ran out before the handler started"))
-                )
-                return
-            call.state = _Call.RUNNING
-        call.started_wall = time.time()
-        with self.lock:
-            self.inflight += 1
-            call.inflight = self.inflight
+    def _run(self, chunk: _Chunk) -> None:
+        """Run the chunk's calls until its deque is empty; report how many ended, once."""
+        poll, todo, handler = chunk.poll, chunk.todo, self.runtime.handler
+        ended = 0
         try:
-            outputs = outputs_of(self.runtime.handler(call.record))
-            if outputs:
-                with poll.cond:
-                    if call.state == _Call.ABANDONED:
-                        return
-                    call.state = _Call.PRODUCING
-                self.runtime.produce_and_wait([self.runtime.output_record(o, call.record) for o in outputs])
-            result: tuple[str, Failure | None] = (ACCEPTED, None)
-        except Reject as exc:
-            result = (DEAD_LETTERED, Failure.of(exc))
-        except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
-            result = (RELEASED, Failure.of(exc))
+            while todo:
+                try:
+                    call = todo.popleft()
+                except IndexError:  # a fetcher split the rest off meanwhile
+                    break
+                now = time.monotonic()
+                chunk.running, chunk.since = call, now
+                ended += 1
+                if now >= poll.deadline:
+                    call.result = (RELEASED, Failure("Timeout", "the lock ran out before the handler started"))
+                    continue
+                call.state, call.ran_at, call.inflight = _Call.RUNNING, now, self.inflight
+                call.result = self._call(handler, call, poll)
+                call.state = _Call.DONE
+                self.mean_call_s += 0.1 * (time.monotonic() - now - self.mean_call_s)
         finally:
-            with self.lock:
-                self.inflight -= 1
+            chunk.running = None
+            poll.finished(ended)
+
+    def _call(self, handler: Handler, call: _Call, poll: _Poll) -> tuple[str, Failure | None]:
+        """The handler's verdict on one record; outputs are durable before it says ACCEPTED."""
+        try:
+            returned = handler(call.record)
+            if returned is None:
+                return _ACCEPTED_RESULT
+            outputs = outputs_of(returned)
+            if outputs:
+                return self._produce(call, poll, outputs)
+            return _ACCEPTED_RESULT
+        except Reject as exc:
+            return (DEAD_LETTERED, Failure.of(exc))
+        except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
+            return (RELEASED, Failure.of(exc))
+
+    def _produce(self, call: _Call, poll: _Poll, outputs: list[Output]) -> tuple[str, Failure | None]:
+        """Make the outputs durable, unless the fetcher gave up on the call; the fetcher waits
+        for a call in PRODUCING past the deadline, so the result is set before it leaves it."""
         with poll.cond:
-            poll.settle(call, _Call.DONE, result)
+            if poll.abandoned:  # released already: its outputs must not appear
+                return (RELEASED, Failure("Timeout", "the handler returned after its deadline"))
+            call.state = _Call.PRODUCING
+        result: tuple[str, Failure | None]
+        try:
+            self.runtime.produce_and_wait([self.runtime.output_record(o, call.record) for o in outputs])
+            result = _ACCEPTED_RESULT
+        except Exception as exc:
+            result = (RELEASED, Failure.of(exc))
+        with poll.cond:
+            call.result, call.state = result, _Call.DONE
+            poll.cond.notify_all()
+        return result
 
 
 class ProcessRuntime:
@@ -368,56 +433,109 @@ class ShareFetcher:
         polled_at = time.monotonic()
         lock_s = self.runtime.settings.lock_ms / 1000
         # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
-        deadline = polled_at + lock_s * HANDLER_SHARE_OF_LOCK
-        good = [m for m in messages if not m.error()]
+        poll = _Poll(0, polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
+        good = []
         for m in messages:
             if m.error():
                 log.warning("share consumer error: %s", m.error())
-        poll = _Poll(len(good))
-        calls = [_Call(_record(m), poll, deadline) for m in good]
-        self.runtime.pool.submit(calls)
-        self._await(poll, calls, deadline)
-        acknowledge = self.consumer.acknowledge
-        for message, call in zip(good, calls, strict=True):
-            outcome, ack = self._decide(call)
-            acknowledge(message, ack)
-            outcomes.append(outcome)
+            else:
+                good.append(m)
+        poll.unsettled = len(good)
+        calls = [_Call(_record(m)) for m in good]
+        pool = self.runtime.pool
+        chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
+        self._await(poll, calls, chunks)
+        self._acknowledge(good, calls, polled_at, outcomes)
         self.pending = True
         if time.monotonic() - polled_at > lock_s / 2:
             self.pending = not self._commit()
 
-    def _await(self, poll: _Poll, calls: list[_Call], deadline: float) -> None:
-        """Wait until every call settled; at the deadline give up on the unfinished (RELEASE or DLQ).
+    def _acknowledge(
+        self, messages: list[Message], calls: list[_Call], polled_at: float, outcomes: list[Outcome]
+    ) -> None:
+        """Acknowledge each record of a poll and add its outcome row; latency runs from the poll.
 
-        Calls already producing outputs get DELIVERY_TIMEOUT_S more: their outputs are on the
-        way and must not be duplicated by a redelivery if they can still land.
+        ACCEPT of a call without outputs is the common case and is inlined here: it is most of
+        a trivial handler's cost per record after the handler itself.
+        """
+        acknowledge, append = self.consumer.acknowledge, outcomes.append
+        latency_ms = (time.monotonic() - polled_at) * 1000
+        for message, call in zip(messages, calls, strict=True):
+            result = call.result
+            if result is _ACCEPTED_RESULT:
+                acknowledge(message, AcknowledgeType.ACCEPT)
+                r = call.record
+                key = r.key.decode("utf-8", "replace") if r.key is not None else None
+                append(
+                    Outcome(
+                        r.topic, r.partition, r.offset, key, r.delivery_count, ACCEPTED, None, latency_ms, call.inflight
+                    )
+                )
+            else:
+                outcome, ack = self._decide(call, result, polled_at, latency_ms)
+                acknowledge(message, ack)
+                append(outcome)
+
+    def _await(self, poll: _Poll, calls: list[_Call], chunks: list[_Chunk]) -> None:
+        """Wait until every call ended; at the deadline give up on the unfinished (RELEASE or DLQ).
+
+        Every STUCK_S it looks for chunks whose call runs that long and hands their calls not
+        yet started to other threads. Calls already producing outputs get DELIVERY_TIMEOUT_S
+        more at the deadline: their outputs are on the way and must not be duplicated by a
+        redelivery if they can still land.
         """
         with poll.cond:
-            if poll.cond.wait_for(lambda: poll.unsettled == 0, max(0.0, deadline - time.monotonic())):
-                return
-            timeout = Failure("Timeout", f"handler ran past its deadline of {deadline - calls[0].started:.1f}s")
+            while True:
+                left = poll.deadline - time.monotonic()
+                if poll.cond.wait_for(lambda: poll.unsettled <= 0, max(0.0, min(left, STUCK_S))):
+                    return
+                if left <= STUCK_S:
+                    break
+                self._split_stuck(chunks)
+            poll.abandoned = True
+            timeout = (RELEASED, Failure("Timeout", "the handler ran past its deadline"))
+            producing = []
             for call in calls:
-                if call.state in (_Call.QUEUED, _Call.RUNNING):
+                if call.result is None:
+                    if call.state == _Call.PRODUCING:
+                        producing.append(call)
+                        continue
                     if call.state == _Call.RUNNING:
                         self.runtime.pool.replace_stuck()
-                    poll.settle(call, _Call.ABANDONED, (RELEASED, timeout))
-            if poll.cond.wait_for(lambda: poll.unsettled == 0, DELIVERY_TIMEOUT_S):
+                    call.result = timeout
+            if poll.cond.wait_for(lambda: all(c.state == _Call.DONE for c in producing), DELIVERY_TIMEOUT_S):
                 return
             late = (RELEASED, Failure("OutputTimeout", "outputs not delivered in time"))
-            for call in calls:  # outputs still not delivered: another delivery may duplicate them, never lose
-                poll.settle(call, _Call.ABANDONED, late)
+            for call in producing:  # outputs still not delivered: another delivery may duplicate them, never lose
+                if call.state != _Call.DONE:
+                    call.result = late
 
-    def _decide(self, call: _Call) -> tuple[Outcome, int]:
-        """The acknowledgement for a settled call; the last allowed delivery never ends RELEASEd,
+    def _split_stuck(self, chunks: list[_Chunk]) -> None:
+        """Calls waiting behind a call that has run STUCK_S go to other threads, one a chunk."""
+        now = time.monotonic()
+        for chunk in chunks:
+            if chunk.todo and chunk.running is not None and now - chunk.since >= STUCK_S:
+                waiting = []
+                with contextlib.suppress(IndexError):  # the chunk's thread may take the last ones meanwhile
+                    while chunk.todo:
+                        waiting.append(chunk.todo.popleft())
+                for call in waiting:
+                    self.runtime.pool.submit(chunk.poll, [call])
+
+    def _decide(
+        self, call: _Call, result: tuple[str, Failure | None] | None, polled_at: float, latency_ms: float
+    ) -> tuple[Outcome, int]:
+        """The acknowledgement for an ended call; the last allowed delivery never ends RELEASEd,
         because the broker would archive it: it goes to the DLQ instead."""
         record = call.record
-        outcome, failure = call.result or (RELEASED, Failure("Unknown", "no result"))
+        outcome, failure = result or (RELEASED, Failure("Unknown", "no result"))
         if outcome == RELEASED and record.delivery_count >= self.runtime.settings.delivery_limit:
             outcome = DEAD_LETTERED
         if outcome == ACCEPTED:
-            return _outcome(call, ACCEPTED, None), AcknowledgeType.ACCEPT
-        now_ms = int(time.time() * 1000)
-        first = self.runtime.first_attempt(record, int(call.started_wall * 1000) or now_ms)
+            return Outcome.of(record, ACCEPTED, None, latency_ms, call.inflight), AcknowledgeType.ACCEPT
+        now = time.time()
+        started = now - (time.monotonic() - (call.ran_at or polled_at))  # the handler's start, wall clock
+        first = self.runtime.first_attempt(record, int(started * 1000))
         if outcome == DEAD_LETTERED:
             dead = dead_letter_record(
                 record,
@@ -425,16 +543,17 @@ class ShareFetcher:
                 record.delivery_count,
                 failure or Failure("Unknown", ""),
                 first,
-                now_ms,
+                int(now * 1000),
             )
             try:
                 self.runtime.produce_and_wait([dead])
             except Exception as exc:
                 # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
                 log.error("DLQ write failed for %s-%d@%d: %s", record.topic, record.partition, record.offset, exc)
-                return _outcome(call, RELEASED, Failure("DeadLetterWriteFailed", str(exc))), AcknowledgeType.RELEASE
-            return _outcome(call, DEAD_LETTERED, failure), AcknowledgeType.REJECT
-        return _outcome(call, RELEASED, failure), AcknowledgeType.RELEASE
+                failed = Failure("DeadLetterWriteFailed", str(exc))
+                return Outcome.of(record, RELEASED, failed, latency_ms, call.inflight), AcknowledgeType.RELEASE
+            return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, call.inflight), AcknowledgeType.REJECT
+        return Outcome.of(record, RELEASED, failure, latency_ms, call.inflight), AcknowledgeType.RELEASE
 
     def _commit(self) -> bool:
         try:
@@ -467,10 +586,6 @@ def _record(message: Message) -> Record:
         message.delivery_count() or 1,
         message.timestamp()[1],
     )
-
-
-def _outcome(call: _Call, outcome: str, failure: Failure | None) -> Outcome:
-    return Outcome.of(call.record, outcome, failure, (time.monotonic() - call.started) * 1000, call.inflight)
 
 
 # Share consumers leave the group cleanly when Spark stops the worker process.

@@ -86,6 +86,29 @@ def test_a_hung_handler_loses_its_record_to_a_redelivery_and_holds_up_nothing_el
     assert max(e["end"] for e in others) < second["start"], "every other record finished without waiting for it"
 
 
+def test_a_hung_call_inside_a_chunk_of_quick_calls_holds_up_nothing(kafka, tmp_path):
+    # Quick calls go to the pool's threads in chunks (a poll's calls to one thread); the hung record
+    # sits in the middle of one, so the calls behind it must move to other threads.
+    queue = make_queue(tmp_path, kafka, partitions=1, lock="5s", concurrency=4, delivery_limit=3)
+    values = [order(i, mode="quick") for i in range(1, 400)]
+    values.insert(200, order(0, mode="hang", hang_s=16))
+    produce(kafka, queue.topic, values)
+
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == 400 and summary["counts"]["dlq"] == 0
+    assert summary["counts"]["released"] == 1
+
+    events = queue.events()
+    others = [e for e in events if e["id"] != "id-000000"]
+    hung = [e for e in events if e["id"] == "id-000000"]
+    first = next(e for e in hung if e["dc"] == 1 and e["result"] == "started")
+    second = next(e for e in hung if e["dc"] == 2 and e["result"] == "ok")
+    assert (second["pid"], second["thread"]) != (first["pid"], first["thread"]), "redelivered to another slot"
+    assert all(e["dc"] == 1 for e in others), "no other record was delayed past its lock"
+    after = [e for e in others if e["offset"] > first["offset"]]
+    assert after and max(e["end"] for e in after) < second["start"], "the calls behind it went to other threads"
+
+
 def test_more_handler_calls_in_flight_than_partitions(kafka, tmp_path):
     queue = make_queue(tmp_path, kafka, partitions=2, concurrency=8, lock="10s")
     produce(kafka, queue.topic, [order(i, sleep_ms=300) for i in range(120)])
