@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import AcknowledgeType, KafkaException, Message, ShareConsumer
 
 from queueplane.dlq import Failure
-from queueplane.handler import Handler, Output, Record, Reject, load_handler, outputs_of
+from queueplane.handler import Handler, MessageRecord, Output, Record, Reject, load_handler, outputs_of
 from queueplane.worker.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
@@ -441,7 +441,8 @@ class ShareFetcher:
             else:
                 good.append(m)
         poll.unsettled = len(good)
-        calls = [_Call(_record(m)) for m in good]
+        of = MessageRecord.of
+        calls = [_Call(of(m)) for m in good]
         pool = self.runtime.pool
         chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
         self._await(poll, calls, chunks)
@@ -458,17 +459,24 @@ class ShareFetcher:
         ACCEPT of a call without outputs is the common case and is inlined here: it is most of
         a trivial handler's cost per record after the handler itself.
         """
-        acknowledge, append = self.consumer.acknowledge, outcomes.append
+        acknowledge, append, accept = self.consumer.acknowledge, outcomes.append, AcknowledgeType.ACCEPT
         latency_ms = (time.monotonic() - polled_at) * 1000
         for message, call in zip(messages, calls, strict=True):
             result = call.result
             if result is _ACCEPTED_RESULT:
-                acknowledge(message, AcknowledgeType.ACCEPT)
-                r = call.record
-                key = r.key.decode("utf-8", "replace") if r.key is not None else None
+                acknowledge(message, accept)
+                key = message.key()
                 append(
                     Outcome(
-                        r.topic, r.partition, r.offset, key, r.delivery_count, ACCEPTED, None, latency_ms, call.inflight
+                        message.topic(),
+                        message.partition(),
+                        message.offset(),
+                        key.decode("utf-8", "replace") if key is not None else None,
+                        message.delivery_count() or 1,
+                        ACCEPTED,
+                        None,
+                        latency_ms,
+                        call.inflight,
                     )
                 )
             else:
@@ -573,19 +581,6 @@ class ShareFetcher:
             self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
             with contextlib.suppress(Exception):
                 self.consumer.close()
-
-
-def _record(message: Message) -> Record:
-    return Record.make(
-        message.key(),
-        message.value(),
-        tuple(message.headers() or ()),
-        message.topic(),
-        message.partition(),
-        message.offset(),
-        message.delivery_count() or 1,
-        message.timestamp()[1],
-    )
 
 
 # Share consumers leave the group cleanly when Spark stops the worker process.
