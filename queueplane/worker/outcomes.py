@@ -10,7 +10,9 @@ from __future__ import annotations
 import threading
 import time
 from array import array
+from collections.abc import Sequence
 from itertools import accumulate
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -75,10 +77,14 @@ class Outcome(NamedTuple):
 
 
 def outcome_batch(rows: list[Outcome]) -> pa.RecordBatch:
-    """Outcome rows as one Arrow batch of OUTCOME_ARROW, column by column."""
-    columns = list(zip(*rows, strict=True))
+    """Outcome rows as one Arrow batch of OUTCOME_ARROW, column by column.
+
+    Columns are taken one at a time with ``itemgetter``: half the cost of ``zip(*rows)``,
+    which builds every column's tuple at once (a share task hands over 100k rows a batch).
+    """
     return pa.RecordBatch.from_arrays(
-        [arrow_column(col, f.type) for col, f in zip(columns, OUTCOME_ARROW, strict=True)], schema=OUTCOME_ARROW
+        [arrow_column(list(map(itemgetter(i), rows)), f.type) for i, f in enumerate(OUTCOME_ARROW)],
+        schema=OUTCOME_ARROW,
     )
 
 
@@ -86,7 +92,7 @@ def outcome_batch(rows: list[Outcome]) -> pa.RecordBatch:
 _FIXED = {pa.int32(): "i", pa.int64(): "q", pa.float64(): "d"}
 
 
-def arrow_column(values: tuple[Any, ...], kind: pa.DataType) -> pa.Array:
+def arrow_column(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
     """A column as an Arrow array, built from its buffers.
 
     Not ``pa.array``: its first call in a process imports pandas to check whether the values
@@ -94,6 +100,15 @@ def arrow_column(values: tuple[Any, ...], kind: pa.DataType) -> pa.Array:
     while the workers of a micro-batch start side by side, longer than a trivial handler's
     records took.
     """
+    count = len(values)
+    if kind == pa.string() and count and values.count(values[0]) == count:
+        # One value throughout (the topic, most outcomes, no error): no per-value work at all.
+        if values[0] is None:
+            nulls = pa.py_buffer(bytes((count + 7) // 8))
+            return pa.Array.from_buffers(kind, count, [nulls, _zeros(count + 1), pa.py_buffer(b"")])
+        data = values[0].encode()
+        offsets = pa.py_buffer(array("i", range(0, len(data) * count + 1, len(data)))) if data else _zeros(count + 1)
+        return pa.Array.from_buffers(kind, count, [None, offsets, pa.py_buffer(data * count)])
     validity = _validity(values)
     if kind == pa.string():
         texts = values if validity is None else [v or "" for v in values]
@@ -110,7 +125,12 @@ def arrow_column(values: tuple[Any, ...], kind: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(kind, len(values), buffers)
 
 
-def _validity(values: tuple[Any, ...]) -> pa.Buffer | None:
+def _zeros(count: int) -> pa.Buffer:
+    """``count`` int32 zeros: the offsets of empty strings."""
+    return pa.py_buffer(bytes(4 * count))
+
+
+def _validity(values: Sequence[Any]) -> pa.Buffer | None:
     """Arrow's validity bitmap (bit i set: value i present), or None when nothing is missing."""
     if None not in values:
         return None

@@ -41,6 +41,14 @@ def test_outcome_batches_hold_exactly_the_rows_pyarrow_itself_would_build(rows):
     assert batch.equals(expected)
 
 
+@pytest.mark.parametrize("text", ["accepted", "", "näh", None])
+def test_a_column_of_one_repeated_value_is_that_value_in_every_row(text):
+    rows = [Outcome("orders", 0, i, text, 1, "accepted", text, 0.5, 1) for i in range(1000)]
+    batch = outcome_batch(rows)
+    batch.validate(full=True)
+    assert batch.equals(pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW))
+
+
 def test_a_column_of_missing_values_is_all_nulls():
     column = arrow_column((None, None, None), pa.string())
     assert column.null_count == 3
