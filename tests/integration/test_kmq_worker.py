@@ -60,7 +60,9 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     markers_topic = f"{queue.topic}.markers"
     warmup = 20
     produce(kafka, queue.topic, [order(i) for i in range(warmup)])
-    worker = start_worker(queue, kafka, "--until-idle", "5s", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    # Idle for longer than the hung call outlives its lock (12s - 3s): the worker cannot stop
+    # before that call returns late and logs, however soon the tracker redelivers it.
+    worker = start_worker(queue, kafka, "--until-idle", "10s", "--checkpoint-dir", str(tmp_path / "ckpt"))
     try:
         # Both queries are up and through their first batches before the records under test arrive.
         _wait_for(lambda: len(queue.events()) >= warmup, 240, "the warm-up records")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import zipfile
@@ -9,10 +10,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueplane.handler import Record
+from queueplane.handler import MessageRecord, Record
 from queueplane.worker import spark_daemon
 from queueplane.worker.consumer_runtime import input_records
 from queueplane.worker.outcomes import OUTCOME_ARROW, Outcome, arrow_column, outcome_batch
@@ -47,6 +49,27 @@ def test_a_column_of_one_repeated_value_is_that_value_in_every_row(text):
     batch = outcome_batch(rows)
     batch.validate(full=True)
     assert batch.equals(pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW))
+
+
+@pytest.mark.parametrize("delivery_count", [None, 3])
+def test_a_message_record_shows_the_handler_what_a_copied_record_would(delivery_count):
+    message = Message(
+        topic="orders",
+        partition=2,
+        offset=7,
+        key=None,
+        value=b'{"id": 1}',
+        headers=[("trace", b"abc")],
+        timestamp=(1, 1700000000123),
+        **({} if delivery_count is None else {"delivery_count": delivery_count}),
+    )
+    lazy = MessageRecord.of(message)
+    copied = Record.make(None, b'{"id": 1}', (("trace", b"abc"),), "orders", 2, 7, delivery_count or 1, 1700000000123)
+    assert isinstance(lazy, Record)
+    assert dataclasses.astuple(lazy) == dataclasses.astuple(copied)
+    assert lazy.header("trace") == b"abc" and lazy.json() == {"id": 1}
+    with pytest.raises(AttributeError):
+        lazy.value = b"changed"  # records stay read-only for handlers
 
 
 def test_a_column_of_missing_values_is_all_nulls():
