@@ -142,7 +142,12 @@ def _validity(values: Sequence[Any]) -> pa.Buffer | None:
 
 
 def key_text(record: Record) -> str | None:
-    return record.key.decode("utf-8", "replace") if record.key is not None else None
+    return decoded_key(record.key)
+
+
+def decoded_key(key: bytes | None) -> str | None:
+    """A key as the outcome rows show it: text, with undecodable bytes replaced."""
+    return key.decode("utf-8", "replace") if key is not None else None
 
 
 def error_text(failure: Failure | None) -> str | None:

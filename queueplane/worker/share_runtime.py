@@ -35,6 +35,7 @@ from queueplane.worker.outcomes import (
     Outcome,
     ProducedRecord,
     dead_letter_record,
+    decoded_key,
     output_record,
     produce_and_wait,
 )
@@ -132,15 +133,14 @@ class _Chunk:
 
     ``todo`` is a deque because ``popleft`` is atomic: the thread and a fetcher splitting the
     chunk off a stuck call both take calls from it, and each call is taken exactly once.
-    ``running``/``since`` say which call the thread is in and since when.
+    ``since`` is when the thread started the call it is in, 0 while no call of it runs.
     """
 
-    __slots__ = ("poll", "running", "since", "todo")
+    __slots__ = ("poll", "since", "todo")
 
     def __init__(self, poll: _Poll, calls: list[_Call]):
         self.poll = poll
         self.todo = deque(calls)
-        self.running: _Call | None = None
         self.since = 0.0
 
 
@@ -226,7 +226,7 @@ class HandlerPool:
                 except IndexError:  # a fetcher split the rest off meanwhile
                     break
                 now = time.monotonic()
-                chunk.running, chunk.since = call, now
+                chunk.since = now
                 ended += 1
                 if now >= poll.deadline:
                     call.result = (RELEASED, Failure("Timeout", "the lock ran out before the handler started"))
@@ -236,7 +236,7 @@ class HandlerPool:
                 call.state = _Call.DONE
                 self.mean_call_s += 0.1 * (time.monotonic() - now - self.mean_call_s)
         finally:
-            chunk.running = None
+            chunk.since = 0.0
             poll.finished(ended)
 
     def _call(self, handler: Handler, call: _Call, poll: _Poll) -> tuple[str, Failure | None]:
@@ -432,15 +432,14 @@ class ShareFetcher:
             return
         polled_at = time.monotonic()
         lock_s = self.runtime.settings.lock_ms / 1000
-        # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
-        poll = _Poll(0, polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
         good = []
         for m in messages:
             if m.error():
                 log.warning("share consumer error: %s", m.error())
             else:
                 good.append(m)
-        poll.unsettled = len(good)
+        # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
+        poll = _Poll(len(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
         of = MessageRecord.of
         calls = [_Call(of(m)) for m in good]
         pool = self.runtime.pool
@@ -465,13 +464,12 @@ class ShareFetcher:
             result = call.result
             if result is _ACCEPTED_RESULT:
                 acknowledge(message, accept)
-                key = message.key()
                 append(
                     Outcome(
                         message.topic(),
                         message.partition(),
                         message.offset(),
-                        key.decode("utf-8", "replace") if key is not None else None,
+                        decoded_key(message.key()),
                         message.delivery_count() or 1,
                         ACCEPTED,
                         None,
@@ -522,13 +520,12 @@ class ShareFetcher:
         """Calls waiting behind a call that has run STUCK_S go to other threads, one a chunk."""
         now = time.monotonic()
         for chunk in chunks:
-            if chunk.todo and chunk.running is not None and now - chunk.since >= STUCK_S:
+            if chunk.todo and chunk.since and now - chunk.since >= STUCK_S:
                 waiting = []
                 with contextlib.suppress(IndexError):  # the chunk's thread may take the last ones meanwhile
                     while chunk.todo:
                         waiting.append(chunk.todo.popleft())
-                for call in waiting:
-                    self.runtime.pool.submit(chunk.poll, [call])
+                self.runtime.pool.submit(chunk.poll, waiting)
 
     def _decide(
         self, call: _Call, result: tuple[str, Failure | None] | None, polled_at: float, latency_ms: float
