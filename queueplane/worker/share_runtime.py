@@ -179,6 +179,17 @@ class HandlerPool:
             put(chunk)
         return chunks
 
+    def split_stuck(self, chunks: list[_Chunk]) -> None:
+        """Calls waiting behind a call that has run STUCK_S go to other threads, one a chunk."""
+        now = time.monotonic()
+        for chunk in chunks:
+            if chunk.todo and chunk.since and now - chunk.since >= STUCK_S:
+                waiting = []
+                with contextlib.suppress(IndexError):  # the chunk's thread may take the last ones meanwhile
+                    while chunk.todo:
+                        waiting.append(chunk.todo.popleft())
+                self.submit(chunk.poll, waiting)
+
     def wait_for_room(self, timeout: float) -> bool:
         """Whether fewer chunks wait than ROOM_ROUNDS rounds of the threads (waiting up to ``timeout``).
 
@@ -504,7 +515,7 @@ class ShareFetcher:
                     return
                 if left <= STUCK_S:
                     break
-                self._split_stuck(chunks)
+                self.runtime.pool.split_stuck(chunks)
             poll.abandoned = True
             timeout = (RELEASED, Failure("Timeout", "the handler ran past its deadline"))
             producing = []
@@ -522,17 +533,6 @@ class ShareFetcher:
             for call in producing:  # outputs still not delivered: another delivery may duplicate them, never lose
                 if call.state != _Call.DONE:
                     call.result = late
-
-    def _split_stuck(self, chunks: list[_Chunk]) -> None:
-        """Calls waiting behind a call that has run STUCK_S go to other threads, one a chunk."""
-        now = time.monotonic()
-        for chunk in chunks:
-            if chunk.todo and chunk.since and now - chunk.since >= STUCK_S:
-                waiting = []
-                with contextlib.suppress(IndexError):  # the chunk's thread may take the last ones meanwhile
-                    while chunk.todo:
-                        waiting.append(chunk.todo.popleft())
-                self.runtime.pool.submit(chunk.poll, waiting)
 
     def _decide(
         self, call: _Call, result: tuple[str, Failure | None] | None, polled_at: float, latency_ms: float
