@@ -23,6 +23,14 @@ from worker_support import make_queue, order, produce
 pytestmark = pytest.mark.kafka
 
 MAX_EXECUTORS = 3
+LOAD = 1600  # records produced over 40 s
+WARM_UP = 4  # records before the load, to start the first batch
+
+
+def _trimmed(cores: list[int]) -> bool:
+    """The master's core count rose above one and came back to one."""
+    above = next((i for i, c in enumerate(cores) if c > 1), None)
+    return above is not None and 1 in cores[above:]
 
 
 def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kafka, tmp_path):
@@ -59,6 +67,14 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
+        # The master starts as many executors as it has cores; the driver trims them to one at
+        # its first batch. A few records start that batch, and the load waits for the trim, so
+        # that every executor beyond one is the controller's request, not the start-up's.
+        produce(kafka, queue.topic, [order(LOAD + i, sleep_ms=100) for i in range(WARM_UP)])
+        trimmed_by = time.monotonic() + 240
+        while not _trimmed([c for _, c in timeline]):
+            assert time.monotonic() < trimmed_by and driver.poll() is None, f"no trim to one executor: {timeline}"
+            time.sleep(0.5)
         # Load: ~40 records/s for 40s; one executor (2 slots, 100 ms each) handles ~20/s.
         for second in range(40):
             produce(kafka, queue.topic, [order(second * 40 + i, sleep_ms=100) for i in range(40)])
@@ -71,7 +87,7 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
     (tmp_path / "driver.out").write_text(out)
     # The driver's stdout holds its log lines (spark-submit joins them) and, last, the JSON summary.
     summary = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
-    assert summary["counts"]["accepted"] == 1600
+    assert summary["counts"]["accepted"] == LOAD + WARM_UP
     decisions = summary["scaling"]
     ups = [d for d in decisions if d["desired"] > d["requested"]]
     downs = [d for d in decisions if d["desired"] < d["requested"]]
@@ -81,5 +97,5 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
     cores = [c for _, c in timeline]
     first_one = cores.index(1)
     peak_at = max(range(first_one, len(cores)), key=lambda i: cores[i])
-    assert cores[peak_at] >= 2, cores
+    assert cores[peak_at] >= 2, f"master cores every 0.5 s: {cores}; decisions: {decisions}"
     assert 1 in cores[peak_at:], f"executors never fell back to one: {cores[peak_at:]}"
