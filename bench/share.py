@@ -13,7 +13,7 @@ first-to-last figures are reported beside it. The trivial runs alternate the wor
 plain loop for ``--rounds`` rounds, after a plain-loop run that warms the broker, and count
 each side's best.
 
-    .venv/bin/python bench/share.py [--records 20000] [--trivial-records 600000] [--slots 6,24,48] [--rounds 2]
+    .venv/bin/python bench/share.py [--records 20000] [--trivial-records 2000000] [--slots 6,24,48] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def plain_loop_throughput(target: KafkaTarget, topic: str, group: str, slots: in
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=20_000)
-    parser.add_argument("--trivial-records", type=int, default=600_000)
+    parser.add_argument("--trivial-records", type=int, default=2_000_000)
     parser.add_argument("--slots", default="6,24,48")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the trivial runs")
     args = parser.parse_args()

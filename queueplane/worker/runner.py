@@ -31,7 +31,7 @@ from queueplane.worker.kmq_query import KmqQueries
 from queueplane.worker.metrics import WorkerMetrics
 from queueplane.worker.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
 from queueplane.worker.settings import common_settings
-from queueplane.worker.share_runtime import POLL_ROUNDS, ShareSettings
+from queueplane.worker.share_runtime import POLL_ROUNDS, SLICE_MS, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
@@ -53,7 +53,7 @@ class RunOptions:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     tasks: int | None = None  # parallel tasks per micro-batch; default: the cores Spark has
-    batch_ms: int = 1000  # time slice of one micro-batch
+    batch_ms: int = SLICE_MS  # share groups: time slice of one micro-batch
     checkpoint_dir: str | None = None
     max_batch_records: int | None = None  # consumer groups: most records per micro-batch (maxOffsetsPerTrigger)
     scaling: dict[str, float] = field(default_factory=dict)  # autoscaling policy overrides (intervals, cooldowns)
