@@ -27,10 +27,10 @@ LOAD = 1600  # records produced over 40 s
 WARM_UP = 4  # records before the load, to start the first batch
 
 
-def _trimmed(cores: list[int]) -> bool:
-    """The master's core count rose above one and came back to one."""
+def _trim_at(cores: list[int]) -> int | None:
+    """Where the master's core count, having risen above one at start-up, came back to one."""
     above = next((i for i, c in enumerate(cores) if c > 1), None)
-    return above is not None and 1 in cores[above:]
+    return next((i for i in range(above, len(cores)) if cores[i] == 1), None) if above is not None else None
 
 
 def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kafka, tmp_path):
@@ -72,7 +72,7 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
         # that every executor beyond one is the controller's request, not the start-up's.
         produce(kafka, queue.topic, [order(LOAD + i, sleep_ms=100) for i in range(WARM_UP)])
         trimmed_by = time.monotonic() + 240
-        while not _trimmed([c for _, c in timeline]):
+        while _trim_at([c for _, c in timeline]) is None:
             assert time.monotonic() < trimmed_by and driver.poll() is None, f"no trim to one executor: {timeline}"
             time.sleep(0.5)
         # Load: ~40 records/s for 40s; one executor (2 slots, 100 ms each) handles ~20/s.
@@ -95,7 +95,8 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
     assert max(d["running"] for d in decisions) >= 2, "the master started the requested executors"
     # The master's own count: after the start-up trim to one executor, it rose, then fell back to one.
     cores = [c for _, c in timeline]
-    first_one = cores.index(1)
-    peak_at = max(range(first_one, len(cores)), key=lambda i: cores[i])
+    trim_at = _trim_at(cores)
+    assert trim_at is not None, cores
+    peak_at = max(range(trim_at, len(cores)), key=lambda i: cores[i])
     assert cores[peak_at] >= 2, f"master cores every 0.5 s: {cores}; decisions: {decisions}"
     assert 1 in cores[peak_at:], f"executors never fell back to one: {cores[peak_at:]}"
