@@ -23,14 +23,17 @@ from worker_support import make_queue, order, produce
 pytestmark = pytest.mark.kafka
 
 MAX_EXECUTORS = 3
-LOAD = 1600  # records produced over 40 s
+LOAD_SECONDS, PER_SECOND = 40, 40  # ~40 records/s; one executor (2 slots, 100 ms each) handles ~20/s
+LOAD = LOAD_SECONDS * PER_SECOND
 WARM_UP = 4  # records before the load, to start the first batch
 
 
 def _trim_at(cores: list[int]) -> int | None:
     """Where the master's core count, having risen above one at start-up, came back to one."""
     above = next((i for i, c in enumerate(cores) if c > 1), None)
-    return next((i for i in range(above, len(cores)) if cores[i] == 1), None) if above is not None else None
+    if above is None:
+        return None
+    return next((i for i in range(above, len(cores)) if cores[i] == 1), None)
 
 
 def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kafka, tmp_path):
@@ -75,9 +78,9 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
         while _trim_at([c for _, c in timeline]) is None:
             assert time.monotonic() < trimmed_by and driver.poll() is None, f"no trim to one executor: {timeline}"
             time.sleep(0.5)
-        # Load: ~40 records/s for 40s; one executor (2 slots, 100 ms each) handles ~20/s.
-        for second in range(40):
-            produce(kafka, queue.topic, [order(second * 40 + i, sleep_ms=100) for i in range(40)])
+        for second in range(LOAD_SECONDS):
+            batch = [order(second * PER_SECOND + i, sleep_ms=100) for i in range(PER_SECOND)]
+            produce(kafka, queue.topic, batch)
             time.sleep(1)
         out, _ = driver.communicate(timeout=600)
         assert driver.returncode == 0, (tmp_path / "driver.log").read_text()[-4000:]
