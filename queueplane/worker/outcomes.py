@@ -11,7 +11,7 @@ import threading
 import time
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate
+from itertools import accumulate, chain
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -76,14 +76,31 @@ class Outcome(NamedTuple):
         )
 
 
-def outcome_batch(rows: list[Outcome]) -> pa.RecordBatch:
-    """Outcome rows as one Arrow batch of OUTCOME_ARROW, column by column.
+# One list per OUTCOME_ARROW column, all as long. The share runtime hands a poll's outcomes over
+# like this: a quick handler's poll of accepted records builds each column in one pass over its
+# messages, where a row per record cost a tuple and nine reads (a third of its Python time).
+OutcomeColumns = tuple[list[Any], ...]
 
-    Columns are taken one at a time with ``itemgetter``: half the cost of ``zip(*rows)``,
-    which builds every column's tuple at once (a share task hands over 100k rows a batch).
-    """
+
+def columns_of(rows: list[Outcome]) -> OutcomeColumns:
+    """Rows as columns, one at a time with ``itemgetter``: half the cost of ``zip(*rows)``,
+    which builds every column's tuple at once (a task hands over 100k rows a batch)."""
+    return tuple(list(map(itemgetter(i), rows)) for i in range(len(OUTCOME_ARROW)))
+
+
+def outcome_batch(rows: list[Outcome]) -> pa.RecordBatch:
+    """Outcome rows as one Arrow batch of OUTCOME_ARROW."""
+    return columns_batch([columns_of(rows)])
+
+
+def columns_batch(blocks: list[OutcomeColumns]) -> pa.RecordBatch:
+    """Blocks of outcome columns, one after another, as one Arrow batch of OUTCOME_ARROW."""
+    if len(blocks) == 1:
+        columns = blocks[0]
+    else:
+        columns = tuple(list(chain.from_iterable(block[i] for block in blocks)) for i in range(len(OUTCOME_ARROW)))
     return pa.RecordBatch.from_arrays(
-        [arrow_column(list(map(itemgetter(i), rows)), f.type) for i, f in enumerate(OUTCOME_ARROW)],
+        [arrow_column(values, f.type) for values, f in zip(columns, OUTCOME_ARROW, strict=True)],
         schema=OUTCOME_ARROW,
     )
 

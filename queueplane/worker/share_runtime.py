@@ -20,7 +20,8 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message, ShareConsumer
@@ -33,7 +34,9 @@ from queueplane.worker.outcomes import (
     DELIVERY_TIMEOUT_S,
     RELEASED,
     Outcome,
+    OutcomeColumns,
     ProducedRecord,
+    columns_of,
     dead_letter_record,
     decoded_key,
     output_record,
@@ -87,20 +90,31 @@ class ShareSettings(JsonSettings):
     batch_ms: int = SLICE_MS
 
 
-class _Poll:
-    """The calls of one poll and their deadline: the fetcher waits on one condition for all of them.
+# A call's verdict: its outcome, its failure, and when its handler started (monotonic; 0.0 when it
+# never did, and then the poll's time stands in for it in the DLQ headers).
+Result = tuple[str, Failure | None, float]
+_ACCEPTED_RESULT: Result = (ACCEPTED, None, 0.0)
 
-    Pool threads report finished calls once per chunk, not per call, and write a call's
-    result without the lock: a trivial handler's record cost more in lock round trips than
-    in the handler. Only the moves that must not cross the fetcher giving up on a call take
-    the condition: a call starting to produce outputs, and the end of that.
+
+class _Poll:
+    """The records of one poll, their results and their deadline: the fetcher waits on one
+    condition for all of them.
+
+    Results and in-flight counts are lists indexed like the records, not an object per call:
+    a trivial handler's record cost more in that object than in the handler. Pool threads
+    write a result without the lock and report finished calls once per chunk; only the moves
+    that must not cross the fetcher giving up on the poll take the condition: a call starting
+    to produce outputs, and the end of that.
     """
 
-    __slots__ = ("abandoned", "cond", "deadline", "unsettled")
+    __slots__ = ("abandoned", "cond", "deadline", "inflight", "records", "results", "unsettled")
 
-    def __init__(self, size: int, deadline: float):
+    def __init__(self, records: list[MessageRecord], deadline: float):
         self.cond = threading.Condition(threading.Lock())
-        self.unsettled = size
+        self.records = records
+        self.results: list[Result | None] = [None] * len(records)  # None until the call ends
+        self.inflight = [0] * len(records)  # calls running in the pool when each call started
+        self.unsettled = len(records)
         self.deadline = deadline
         self.abandoned = False  # the deadline passed: results written from now on are not waited for
 
@@ -111,42 +125,23 @@ class _Poll:
                 self.cond.notify_all()
 
 
-class _Call:
-    """One handler call handed to the pool; the fetcher that owns the record acknowledges it.
-
-    ``result`` stays None until the call ends. Once the fetcher gave up on the calls of a poll
-    (deadline passed), outputs of a call that returns later are dropped, so a released record
-    never also produces output.
-    """
-
-    QUEUED, RUNNING, PRODUCING, DONE = range(4)
-    __slots__ = ("inflight", "ran_at", "record", "result", "state")
-
-    def __init__(self, record: Record):
-        self.record = record
-        self.state = _Call.QUEUED
-        self.result: tuple[str, Failure | None] | None = None
-        self.inflight = 0
-        self.ran_at = 0.0  # monotonic start of the handler, 0 if it never started
-
-
-_ACCEPTED_RESULT: tuple[str, Failure | None] = (ACCEPTED, None)
-
-
 class _Chunk:
-    """Calls of one poll that one pool thread runs in turn.
+    """Calls of one poll, as indices into its records, that one pool thread runs in turn.
 
-    ``todo`` is a deque because ``popleft`` is atomic: the thread and a fetcher splitting the
-    chunk off a stuck call both take calls from it, and each call is taken exactly once.
-    ``since`` is when the thread started the call it is in, 0 while no call of it runs.
+    ``todo`` is an iterator because taking its next index is one step under the interpreter
+    lock: the thread and a fetcher splitting the chunk off a stuck call both take indices from
+    it, and each is taken exactly once. ``since`` is when the thread started the call it is in,
+    0 while no call of it runs; ``producing`` is the index of the call whose outputs are on
+    their way (set under the poll's condition), -1 while none is.
     """
 
-    __slots__ = ("poll", "since", "todo")
+    __slots__ = ("poll", "producing", "since", "todo")
 
-    def __init__(self, poll: _Poll, calls: list[_Call]):
+    def __init__(self, poll: _Poll, indices: Sequence[int]):
         self.poll = poll
-        self.todo = deque(calls)
+        self.todo: Iterator[int] = iter(indices)
         self.since = 0.0
+        self.producing = -1
 
 
 class HandlerPool:
@@ -174,9 +169,10 @@ class HandlerPool:
     def chunk_size(self, calls: int) -> int:
         return max(1, min(calls, int(CHUNK_S / max(self.mean_call_s, 1e-7))))
 
-    def submit(self, poll: _Poll, calls: list[_Call], size: int = 1) -> list[_Chunk]:
-        """Hand ``calls`` to the threads in chunks of ``size``; the chunks, for the stuck check."""
-        chunks = [_Chunk(poll, calls[i : i + size]) for i in range(0, len(calls), size)]
+    def submit(self, poll: _Poll, indices: Sequence[int], size: int = 1) -> list[_Chunk]:
+        """Hand the calls of ``indices`` to the threads in chunks of ``size``; the chunks, for the
+        fetcher's stuck check and deadline."""
+        chunks = [_Chunk(poll, indices[i : i + size]) for i in range(0, len(indices), size)]
         with self.lock:
             self.queued += len(chunks)
         put = self.chunks.put
@@ -184,16 +180,17 @@ class HandlerPool:
             put(chunk)
         return chunks
 
-    def split_stuck(self, chunks: list[_Chunk]) -> None:
-        """Calls waiting behind a call that has run STUCK_S go to other threads, one a chunk."""
+    def split_stuck(self, chunks: list[_Chunk]) -> list[_Chunk]:
+        """Calls waiting behind a call that has run STUCK_S go to other threads, one a chunk;
+        the new chunks."""
         now = time.monotonic()
+        split: list[_Chunk] = []
         for chunk in chunks:
-            if chunk.todo and chunk.since and now - chunk.since >= STUCK_S:
-                waiting = []
-                with contextlib.suppress(IndexError):  # the chunk's thread may take the last ones meanwhile
-                    while chunk.todo:
-                        waiting.append(chunk.todo.popleft())
-                self.submit(chunk.poll, waiting)
+            if chunk.since and now - chunk.since >= STUCK_S:
+                waiting = list(chunk.todo)  # one step: the chunk's thread takes none of these after it
+                if waiting:
+                    split += self.submit(chunk.poll, waiting)
+        return split
 
     def wait_for_room(self, timeout: float) -> bool:
         """Whether fewer chunks wait than ROOM_ROUNDS rounds of the threads (waiting up to ``timeout``).
@@ -232,62 +229,62 @@ class HandlerPool:
                     return
 
     def _run(self, chunk: _Chunk) -> None:
-        """Run the chunk's calls until its deque is empty; report how many ended, once."""
-        poll, todo, handler = chunk.poll, chunk.todo, self.runtime.handler
+        """Run the chunk's calls until its iterator is exhausted; report how many ended, once.
+
+        The handler call is inline, with its verdicts, because it is the loop of the hot path.
+        """
+        poll = chunk.poll
+        records, results, inflight, deadline = poll.records, poll.results, poll.inflight, poll.deadline
+        handler, monotonic = self.runtime.handler, time.monotonic
         ended = ran = 0
-        began = time.monotonic()
+        began = monotonic()
         try:
-            while todo:
-                try:
-                    call = todo.popleft()
-                except IndexError:  # a fetcher split the rest off meanwhile
-                    break
-                now = time.monotonic()
-                chunk.since = now
+            for i in chunk.todo:
+                now = chunk.since = monotonic()
                 ended += 1
-                if now >= poll.deadline:
-                    call.result = (RELEASED, Failure("Timeout", "the lock ran out before the handler started"))
+                if now >= deadline:
+                    results[i] = (RELEASED, Failure("Timeout", "the lock ran out before the handler started"), 0.0)
                     continue
-                call.state, call.ran_at, call.inflight = _Call.RUNNING, now, self.inflight
-                call.result = self._call(handler, call, poll)
-                call.state = _Call.DONE
+                inflight[i] = self.inflight
                 ran += 1
+                try:
+                    returned = handler(records[i])
+                    if returned is not None:
+                        outputs = outputs_of(returned)
+                        if outputs:
+                            results[i] = self._produce(chunk, i, outputs, now)
+                            continue
+                except Reject as exc:
+                    results[i] = (DEAD_LETTERED, Failure.of(exc), now)
+                    continue
+                except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
+                    results[i] = (RELEASED, Failure.of(exc), now)
+                    continue
+                results[i] = _ACCEPTED_RESULT
         finally:
             chunk.since = 0.0
             poll.finished(ended)
             if ran:  # once a chunk, from the mean of its calls: a trivial call cost less than the update
-                self.mean_call_s += 0.1 * ((time.monotonic() - began) / ran - self.mean_call_s)
+                self.mean_call_s += 0.1 * ((monotonic() - began) / ran - self.mean_call_s)
 
-    def _call(self, handler: Handler, call: _Call, poll: _Poll) -> tuple[str, Failure | None]:
-        """The handler's verdict on one record; outputs are durable before it says ACCEPTED."""
-        try:
-            returned = handler(call.record)
-            if returned is None:
-                return _ACCEPTED_RESULT
-            outputs = outputs_of(returned)
-            if outputs:
-                return self._produce(call, poll, outputs)
-            return _ACCEPTED_RESULT
-        except Reject as exc:
-            return (DEAD_LETTERED, Failure.of(exc))
-        except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
-            return (RELEASED, Failure.of(exc))
-
-    def _produce(self, call: _Call, poll: _Poll, outputs: list[Output]) -> tuple[str, Failure | None]:
-        """Make the outputs durable, unless the fetcher gave up on the call; the fetcher waits
-        for a call in PRODUCING past the deadline, so the result is set before it leaves it."""
+    def _produce(self, chunk: _Chunk, index: int, outputs: list[Output], started: float) -> Result:
+        """Make call ``index``'s outputs durable, unless the fetcher gave up on the poll; the
+        fetcher waits for a call producing past the deadline, so its result is set before it
+        leaves it."""
+        poll = chunk.poll
         with poll.cond:
             if poll.abandoned:  # released already: its outputs must not appear
-                return (RELEASED, Failure("Timeout", "the handler returned after its deadline"))
-            call.state = _Call.PRODUCING
-        result: tuple[str, Failure | None]
+                return (RELEASED, Failure("Timeout", "the handler returned after its deadline"), started)
+            chunk.producing = index
+        result: Result
         try:
-            self.runtime.produce_and_wait([self.runtime.output_record(o, call.record) for o in outputs])
+            record = poll.records[index]
+            self.runtime.produce_and_wait([self.runtime.output_record(o, record) for o in outputs])
             result = _ACCEPTED_RESULT
         except Exception as exc:
-            result = (RELEASED, Failure.of(exc))
+            result = (RELEASED, Failure.of(exc), started)
         with poll.cond:
-            call.result, call.state = result, _Call.DONE
+            poll.results[index], chunk.producing = result, -1
             poll.cond.notify_all()
         return result
 
@@ -309,7 +306,7 @@ class ProcessRuntime:
         # The lease: fetchers acquire records only before ``_lease_until`` (monotonic seconds).
         self._lease = threading.Condition()
         self._lease_until = 0.0
-        self._outbox: list[Outcome] = []
+        self._outbox: list[OutcomeColumns] = []
         self._outbox_lock = threading.Lock()
 
     def first_attempt(self, record: Record, now_ms: int) -> int:
@@ -327,8 +324,8 @@ class ProcessRuntime:
     def produce_and_wait(self, records: list[ProducedRecord]) -> None:
         produce_and_wait(self.producer, records)
 
-    def run_batch(self, final: bool = False) -> list[Outcome]:
-        """Renew the lease for one time slice and return what the fetchers settled meanwhile.
+    def run_batch(self, final: bool = False) -> list[OutcomeColumns]:
+        """Renew the lease for one time slice and return the outcomes the fetchers settled meanwhile.
 
         ``final`` drains instead: the lease ends now, every fetcher settles and commits what it
         holds, and the task returns all of it, so the driver can stop with nothing in flight.
@@ -367,7 +364,7 @@ class ProcessRuntime:
             self._lease.wait(0.5)
             return False
 
-    def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[Outcome]) -> None:
+    def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None:
         if outcomes:
             with self._outbox_lock:
                 self._outbox.extend(outcomes)
@@ -420,7 +417,7 @@ class ShareFetcher:
         while not self._closed:
             if not self.runtime.enter_cycle(self):
                 continue
-            outcomes: list[Outcome] = []
+            outcomes: list[OutcomeColumns] = []
             try:
                 if self.runtime.leased():
                     self._cycle(outcomes)
@@ -435,7 +432,7 @@ class ShareFetcher:
             finally:
                 self.runtime.leave_cycle(self, outcomes)
 
-    def _cycle(self, outcomes: list[Outcome]) -> None:
+    def _cycle(self, outcomes: list[OutcomeColumns]) -> None:
         """One poll: hand its records to the pool, settle them together, acknowledge each."""
         if not self.runtime.pool.wait_for_room(0.05):
             if self.pending:  # acknowledgements must not wait for the pool: their records' locks run
@@ -447,65 +444,62 @@ class ShareFetcher:
             log.warning("share poll failed: %s", exc)
             time.sleep(0.2)
             return
-        if not messages:
-            return
         polled_at = time.monotonic()
+        good = [m for m in messages if not m.error()]
+        if len(good) < len(messages):
+            for m in messages:
+                if m.error():
+                    log.warning("share consumer error: %s", m.error())
+        if not good:
+            return
         lock_s = self.runtime.settings.lock_ms / 1000
-        good = []
-        for m in messages:
-            if m.error():
-                log.warning("share consumer error: %s", m.error())
-            else:
-                good.append(m)
         # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
-        poll = _Poll(len(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
-        of = MessageRecord.of
-        calls = [_Call(of(m)) for m in good]
+        poll = _Poll(MessageRecord.many(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
         pool = self.runtime.pool
-        chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
-        self._await(poll, calls, chunks)
-        self._acknowledge(good, calls, polled_at, outcomes)
+        chunks = pool.submit(poll, range(len(good)), pool.chunk_size(len(good)))
+        self._await(poll, chunks)
+        self._acknowledge(good, poll, polled_at, outcomes)
         self.pending = True
         if time.monotonic() - polled_at > lock_s / 2:
             self.pending = not self._commit()
 
     def _acknowledge(
-        self, messages: list[Message], calls: list[_Call], polled_at: float, outcomes: list[Outcome]
+        self, messages: list[Message], poll: _Poll, polled_at: float, outcomes: list[OutcomeColumns]
     ) -> None:
-        """Acknowledge each record of a poll and add its outcome row; latency runs from the poll.
+        """Acknowledge each record of a poll and add its outcomes; latency runs from the poll.
 
-        ACCEPT of a call without outputs is the common case and is inlined here: it is most of
-        a trivial handler's cost per record after the handler itself.
+        A poll whose every record was accepted without outputs is the common case: its
+        columns are built straight from the messages, one pass each, with no row per record.
         """
-        acknowledge, append, accept = self.consumer.acknowledge, outcomes.append, AcknowledgeType.ACCEPT
-        row = tuple.__new__  # an Outcome without NamedTuple's __new__, a Python-level call per row
+        acknowledge, results = self.consumer.acknowledge, poll.results
         latency_ms = (time.monotonic() - polled_at) * 1000
-        for message, call in zip(messages, calls, strict=True):
-            result = call.result
-            if result is _ACCEPTED_RESULT:
+        count = len(messages)
+        if results.count(_ACCEPTED_RESULT) == count:
+            accept = AcknowledgeType.ACCEPT
+            for message in messages:
                 acknowledge(message, accept)
-                append(
-                    row(
-                        Outcome,
-                        (
-                            message.topic(),
-                            message.partition(),
-                            message.offset(),
-                            decoded_key(message.key()),
-                            message.delivery_count() or 1,
-                            ACCEPTED,
-                            None,
-                            latency_ms,
-                            call.inflight,
-                        ),
-                    )
+            outcomes.append(
+                (
+                    list(map(Message.topic, messages)),
+                    list(map(Message.partition, messages)),
+                    list(map(Message.offset, messages)),
+                    list(map(decoded_key, map(Message.key, messages))),
+                    [delivery or 1 for delivery in map(Message.delivery_count, messages)],
+                    [ACCEPTED] * count,
+                    [None] * count,
+                    [latency_ms] * count,
+                    poll.inflight,
                 )
-            else:
-                outcome, ack = self._decide(call, result, polled_at, latency_ms)
-                acknowledge(message, ack)
-                append(outcome)
+            )
+            return
+        rows = []
+        for message, record, result, inflight in zip(messages, poll.records, results, poll.inflight, strict=True):
+            outcome, ack = self._decide(record, result, inflight, polled_at, latency_ms)
+            acknowledge(message, ack)
+            rows.append(outcome)
+        outcomes.append(columns_of(rows))
 
-    def _await(self, poll: _Poll, calls: list[_Call], chunks: list[_Chunk]) -> None:
+    def _await(self, poll: _Poll, chunks: list[_Chunk]) -> None:
         """Wait until every call ended; at the deadline give up on the unfinished (RELEASE or DLQ).
 
         Every STUCK_S it looks for chunks whose call runs that long and hands their calls not
@@ -513,6 +507,7 @@ class ShareFetcher:
         more at the deadline: their outputs are on the way and must not be duplicated by a
         redelivery if they can still land.
         """
+        pool, results = self.runtime.pool, poll.results
         with poll.cond:
             while True:
                 left = poll.deadline - time.monotonic()
@@ -520,38 +515,35 @@ class ShareFetcher:
                     return
                 if left <= STUCK_S:
                     break
-                self.runtime.pool.split_stuck(chunks)
+                chunks += pool.split_stuck(chunks)
             poll.abandoned = True
-            timeout = (RELEASED, Failure("Timeout", "the handler ran past its deadline"))
-            producing = []
-            for call in calls:
-                if call.result is None:
-                    if call.state == _Call.PRODUCING:
-                        producing.append(call)
-                        continue
-                    if call.state == _Call.RUNNING:
-                        self.runtime.pool.replace_stuck()
-                    call.result = timeout
-            if poll.cond.wait_for(lambda: all(c.state == _Call.DONE for c in producing), DELIVERY_TIMEOUT_S):
+            producing = [chunk.producing for chunk in chunks if chunk.producing >= 0]
+            for chunk in chunks:
+                if chunk.since and chunk.producing < 0:
+                    pool.replace_stuck()  # its thread is inside a call past the deadline
+            timeout: Result = (RELEASED, Failure("Timeout", "the handler ran past its deadline"), 0.0)
+            for i, result in enumerate(results):
+                if result is None and i not in producing:
+                    results[i] = timeout
+            if poll.cond.wait_for(lambda: all(results[i] is not None for i in producing), DELIVERY_TIMEOUT_S):
                 return
-            late = (RELEASED, Failure("OutputTimeout", "outputs not delivered in time"))
-            for call in producing:  # outputs still not delivered: another delivery may duplicate them, never lose
-                if call.state != _Call.DONE:
-                    call.result = late
+            late: Result = (RELEASED, Failure("OutputTimeout", "outputs not delivered in time"), 0.0)
+            for i in producing:  # outputs still not delivered: another delivery may duplicate them, never lose
+                if results[i] is None:
+                    results[i] = late
 
     def _decide(
-        self, call: _Call, result: tuple[str, Failure | None] | None, polled_at: float, latency_ms: float
+        self, record: Record, result: Result | None, inflight: int, polled_at: float, latency_ms: float
     ) -> tuple[Outcome, int]:
         """The acknowledgement for an ended call; the last allowed delivery never ends RELEASEd,
         because the broker would archive it: it goes to the DLQ instead."""
-        record = call.record
-        outcome, failure = result or (RELEASED, Failure("Unknown", "no result"))
+        outcome, failure, ran_at = result or (RELEASED, Failure("Unknown", "no result"), 0.0)
         if outcome == RELEASED and record.delivery_count >= self.runtime.settings.delivery_limit:
             outcome = DEAD_LETTERED
         if outcome == ACCEPTED:
-            return Outcome.of(record, ACCEPTED, None, latency_ms, call.inflight), AcknowledgeType.ACCEPT
+            return Outcome.of(record, ACCEPTED, None, latency_ms, inflight), AcknowledgeType.ACCEPT
         now = time.time()
-        started = now - (time.monotonic() - (call.ran_at or polled_at))  # the handler's start, wall clock
+        started = now - (time.monotonic() - (ran_at or polled_at))  # the handler's start, wall clock
         first = self.runtime.first_attempt(record, int(started * 1000))
         if outcome == DEAD_LETTERED:
             dead = dead_letter_record(
@@ -568,9 +560,9 @@ class ShareFetcher:
                 # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
                 log.error("DLQ write failed for %s-%d@%d: %s", record.topic, record.partition, record.offset, exc)
                 failed = Failure("DeadLetterWriteFailed", str(exc))
-                return Outcome.of(record, RELEASED, failed, latency_ms, call.inflight), AcknowledgeType.RELEASE
-            return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, call.inflight), AcknowledgeType.REJECT
-        return Outcome.of(record, RELEASED, failure, latency_ms, call.inflight), AcknowledgeType.RELEASE
+                return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.RELEASE
+            return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight), AcknowledgeType.REJECT
+        return Outcome.of(record, RELEASED, failure, latency_ms, inflight), AcknowledgeType.RELEASE
 
     def _commit(self) -> bool:
         try:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from queueplane.worker.outcomes import OUTCOME_SCHEMA, outcome_batch
+from queueplane.worker.outcomes import OUTCOME_SCHEMA, columns_batch
 from queueplane.worker.share_runtime import RUNTIMES
 
 SOURCE_NAME = "queueplane-share"
@@ -51,9 +51,9 @@ class ShareStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         runtime = RUNTIMES.get(self.settings_json)
-        rows = runtime.run_batch(final=getattr(partition, "final", False))
-        if rows:
-            yield outcome_batch(rows)
+        blocks = runtime.run_batch(final=getattr(partition, "final", False))
+        if blocks:
+            yield columns_batch(blocks)
 
     def commit(self, end: dict) -> None:
         # Acknowledgements were committed to the broker inside the tasks, before they returned.

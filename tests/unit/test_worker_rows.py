@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from queueplane.handler import MessageRecord, Record
 from queueplane.worker import spark_daemon
 from queueplane.worker.consumer_runtime import input_records
-from queueplane.worker.outcomes import OUTCOME_ARROW, Outcome, arrow_column, outcome_batch
+from queueplane.worker.outcomes import OUTCOME_ARROW, Outcome, arrow_column, columns_batch, columns_of, outcome_batch
 
 texts = st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12))
 outcome_rows = st.builds(
@@ -43,6 +43,16 @@ def test_outcome_batches_hold_exactly_the_rows_pyarrow_itself_would_build(rows):
     assert batch.equals(expected)
 
 
+@settings(deadline=None)
+@given(st.lists(st.lists(outcome_rows, min_size=1, max_size=10), min_size=1, max_size=6))
+def test_blocks_of_columns_make_the_batch_of_all_their_rows_in_order(blocks):
+    """The share runtime hands over a block of columns per poll; the batch must read as the rows would."""
+    batch = columns_batch([columns_of(rows) for rows in blocks])
+    batch.validate(full=True)
+    rows = [row for block in blocks for row in block]
+    assert batch.equals(pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW))
+
+
 @pytest.mark.parametrize("text", ["accepted", "", "näh", None])
 def test_a_column_of_one_repeated_value_is_that_value_in_every_row(text):
     rows = [Outcome("orders", 0, i, text, 1, "accepted", text, 0.5, 1) for i in range(1000)]
@@ -51,8 +61,11 @@ def test_a_column_of_one_repeated_value_is_that_value_in_every_row(text):
     assert batch.equals(pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW))
 
 
+@pytest.mark.parametrize(
+    "build", [MessageRecord.of, lambda message: MessageRecord.many([Message(offset=1), message, Message(offset=9)])[1]]
+)
 @pytest.mark.parametrize("delivery_count", [None, 3])
-def test_a_message_record_shows_the_handler_what_a_copied_record_would(delivery_count):
+def test_a_message_record_shows_the_handler_what_a_copied_record_would(delivery_count, build):
     message = Message(
         topic="orders",
         partition=2,
@@ -63,7 +76,7 @@ def test_a_message_record_shows_the_handler_what_a_copied_record_would(delivery_
         timestamp=(1, 1700000000123),
         **({} if delivery_count is None else {"delivery_count": delivery_count}),
     )
-    lazy = MessageRecord.of(message)
+    lazy = build(message)
     copied = Record.make(None, b'{"id": 1}', (("trace", b"abc"),), "orders", 2, 7, delivery_count or 1, 1700000000123)
     assert isinstance(lazy, Record)
     assert dataclasses.astuple(lazy) == dataclasses.astuple(copied)
