@@ -67,6 +67,11 @@ def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
 
 @st.composite
 def mutated_specs(draw: st.DrawFn) -> dict[str, Any]:
+    def value() -> Any:
+        # A copy: ``plausible`` holds one {} and one [], and an "add" into the doc would fill
+        # that shared {} for every later example (hypothesis then saw its draws change).
+        return copy.deepcopy(draw(json_values | plausible))
+
     doc = copy.deepcopy(BASES[draw(st.sampled_from(sorted(BASES)))])
     for _ in range(draw(st.integers(1, 4))):
         paths = _paths(doc)
@@ -77,7 +82,7 @@ def mutated_specs(draw: st.DrawFn) -> dict[str, Any]:
             parent = parent[part]
         if not path:
             if op == "set":
-                doc = draw(json_values | plausible)
+                doc = value()
                 if not isinstance(doc, dict):
                     return doc
             continue
@@ -85,11 +90,11 @@ def mutated_specs(draw: st.DrawFn) -> dict[str, Any]:
         if not isinstance(parent, dict):
             continue
         if op == "set":
-            parent[key] = draw(json_values | plausible)
+            parent[key] = value()
         elif op == "delete":
             parent.pop(key, None)
         elif op == "add" and isinstance(parent.get(key), dict):
-            parent[key][draw(st.text(min_size=1, max_size=10))] = draw(json_values | plausible)
+            parent[key][draw(st.text(min_size=1, max_size=10))] = value()
         elif op == "rename":
             parent[key + draw(st.sampled_from(["s", "_", "X"]))] = parent.pop(key)
     return doc
