@@ -91,6 +91,13 @@ def test_a_column_of_missing_values_is_all_nulls():
     assert column.to_pylist() == [None, None, None]
 
 
+@pytest.mark.parametrize("kind", [pa.int32(), pa.int64(), pa.float64()])
+def test_a_missing_number_is_a_null_and_the_others_keep_their_places(kind):
+    column = arrow_column([1, None, 3], kind)
+    column.validate(full=True)
+    assert column.type == kind and column.to_pylist() == [1, None, 3]
+
+
 def test_building_outcome_batches_does_not_import_pandas():
     """pa.array imports pandas on first use; every Spark Python worker paid for that import."""
     code = (
