@@ -36,9 +36,9 @@ from queueplane.worker.outcomes import (
     Outcome,
     OutcomeColumns,
     ProducedRecord,
+    accepted_columns,
     columns_of,
     dead_letter_record,
-    decoded_key,
     output_record,
     produce_and_wait,
 )
@@ -473,24 +473,11 @@ class ShareFetcher:
         """
         acknowledge, results = self.consumer.acknowledge, poll.results
         latency_ms = (time.monotonic() - polled_at) * 1000
-        count = len(messages)
-        if results.count(_ACCEPTED_RESULT) == count:
+        if results.count(_ACCEPTED_RESULT) == len(messages):
             accept = AcknowledgeType.ACCEPT
             for message in messages:
                 acknowledge(message, accept)
-            outcomes.append(
-                (
-                    list(map(Message.topic, messages)),
-                    list(map(Message.partition, messages)),
-                    list(map(Message.offset, messages)),
-                    list(map(decoded_key, map(Message.key, messages))),
-                    [delivery or 1 for delivery in map(Message.delivery_count, messages)],
-                    [ACCEPTED] * count,
-                    [None] * count,
-                    [latency_ms] * count,
-                    poll.inflight,
-                )
-            )
+            outcomes.append(accepted_columns(messages, latency_ms, poll.inflight))
             return
         rows = []
         for message, record, result, inflight in zip(messages, poll.records, results, poll.inflight, strict=True):

@@ -17,7 +17,16 @@ from hypothesis import strategies as st
 from queueplane.handler import MessageRecord, Record
 from queueplane.worker import spark_daemon
 from queueplane.worker.consumer_runtime import input_records
-from queueplane.worker.outcomes import OUTCOME_ARROW, Outcome, arrow_column, columns_batch, columns_of, outcome_batch
+from queueplane.worker.outcomes import (
+    ACCEPTED,
+    OUTCOME_ARROW,
+    Outcome,
+    accepted_columns,
+    arrow_column,
+    columns_batch,
+    columns_of,
+    outcome_batch,
+)
 
 texts = st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12))
 outcome_rows = st.builds(
@@ -51,6 +60,19 @@ def test_blocks_of_columns_make_the_batch_of_all_their_rows_in_order(blocks):
     batch.validate(full=True)
     rows = [row for block in blocks for row in block]
     assert batch.equals(pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW))
+
+
+def test_the_columns_of_an_accepted_poll_are_its_rows_column_by_column():
+    """The share runtime's fast path must give the rows the general path would, in schema order."""
+    messages = [
+        Message(topic="orders", partition=1, offset=5, key=b"k1", value=b"", delivery_count=2),
+        Message(topic="orders", partition=0, offset=9, key=None, value=b""),
+        Message(topic="orders", partition=1, offset=6, key=b"\xff", value=b"", delivery_count=1),
+    ]
+    inflight = [3, 1, 2]
+    rows = [Outcome.of(MessageRecord.of(m), ACCEPTED, None, 7.5, n) for m, n in zip(messages, inflight, strict=True)]
+    assert columns_batch([accepted_columns(messages, 7.5, inflight)]).equals(outcome_batch(rows))
+    assert rows[1].delivery_count == 1 and rows[2].key == "\ufffd"  # no count yet is a first delivery
 
 
 @pytest.mark.parametrize("text", ["accepted", "", "näh", None])
