@@ -292,11 +292,22 @@ def main() -> int:
             rounds: dict[str, list[dict]] = {"worker": [], "plain_loop": []}
             spawn = multiprocessing.get_context("spawn")
 
-            def plain_loop_run(queue: dict) -> dict:
-                with ProcessPoolExecutor(1, mp_context=spawn) as loop_process:
-                    return loop_process.submit(
-                        plain_loop_throughput, target, queue["topic"], queue["group"], slots, args.trivial_records
-                    ).result()
+            def trivial_run(side: str, label: str) -> dict:
+                """One trivial run of ``side`` ("worker" or "plain_loop") on a fresh, filled queue."""
+                cores = TRIVIAL_CORES if side == "worker" else 1
+                queue = apply_share_queue(folder, target, "trivial", slots, cores)
+                fill(target, queue["topic"], args.trivial_records)
+                if side == "worker":
+                    console.print(f"{label}: trivial handler, worker, {slots} slots, {cores} cores")
+                    run = worker_throughput(queue["path"], target, args.trivial_records, marks)
+                else:
+                    console.print(f"{label}: trivial handler, plain ShareConsumer loop, {slots} consumers")
+                    with ProcessPoolExecutor(1, mp_context=spawn) as loop_process:
+                        run = loop_process.submit(
+                            plain_loop_throughput, target, queue["topic"], queue["group"], slots, args.trivial_records
+                        ).result()
+                console.print(run)
+                return run
 
             # The broker's share-group paths run interpreted until its JIT has compiled them: the
             # same plain loop ran at about half speed on a fresh broker. The two sides take
@@ -304,28 +315,12 @@ def main() -> int:
             # loop's go in a ShareAcknowledge of their own): after a loop-only warm-up the first
             # worker round ran 17% below the second while the loop's did not move. So each side
             # runs once, not counted, before the rounds.
-            result["broker_warm_up"] = {}
-            for side in ("plain_loop", "worker"):
-                warm_up = apply_share_queue(folder, target, "trivial", slots, TRIVIAL_CORES)
-                fill(target, warm_up["topic"], args.trivial_records)
-                console.print(f"broker warm-up: trivial handler, {side.replace('_', ' ')} (not counted)")
-                result["broker_warm_up"][side] = (
-                    plain_loop_run(warm_up)
-                    if side == "plain_loop"
-                    else worker_throughput(warm_up["path"], target, args.trivial_records, marks)
-                )
-                console.print(result["broker_warm_up"][side])
+            result["broker_warm_up"] = {
+                side: trivial_run(side, "broker warm-up (not counted)") for side in ("plain_loop", "worker")
+            }
             for round_no in range(1, args.rounds + 1):
-                queue = apply_share_queue(folder, target, "trivial", slots, TRIVIAL_CORES)
-                fill(target, queue["topic"], args.trivial_records)
-                console.print(f"round {round_no}: trivial handler, worker, {slots} slots, {TRIVIAL_CORES} cores")
-                rounds["worker"].append(worker_throughput(queue["path"], target, args.trivial_records, marks))
-                console.print(rounds["worker"][-1])
-                baseline = apply_share_queue(folder, target, "trivial", slots)
-                fill(target, baseline["topic"], args.trivial_records)
-                console.print(f"round {round_no}: trivial handler, plain ShareConsumer loop, {slots} consumers")
-                rounds["plain_loop"].append(plain_loop_run(baseline))
-                console.print(rounds["plain_loop"][-1])
+                for side in ("worker", "plain_loop"):
+                    rounds[side].append(trivial_run(side, f"round {round_no}"))
         best = {side: max(runs, key=lambda run: run["steady_records_per_s"]) for side, runs in rounds.items()}
         result["trivial"] = {
             "slots": slots,

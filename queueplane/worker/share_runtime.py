@@ -252,7 +252,7 @@ class HandlerPool:
                     if returned is not None:
                         outputs = outputs_of(returned)
                         if outputs:
-                            results[i] = self._produce(chunk, i, outputs, now)
+                            self._produce(chunk, i, outputs, now)  # sets the result itself, under the lock
                             continue
                 except Reject as exc:
                     results[i] = (DEAD_LETTERED, Failure.of(exc), now)
@@ -267,14 +267,15 @@ class HandlerPool:
             if ran:  # once a chunk, from the mean of its calls: a trivial call cost less than the update
                 self.mean_call_s += 0.1 * ((monotonic() - began) / ran - self.mean_call_s)
 
-    def _produce(self, chunk: _Chunk, index: int, outputs: list[Output], started: float) -> Result:
-        """Make call ``index``'s outputs durable, unless the fetcher gave up on the poll; the
-        fetcher waits for a call producing past the deadline, so its result is set before it
-        leaves it."""
+    def _produce(self, chunk: _Chunk, index: int, outputs: list[Output], started: float) -> None:
+        """Make call ``index``'s outputs durable and set its result, unless the fetcher gave up on
+        the poll. The result is set under the poll's condition: the fetcher waits there for a
+        call producing past the deadline, and must see its result before it leaves it."""
         poll = chunk.poll
         with poll.cond:
             if poll.abandoned:  # released already: its outputs must not appear
-                return (RELEASED, Failure("Timeout", "the handler returned after its deadline"), started)
+                poll.results[index] = (RELEASED, Failure("Timeout", "the handler returned after its deadline"), started)
+                return
             chunk.producing = index
         result: Result
         try:
@@ -286,7 +287,6 @@ class HandlerPool:
         with poll.cond:
             poll.results[index], chunk.producing = result, -1
             poll.cond.notify_all()
-        return result
 
 
 class ProcessRuntime:
