@@ -85,9 +85,12 @@ class TestQueue:
     group: str
 
     def events(self) -> list[dict]:
+        """The calls logged so far. Only lines ended by their newline count: a handler may be
+        writing the last one as the test reads, or have been killed (kill -9) halfway through it."""
         out = []
         for file in (self.folder / "events").glob("*.jsonl"):
-            out += [json.loads(line) for line in file.read_text().splitlines() if line]
+            complete = file.read_text().split("\n")[:-1]  # what follows the last newline is unfinished
+            out += [json.loads(line) for line in complete if line]
         return out
 
 
