@@ -16,8 +16,8 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from queueplane.autoscale import ScalingPolicy
-from queueplane.autoscale_sim import SimResult, simulate, step_load
+from queueplane.run.scaling.policy import ScalingPolicy
+from queueplane.run.scaling.simulation import SimResult, simulate, step_load
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEP_START, STEP_S, DURATION_S = 120.0, 300.0, 1200.0

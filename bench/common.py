@@ -19,9 +19,9 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from queueplane import workflow
-from queueplane.connection import KafkaTarget
+from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack
+from queueplane.provision import steps
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Steady state: the records finished between these two fractions of the run (ramp-up and tail left out).
@@ -65,7 +65,7 @@ def apply_queue(
         "spec": {"topic": topic, "group": {"id": names["group"], **group}, **spec},
     }
     names["path"].write_text(yaml.safe_dump(doc))
-    workflow.apply(workflow.plan([str(names["path"])], target))
+    steps.apply(steps.plan([str(names["path"])], target))
     return names
 
 

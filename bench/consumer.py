@@ -38,14 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from common import apply_queue, bench_broker, console, full_rate, pyplot, save, steady_rate
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from queueplane import workflow
-from queueplane.cluster import quiet_logger
-from queueplane.connection import KafkaTarget
-from queueplane.lag import queue_backlog
-from queueplane.worker.ordering import key_slot
-from queueplane.worker.runner import RunOptions, run_queue
+from queueplane.kafka import clients
+from queueplane.kafka.lag import queue_backlog
+from queueplane.kafka.target import KafkaTarget
+from queueplane.provision import steps
+from queueplane.run.consumer.ordering import key_slot
+from queueplane.run.driver import run_queue
+from queueplane.run.options import RunOptions
 
 PARTITIONS, KEYS, SLOTS, SLEEP_S = 6, 32, 8, 0.010
 
@@ -97,7 +98,7 @@ def key_ideal(layout: list[tuple[int, bytes]]) -> float:
 
 
 def fill(target: KafkaTarget, topic: str, layout: list[tuple[int, bytes]]) -> None:
-    producer = Producer({**target.settings, "linger.ms": 5, "logger": quiet_logger()})
+    producer = clients.producer(target.settings, {"linger.ms": 5})
     for i, (partition, key) in enumerate(layout):
         while True:
             try:
@@ -110,15 +111,14 @@ def fill(target: KafkaTarget, topic: str, layout: list[tuple[int, bytes]]) -> No
 
 def output_stamps(target: KafkaTarget, topic: str, expected: int) -> list[float]:
     """The write timestamps (s) of the records in ``topic``, read with read_committed."""
-    consumer = Consumer(
+    consumer = clients.consumer(
+        target.settings,
         {
-            **target.settings,
             "group.id": f"bench-reader-{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
-            "logger": quiet_logger(),
-        }
+        },
     )
     consumer.subscribe([topic])
     stamps: list[int] = []
@@ -130,7 +130,7 @@ def output_stamps(target: KafkaTarget, topic: str, expected: int) -> list[float]
 
 
 def run_worker(spec: dict, target: KafkaTarget, records: int) -> list[float]:
-    (queue,) = workflow.validate([str(spec["path"])], target)
+    (queue,) = steps.validate([str(spec["path"])], target)
     summary = run_queue(queue, target, RunOptions(max_records=records), backlog=queue_backlog(target, queue))
     done = summary.counts.get("accepted", 0)
     assert done >= records, summary.counts
@@ -150,8 +150,9 @@ def pass_through(target: KafkaTarget, topic: str, output: str, records: int, pyt
     """
     from pyspark.sql import SparkSession
 
-    from queueplane.worker.runner import DAEMON_MODULE, DEFAULT_BATCH_RECORDS, SPARK_LOG4J
-    from queueplane.worker.spark_packages import kafka_options, kafka_source, with_kafka_connector
+    from queueplane.run.consumer.runtime import DEFAULT_BATCH_RECORDS
+    from queueplane.run.kafka_input import kafka_options, kafka_source, with_kafka_connector
+    from queueplane.run.session import DAEMON_MODULE, SPARK_LOG4J
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.appName("bench-pass-through").master(
@@ -182,7 +183,7 @@ def pass_through(target: KafkaTarget, topic: str, output: str, records: int, pyt
         .trigger(processingTime="0 seconds")
         .start()
     )
-    probe = Consumer({**target.settings, "group.id": "bench-probe", "logger": quiet_logger()})
+    probe = clients.consumer(target.settings, {"group.id": "bench-probe"})
 
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

@@ -19,7 +19,7 @@ from typing import Any
 from common import apply_queue, bench_broker, console, pyplot, save
 from share import HANDLERS, fill, worker_throughput
 
-from queueplane.connection import KafkaTarget
+from queueplane.kafka.target import KafkaTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from worker_support import read_all

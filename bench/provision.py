@@ -19,18 +19,17 @@ import time
 from pathlib import Path
 
 from confluent_kafka import TopicCollection
-from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.progress import Progress
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from specs_factory import dump, spec
 
-from queueplane import workflow
-from queueplane.cluster import quiet_logger
-from queueplane.connection import KafkaTarget
+from queueplane.kafka import clients
+from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack
-from queueplane.plan import desired_state
+from queueplane.provision import steps
+from queueplane.provision.plan import desired_state
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WARMUP_ROUNDS = 2
@@ -70,7 +69,7 @@ def wait_until_quiet(pid: int, idle_share: float = 0.1, window_s: float = 2.0, l
 
 
 def batched_describe(target: KafkaTarget, topics: list[str]) -> None:
-    admin = AdminClient({**target.settings, "logger": quiet_logger()})
+    admin = clients.admin(target.settings)
     for future in admin.describe_topics(TopicCollection(topics)).values():
         future.result()
 
@@ -94,9 +93,9 @@ def main() -> int:
             generate(specs_dir, args.specs)
 
             started = time.perf_counter()
-            planned = workflow.plan([str(specs_dir)], target)
+            planned = steps.plan([str(specs_dir)], target)
             first_plan_s = time.perf_counter() - started
-            workflow.apply(planned)
+            steps.apply(planned)
             first_apply_s = time.perf_counter() - started
             topics = [t.name for t in desired_state(planned.queues)[0]]
             changes = len(planned.plan.changes)
@@ -109,7 +108,7 @@ def main() -> int:
                 task = progress.add_task("re-plan vs batched describe", total=args.rounds + WARMUP_ROUNDS)
                 for round_no in range(args.rounds + WARMUP_ROUNDS):
                     t0 = time.perf_counter()
-                    again = workflow.plan([str(specs_dir)], target)
+                    again = steps.plan([str(specs_dir)], target)
                     replan.append(time.perf_counter() - t0)
                     assert again.plan.changes == [], "re-plan after apply must be empty"
                     t0 = time.perf_counter()
@@ -117,7 +116,7 @@ def main() -> int:
                     describe.append(time.perf_counter() - t0)
                     spec_cache.unlink()  # the same re-plan with every spec parsed and checked again
                     t0 = time.perf_counter()
-                    workflow.plan([str(specs_dir)], target)
+                    steps.plan([str(specs_dir)], target)
                     cold.append(time.perf_counter() - t0)
                     if round_no < WARMUP_ROUNDS:  # JIT and caches of a fresh broker, not the plan
                         replan.pop()

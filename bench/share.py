@@ -31,14 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from common import STEADY_FROM, STEADY_TO, apply_queue, bench_broker, console, full_rate, pyplot, save, steady_rate
-from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+from confluent_kafka import AcknowledgeType
 
-from queueplane import workflow
-from queueplane.cluster import quiet_logger
-from queueplane.connection import KafkaTarget
-from queueplane.lag import queue_backlog
-from queueplane.load import QUEUE_PRODUCER
-from queueplane.worker.runner import RunOptions, run_queue
+from queueplane.kafka import clients
+from queueplane.kafka.lag import queue_backlog
+from queueplane.kafka.target import KafkaTarget
+from queueplane.ops.load import QUEUE_PRODUCER
+from queueplane.provision import steps
+from queueplane.run.driver import run_queue
+from queueplane.run.options import RunOptions
 
 PARTITIONS = 6
 # The trivial worker gets an executor of two cores (two Python processes, 24 slots each): its
@@ -181,7 +182,7 @@ def apply_share_queue(folder: Path, target: KafkaTarget, handler: str, slots: in
 
 
 def fill(target: KafkaTarget, topic: str, count: int) -> None:
-    producer = Producer({**target.settings, **QUEUE_PRODUCER, "logger": quiet_logger()})
+    producer = clients.producer(target.settings, {**QUEUE_PRODUCER})
     for i in range(count):
         while True:
             try:
@@ -194,7 +195,7 @@ def fill(target: KafkaTarget, topic: str, count: int) -> None:
 
 def worker_throughput(spec: Path, target: KafkaTarget, records: int, marks_dir: Path) -> dict:
     """Steady records/s of the worker, from the finishing times its handler calls wrote down."""
-    (queue,) = workflow.validate([str(spec)], target)
+    (queue,) = steps.validate([str(spec)], target)
     for old in marks_dir.glob("finished-*"):
         old.unlink()
     summary = run_queue(queue, target, RunOptions(max_records=records), backlog=queue_backlog(target, queue))
@@ -219,14 +220,8 @@ def plain_loop_throughput(target: KafkaTarget, topic: str, group: str, slots: in
     stop = threading.Event()
 
     def loop(i: int) -> None:
-        consumer = ShareConsumer(
-            {
-                **target.settings,
-                "group.id": group,
-                "share.acknowledgement.mode": "explicit",
-                "logger": quiet_logger(),
-                "client.id": f"plain-{i}",
-            }
+        consumer = clients.share_consumer(
+            target.settings, {"group.id": group, "share.acknowledgement.mode": "explicit", "client.id": f"plain-{i}"}
         )
         consumer.subscribe([topic])
         while not stop.is_set():

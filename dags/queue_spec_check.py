@@ -6,6 +6,6 @@ so the Airflow UI lists the problems while the other queues' DAGs keep loading.
 
 from pathlib import Path
 
-from queueplane.dag_factory import raise_spec_problems, specs_dir
+from queueplane.operators.dag_factory import raise_spec_problems, specs_dir
 
 raise_spec_problems(specs_dir(Path(__file__).resolve().parent.parent / "specs"))

@@ -6,6 +6,6 @@ out here and reported by queue_spec_check.py as an import error.
 
 from pathlib import Path
 
-from queueplane.dag_factory import queue_dags, specs_dir
+from queueplane.operators.dag_factory import queue_dags, specs_dir
 
 globals().update(queue_dags(specs_dir(Path(__file__).resolve().parent.parent / "specs")))

@@ -2,6 +2,6 @@
 
 from pathlib import Path
 
-from queueplane.dag_factory import reconcile_dag, specs_dir
+from queueplane.operators.dag_factory import reconcile_dag, specs_dir
 
 dag = reconcile_dag(specs_dir(Path(__file__).resolve().parent.parent / "specs"))

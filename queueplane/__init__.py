@@ -4,7 +4,7 @@ The top-level package stays light: importing it must not pull in Kafka, Spark or
 Airflow, because handlers import ``Retry`` and ``Reject`` from here inside executors.
 """
 
-from queueplane.handler import Output, Record, Reject, Retry
+from queueplane.run.handler import Output, Record, Reject, Retry
 
 __version__ = "0.1.0"
 __all__ = ["Output", "Record", "Reject", "Retry", "__version__"]

@@ -16,3 +16,16 @@ def cache_dir() -> Path:
     if os.environ.get("QUEUEPLANE_CACHE"):
         return Path(os.environ["QUEUEPLANE_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "queueplane"
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def shipped_file(repo_path: str) -> Path:
+    """A file the repository keeps outside the package (the spec schema, the chart).
+
+    In a checkout it is read where teams and editors find it; a wheel carries a copy under
+    ``queueplane/_data/`` (pyproject's force-include), at the same relative path.
+    """
+    in_repo = _PACKAGE_DIR.parent / repo_path
+    return in_repo if in_repo.exists() else _PACKAGE_DIR / "_data" / repo_path

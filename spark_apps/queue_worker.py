@@ -13,11 +13,13 @@ import json
 import logging
 import sys
 
-from queueplane import durations, workflow
-from queueplane.connection import named_target
 from queueplane.errors import QueueplaneError, SpecInvalid, UsageError
-from queueplane.lag import queue_backlog
-from queueplane.worker.runner import RunOptions, run_queue
+from queueplane.kafka.lag import queue_backlog
+from queueplane.kafka.target import named_target
+from queueplane.provision import steps
+from queueplane.run.driver import run_queue
+from queueplane.run.options import RunOptions
+from queueplane.spec import durations
 
 
 def _scaling(args: argparse.Namespace) -> dict[str, float]:
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         target = named_target()
         if target is None:
             raise QueueplaneError("set QUEUEPLANE_BOOTSTRAP_SERVERS or QUEUEPLANE_KAFKA_CONFIG")
-        (queue,) = workflow.validate([args.spec], target)
+        (queue,) = steps.validate([args.spec], target)
         options = RunOptions(
             local=args.local,
             until_idle_s=durations.parse_seconds(args.until_idle) if args.until_idle else None,

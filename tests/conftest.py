@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from queueplane.connection import KafkaTarget
+from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack, StackState
 
 

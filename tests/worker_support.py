@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, Producer
 from helpers import REPO
 from specs_factory import dump
 
-from queueplane import workflow
-from queueplane.connection import KafkaTarget
+from queueplane.kafka.target import KafkaTarget
+from queueplane.provision import steps
 
 HANDLER_SOURCE = '''
 """Test handler: behaviour per record from its JSON value; every call logged."""
@@ -139,7 +139,7 @@ def make_queue(
         doc["spec"]["retry"] = retry
     spec_path = folder / "queue.yaml"
     spec_path.write_text(dump(doc))
-    workflow.apply(workflow.plan([str(spec_path)], kafka))
+    steps.apply(steps.plan([str(spec_path)], kafka))
     return TestQueue(folder, spec_path, topic, f"{topic}.dlq", f"{topic}.out", f"g-{tag}")
 
 

@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from queueplane import kafka_names as kn
 from queueplane.errors import LocalStackError
-from queueplane.kafka_protocol import api_versions
-from queueplane.maven import COMPLETE, copy_dependencies
+from queueplane.kafka import clients
+from queueplane.kafka import names as kn
+from queueplane.kafka.protocol import api_versions
+from queueplane.local.maven import COMPLETE, copy_dependencies
 from queueplane.paths import cache_dir, home_dir
 
 # Newest Kafka 4.x whose full dependency set Maven Central serves (4.4.0's kafka_2.13
@@ -375,11 +376,7 @@ class LocalStack:
 
 def _broker_registered(state: StackState) -> bool:
     """True once the broker answers metadata with itself as a live broker."""
-    from confluent_kafka.admin import AdminClient
-
-    from queueplane.cluster import quiet_logger
-
-    admin = AdminClient({"bootstrap.servers": state.bootstrap, "logger": quiet_logger()})
+    admin = clients.admin({"bootstrap.servers": state.bootstrap})
     try:
         metadata = admin.list_topics(timeout=2)
     except Exception:

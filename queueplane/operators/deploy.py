@@ -17,9 +17,9 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from queueplane import workflow
-from queueplane.operators.connections import KAFKA_CONN_ID, KUBERNETES_CONN_ID, KubeAccess, kafka_target, kube_access
+from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, KubeAccess, kafka_target, kube_access
 from queueplane.operators.provision import task_errors
+from queueplane.provision import steps
 
 HELM_TIMEOUT_S = 600
 
@@ -62,11 +62,11 @@ class HelmDeployOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, str]:
         if not _is_true(self.deploy):
             raise AirflowSkipException("deploy is off for this run (param deploy): nothing rendered or deployed")
-        from queueplane.helm import run_helm
-        from queueplane.render import render, validate_manifests
+        from queueplane.deploy.helm import run_helm
+        from queueplane.deploy.render import render, validate_manifests
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
-            (queue,) = workflow.validate([self.spec_path])
+            (queue,) = steps.validate([self.spec_path])
             rendered = render(queue, output_dir=Path(out))
             validate_manifests(rendered.objects)
             self.log.info(
@@ -155,11 +155,11 @@ class QueueReadySensor(BaseSensorOperator):
         self.kubernetes_conn_id = kubernetes_conn_id
 
     def poke(self, context: Any) -> bool:
-        from queueplane.backlog_age import oldest_waiting_seconds
-        from queueplane.render import render
+        from queueplane.deploy.render import render
+        from queueplane.ops.backlog_age import oldest_waiting_seconds
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
-            (queue,) = workflow.validate([self.spec_path])
+            (queue,) = steps.validate([self.spec_path])
             rendered = render(queue, output_dir=Path(out))
             name = _worker_deployment(rendered.objects)
             with kube_access(self.kubernetes_conn_id) as access:

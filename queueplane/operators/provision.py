@@ -1,4 +1,4 @@
-"""Validate, plan and apply as Airflow tasks: each one call into queueplane.workflow.
+"""Validate, plan and apply as Airflow tasks: each one call into queueplane.steps.
 
 The tasks re-read the spec and the cluster themselves instead of passing a plan through
 XCom: a task may be retried or cleared hours later, and apply must act on the cluster as it
@@ -16,10 +16,10 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from rich.console import Console
 
-from queueplane import workflow
 from queueplane.errors import EXIT_FAILED, QueueplaneError
-from queueplane.operators.connections import KAFKA_CONN_ID, kafka_target
-from queueplane.plan import GROUP_KINDS, TOPIC_KINDS, Plan, brief
+from queueplane.operators.hooks import KAFKA_CONN_ID, kafka_target
+from queueplane.provision import steps
+from queueplane.provision.plan import GROUP_KINDS, TOPIC_KINDS, Plan, brief
 
 
 @contextmanager
@@ -38,7 +38,7 @@ def task_errors() -> Iterator[None]:
 
 def plan_text(plan: Plan) -> str:
     """The plan as `queueplane plan` prints it, for the task log."""
-    from queueplane.cli import render_plan
+    from queueplane.provision.plan_text import render_plan
 
     buffer = io.StringIO()
     render_plan(plan, Console(file=buffer, width=160, color_system=None, highlight=False))
@@ -63,7 +63,7 @@ class ValidateSpecOperator(_SpecOperator):
     def execute(self, context: Any) -> list[dict[str, str]]:
         with task_errors():
             target = kafka_target(self.kafka_conn_id)
-            queues = workflow.validate([self.spec_path], target)
+            queues = steps.validate([self.spec_path], target)
         for q in queues:
             self.log.info("ok %s %s/%s (%s group %s)", q.source, q.team, q.name, q.group.type, q.group.id)
         return [{"file": q.source, "team": q.team, "name": q.name, "group": q.group.type} for q in queues]
@@ -82,7 +82,7 @@ class PlanQueueOperator(_SpecOperator):
 
     def execute(self, context: Any) -> dict[str, object]:
         with task_errors():
-            planned = workflow.plan([self.spec_path], kafka_target(self.kafka_conn_id))
+            planned = steps.plan([self.spec_path], kafka_target(self.kafka_conn_id))
             plan = planned.plan
             self.log.info("Plan:\n%s", plan_text(plan))
             plan.raise_if_refused()
@@ -107,7 +107,7 @@ class _ApplyOperator(_SpecOperator):
 
     def execute(self, context: Any) -> dict[str, object]:
         with task_errors():
-            planned = workflow.plan([self.spec_path], kafka_target(self.kafka_conn_id))
+            planned = steps.plan([self.spec_path], kafka_target(self.kafka_conn_id))
             part = planned.plan.only(self.kinds)
             self.log.info("Plan (%s):\n%s", self.part, plan_text(part))
             part.raise_if_refused()
@@ -120,7 +120,7 @@ class _ApplyOperator(_SpecOperator):
             def on_step(title: str, count: int) -> None:
                 self.log.info("%s%s", title, f" ({count})" if count else "")
 
-            report = workflow.apply(planned, on_step, kinds=self.kinds)
+            report = steps.apply(planned, on_step, kinds=self.kinds)
         self.log.info("Applied %d %s change(s).", len(report.applied), self.part)
         return report.as_dict()
 

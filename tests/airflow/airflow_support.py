@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from helpers import EXAMPLES
 
-from queueplane.connection import KafkaTarget
+from queueplane.kafka.target import KafkaTarget
 
 
 def kafka_connection(kafka: KafkaTarget) -> str:

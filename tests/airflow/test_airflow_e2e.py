@@ -15,10 +15,9 @@ from urllib.parse import unquote
 import pytest
 from airflow_stack import AirflowStack
 from airflow_support import kafka_connection, tagged_examples, unique_tag
-from confluent_kafka.admin import AdminClient
 from helpers import REPO
 
-from queueplane.cluster import quiet_logger
+from queueplane.kafka import clients
 
 pytestmark = pytest.mark.kafka
 
@@ -49,7 +48,7 @@ def airflow(tmp_path_factory, kafka) -> Iterator[tuple[AirflowStack, str]]:
 
 
 def _topics(kafka) -> set[str]:
-    return set(AdminClient({**kafka.settings, "logger": quiet_logger()}).list_topics(timeout=10).topics)
+    return set(clients.admin(kafka.settings).list_topics(timeout=10).topics)
 
 
 def test_trigger_through_the_rest_api(airflow, kafka):

@@ -12,8 +12,8 @@ from airflow.utils.session import create_session
 from airflow_support import kafka_connection, tagged_examples, unique_tag
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from queueplane.cluster import quiet_logger
-from queueplane.dag_factory import queue_dags, reconcile_dag
+from queueplane.kafka import clients
+from queueplane.operators.dag_factory import queue_dags, reconcile_dag
 
 pytestmark = pytest.mark.kafka
 
@@ -39,7 +39,7 @@ def _xcom(run, task_id: str) -> object:
 
 
 def _admin(kafka) -> AdminClient:
-    return AdminClient({**kafka.settings, "logger": quiet_logger()})
+    return clients.admin(kafka.settings)
 
 
 def _config(admin: AdminClient, kind: ResourceType, name: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk.definitions.timetables.simple import NullTimetable
 from helpers import EXAMPLES, REPO
 
-from queueplane.dag_factory import RECONCILE_DAG_ID, SPECS_DIR_ENV
+from queueplane.operators.dag_factory import RECONCILE_DAG_ID, SPECS_DIR_ENV
 
 DAGS = REPO / "dags"
 TASKS = ["validate", "plan", "apply_topics", "apply_group_configs", "deploy", "wait_until_ready"]

@@ -18,10 +18,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from helpers import REPO, run_cli
 from specs_factory import dump, spec
 
-from queueplane import kafka_names as kn
-from queueplane import workflow
-from queueplane.connection import KafkaTarget
 from queueplane.errors import EXIT_FAILED, EXIT_INVALID, EXIT_REFUSED, PlanRefused
+from queueplane.kafka import names as kn
+from queueplane.kafka.target import KafkaTarget
+from queueplane.provision import steps
 
 pytestmark = pytest.mark.kafka
 
@@ -79,9 +79,9 @@ def _specs(tmp_path: Path, tag: str) -> tuple[dict, dict, dict]:
 def test_apply_creates_exactly_what_the_specs_declare_and_reapply_changes_nothing(kafka, tmp_path):
     tag = _unique()
     _specs(tmp_path, tag)
-    planned = workflow.plan([str(tmp_path)], kafka)
+    planned = steps.plan([str(tmp_path)], kafka)
     assert planned.plan.refused == []
-    workflow.apply(planned)
+    steps.apply(planned)
 
     topics = _describe_topics(
         kafka,
@@ -120,7 +120,7 @@ def test_apply_creates_exactly_what_the_specs_declare_and_reapply_changes_nothin
     assert group[kn.SHARE_MAX_RECORD_LOCKS] == "500"
     assert group[kn.SHARE_AUTO_OFFSET_RESET] == "earliest"
 
-    again = workflow.plan([str(tmp_path)], kafka)
+    again = steps.plan([str(tmp_path)], kafka)
     assert again.plan.changes == []
 
 
@@ -128,17 +128,17 @@ def test_partitions_can_grow_but_never_shrink_and_replication_is_fixed(kafka, tm
     tag = _unique()
     doc = spec("consumer", name=f"p-{tag}", group=f"gp-{tag}", topic=f"{tag}.grow")
     path = _write(tmp_path, doc)
-    workflow.apply(workflow.plan([str(path)], kafka))
+    steps.apply(steps.plan([str(path)], kafka))
 
     doc["spec"]["topic"]["partitions"] = 5
     _write(tmp_path, doc)
-    planned = workflow.plan([str(path)], kafka)
+    planned = steps.plan([str(path)], kafka)
     # The dead-letter topic follows the queue topic's partition count unless the spec sets its own.
     assert [(c.action, c.kind, c.target, c.old, c.new) for c in planned.plan.changes] == [
         ("change", "partitions", f"{tag}.grow", "3", "5"),
         ("change", "partitions", f"{tag}.grow.dlq", "3", "5"),
     ]
-    workflow.apply(planned)
+    steps.apply(planned)
     assert _describe_topics(kafka, [f"{tag}.grow"])[f"{tag}.grow"] == (5, 1)
 
     doc["spec"]["topic"]["partitions"] = 2
@@ -156,7 +156,7 @@ def test_partitions_can_grow_but_never_shrink_and_replication_is_fixed(kafka, tm
     doc["spec"]["topic"]["replicationFactor"] = 2
     _write(tmp_path, doc)
     with pytest.raises(PlanRefused):
-        workflow.apply(workflow.plan([str(path)], kafka))
+        steps.apply(steps.plan([str(path)], kafka))
 
 
 def test_kmq_markers_topic_follows_the_queue_partitions_and_keeps_markers_twice_the_lock(kafka, tmp_path):
@@ -165,7 +165,7 @@ def test_kmq_markers_topic_follows_the_queue_partitions_and_keeps_markers_twice_
     doc["spec"]["group"]["lockDuration"] = "90s"
     doc["spec"]["markers"] = {"topic": f"{tag}.jobs.progress", "retention": "3m"}
     path = _write(tmp_path, doc)
-    workflow.apply(workflow.plan([str(path)], kafka))
+    steps.apply(steps.plan([str(path)], kafka))
     assert _describe_topics(kafka, [f"{tag}.jobs.progress"])[f"{tag}.jobs.progress"] == (2, 1)
     markers = _configs(kafka, ResourceType.TOPIC, f"{tag}.jobs.progress")
     assert markers["retention.ms"] == "180000" and markers["cleanup.policy"] == "delete"
@@ -173,17 +173,17 @@ def test_kmq_markers_topic_follows_the_queue_partitions_and_keeps_markers_twice_
     doc["spec"]["topic"]["partitions"] = 4
     doc["spec"]["markers"]["retention"] = "1h"
     _write(tmp_path, doc)
-    planned = workflow.plan([str(path)], kafka)
+    planned = steps.plan([str(path)], kafka)
     assert {(c.kind, c.target, c.field, c.new) for c in planned.plan.changes} == {
         ("partitions", f"{tag}.jobs", "partitions", "4"),
         ("partitions", f"{tag}.jobs.dlq", "partitions", "4"),
         ("partitions", f"{tag}.jobs.progress", "partitions", "4"),
         ("topic-config", f"{tag}.jobs.progress", "retention.ms", "3600000"),
     }
-    workflow.apply(planned)
+    steps.apply(planned)
     assert _describe_topics(kafka, [f"{tag}.jobs.progress"])[f"{tag}.jobs.progress"] == (4, 1)
     assert _configs(kafka, ResourceType.TOPIC, f"{tag}.jobs.progress")["retention.ms"] == "3600000"
-    assert workflow.plan([str(path)], kafka).plan.changes == []
+    assert steps.plan([str(path)], kafka).plan.changes == []
 
 
 def test_a_change_the_broker_rejects_applies_nothing(kafka, tmp_path):
@@ -193,9 +193,9 @@ def test_a_change_the_broker_rejects_applies_nothing(kafka, tmp_path):
     bad["spec"]["topic"]["config"] = {"cleanup.policy": "sometimes"}
     _write(tmp_path, good)
     _write(tmp_path, bad)
-    planned = workflow.plan([str(tmp_path)], kafka)
+    planned = steps.plan([str(tmp_path)], kafka)
     with pytest.raises(Exception, match="nothing was applied") as caught:
-        workflow.apply(planned)
+        steps.apply(planned)
     assert f"{tag}.bad" in str(caught.value)
     assert _topics_with_prefix(kafka, tag) == set()
 

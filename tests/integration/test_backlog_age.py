@@ -9,10 +9,10 @@ import pytest
 from confluent_kafka import AcknowledgeType, Consumer, Producer, ShareConsumer, TopicPartition
 from specs_factory import spec
 
-from queueplane import workflow
-from queueplane.backlog_age import oldest_waiting_seconds
-from queueplane.cluster import Cluster
-from queueplane.model import build
+from queueplane.kafka.cluster import Cluster
+from queueplane.ops.backlog_age import oldest_waiting_seconds
+from queueplane.provision import steps
+from queueplane.spec.model import build
 
 pytestmark = pytest.mark.kafka
 
@@ -22,8 +22,8 @@ def _queue(kafka, kind: str, tmp_path):
     doc = spec(kind, name=f"age-{tag}", group=f"age-{tag}", topic=f"age.{tag}.v1")
     doc["spec"]["topic"]["partitions"] = 2
     queue = build(doc, str(tmp_path / "q.yaml"))
-    planned = workflow.plan_queues([queue], Cluster(kafka))
-    workflow.apply(planned)
+    planned = steps.plan_queues([queue], Cluster(kafka))
+    steps.apply(planned)
     return queue
 
 

@@ -22,8 +22,8 @@ from helpers import REPO
 from spark_standalone import SPARK_SUBMIT, free_port
 from worker_support import make_queue, order, produce, read_all
 
-from queueplane import workflow
-from queueplane.render import render
+from queueplane.deploy.render import render
+from queueplane.provision import steps
 
 pytestmark = pytest.mark.kafka
 
@@ -59,7 +59,7 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
     queue_dir = make_queue(tmp_path, kafka, partitions=3, concurrency=4)
     total = 300
     produce(kafka, queue_dir.topic, [order(i, sleep_ms=5) for i in range(total)])
-    (queue,) = workflow.validate([str(queue_dir.spec_path)], kafka)
+    (queue,) = steps.validate([str(queue_dir.spec_path)], kafka)
     metrics_port = free_port()
     overrides = {
         "kafka": {"configSecret": {"name": "test-kafka"}, "bootstrapServers": ""},

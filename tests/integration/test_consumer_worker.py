@@ -12,8 +12,8 @@ from collections import Counter, defaultdict
 import pytest
 from worker_support import make_queue, order, overlap_peak, produce, read_all, run_worker, start_worker
 
-from queueplane import dlq
-from queueplane.worker.ordering import key_slot
+from queueplane.run import dead_letters as dlq
+from queueplane.run.consumer.ordering import key_slot
 
 pytestmark = pytest.mark.kafka
 

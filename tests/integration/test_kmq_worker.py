@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 from worker_support import make_queue, order, produce, read_all, start_worker
 
-from queueplane import dlq
-from queueplane.worker import kmq_markers as km
-from queueplane.worker.kmq_tracker import tracker_interval_ms
+from queueplane.run import dead_letters as dlq
+from queueplane.run.kmq import markers as km
+from queueplane.run.kmq.tracker import tracker_interval_ms
 
 pytestmark = pytest.mark.kafka
 LOCK_MS = 3000

@@ -14,11 +14,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from helpers import REPO, run_cli
 from worker_support import make_queue, order, read_all
 
-from queueplane import dlq
-from queueplane.dlq import Failure
-from queueplane.handler import Record
-from queueplane.lag import committed_offsets
-from queueplane.worker.outcomes import dead_letter_record
+from queueplane.kafka.offsets import committed_offsets
+from queueplane.run import dead_letters as dlq
+from queueplane.run.dead_letters import Failure
+from queueplane.run.handler import Record
+from queueplane.run.outcomes import dead_letter_record
 
 pytestmark = pytest.mark.kafka
 

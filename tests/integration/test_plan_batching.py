@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from specs_factory import dump, spec
 
-from queueplane import workflow
-from queueplane.connection import KafkaTarget
+from queueplane.kafka.target import KafkaTarget
+from queueplane.provision import steps
 
 pytestmark = pytest.mark.kafka
 
@@ -19,7 +19,7 @@ def _requests_for_plan(kafka: KafkaTarget, directory: Path) -> dict[str, int]:
     """Plan with librdkafka statistics on and return the requests sent, by API name."""
     reports: list[str] = []
     target = KafkaTarget({**kafka.settings, "statistics.interval.ms": 100, "stats_cb": reports.append}, kafka.label)
-    planned = workflow.plan([str(directory)], target)
+    planned = steps.plan([str(directory)], target)
     time.sleep(0.25)
     planned.cluster.admin.poll(1.0)
     totals: dict[str, int] = {}
@@ -42,7 +42,7 @@ def test_describe_requests_do_not_grow_with_the_number_of_specs(kafka, tmp_path)
     _write_specs(tmp_path / "many", 40, "bmany")
     # Applied first, so the plans also read the configs of existing topics and groups.
     for directory in ("one", "many"):
-        workflow.apply(workflow.plan([str(tmp_path / directory)], kafka))
+        steps.apply(steps.plan([str(tmp_path / directory)], kafka))
     one = _requests_for_plan(kafka, tmp_path / "one")
     many = _requests_for_plan(kafka, tmp_path / "many")
     assert many["DescribeConfigs"] == one["DescribeConfigs"] == 3  # broker, groups, topics

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import pytest
 from worker_support import make_queue, order, overlap_peak, produce, read_all, run_worker, start_worker
 
-from queueplane import dlq
+from queueplane.run import dead_letters as dlq
 
 pytestmark = pytest.mark.kafka
 

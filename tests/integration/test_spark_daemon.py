@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from queueplane.worker.runner import DAEMON_MODULE
+from queueplane.run.session import DAEMON_MODULE
 
 
 def test_python_workers_fork_from_the_daemon_and_import_the_installed_pyspark():

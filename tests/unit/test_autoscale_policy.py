@@ -7,9 +7,10 @@ from pathlib import Path
 import yaml
 from helpers import EXAMPLES
 
-from queueplane import workflow
-from queueplane.autoscale import Observation, ScalerState, ScalingPolicy, decide, policy_for
-from queueplane.autoscale_sim import simulate, step_load
+from queueplane.provision import steps
+from queueplane.run.group_types import runtime_class
+from queueplane.run.scaling.policy import Observation, ScalerState, ScalingPolicy, decide, policy_for
+from queueplane.run.scaling.simulation import simulate, step_load
 
 RATE = 100.0  # records/s one executor handles
 BASE = 60.0  # fits in one executor
@@ -53,11 +54,11 @@ def _obs(lag: int, executors: int, now: float = 100.0) -> Observation:
 
 
 def test_consumer_groups_are_capped_by_partitions_and_key_slots_share_groups_are_not():
-    payments = workflow.validate([str(EXAMPLES / "payment-events.yaml")], None)[0]  # consumer, ordering=key
-    policy = policy_for(payments)
+    payments = steps.validate([str(EXAMPLES / "payment-events.yaml")], None)[0]  # consumer, ordering=key
+    policy = policy_for(payments, runtime_class(payments).executor_cap(payments))
     assert policy.cap == payments.topic.partitions * payments.concurrency // 2  # 2 cores per executor
-    coffee = workflow.validate([str(EXAMPLES / "coffee-orders.yaml")], None)[0]  # share group
-    assert policy_for(coffee).cap is None
+    coffee = steps.validate([str(EXAMPLES / "coffee-orders.yaml")], None)[0]  # share group
+    assert policy_for(coffee, runtime_class(coffee).executor_cap(coffee)).cap is None
 
 
 def test_consumer_cap_without_key_ordering_is_the_partitions(tmp_path: Path):
@@ -68,8 +69,8 @@ def test_consumer_cap_without_key_ordering_is_the_partitions(tmp_path: Path):
     doc["spec"]["deployment"]["executor"] = {"cores": 1, "memory": "1g"}
     path = tmp_path / "q.yaml"
     path.write_text(yaml.safe_dump(doc))
-    queue = workflow.validate([str(path)], None)[0]
-    policy = policy_for(queue, up_cooldown_s=0)
+    queue = steps.validate([str(path)], None)[0]
+    policy = policy_for(queue, runtime_class(queue).executor_cap(queue), up_cooldown_s=0)
     state = ScalerState(rate_per_executor=100.0, last_executors=12)
     decision = decide(policy, _obs(lag=1_000_000, executors=12), state)
     assert decision.desired == queue.topic.partitions == 12, "no executor beyond one per partition"

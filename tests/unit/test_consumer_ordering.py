@@ -7,11 +7,12 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from queueplane.run.retry import retry_delay_ms
 
-from queueplane.connection import java_client_settings
-from queueplane.dlq_tools import parse_where
 from queueplane.errors import UsageError
-from queueplane.worker.ordering import ContiguousOffsets, fnv1a_32, key_slot, retry_delay_ms
+from queueplane.kafka.target import java_client_settings
+from queueplane.ops.dlq import parse_where
+from queueplane.run.consumer.ordering import ContiguousOffsets, fnv1a_32, key_slot
 
 
 def test_fnv1a_32_matches_the_published_test_vectors():

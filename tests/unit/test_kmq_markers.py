@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from queueplane import dlq
-from queueplane.worker import kmq_markers as km
-from queueplane.worker.kmq_tracker import tracker_interval_ms
+from queueplane.run import dead_letters as dlq
+from queueplane.run.kmq import markers as km
+from queueplane.run.kmq.tracker import tracker_interval_ms
 
 
 def test_a_marker_survives_encoding_and_reads_as_plain_text():

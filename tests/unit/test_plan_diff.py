@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from specs_factory import dump, spec
 
-from queueplane import kafka_names as kn
-from queueplane.cluster import LiveConfig, LiveState, LiveTopic
-from queueplane.plan import desired_state, diff, share_group_configs
-from queueplane.validate import check_text
+from queueplane.kafka import names as kn
+from queueplane.kafka.cluster import LiveConfig, LiveState, LiveTopic
+from queueplane.provision.plan import desired_state, diff, share_group_configs
+from queueplane.spec.rules import check_text
 
 GROUP_NAMES_43 = frozenset(share_group_configs(check_text(dump(spec("share"))).queues[0]))
 

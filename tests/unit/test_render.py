@@ -9,17 +9,17 @@ import pytest
 import yaml
 from helpers import EXAMPLES, run_cli
 
-from queueplane import workflow
+from queueplane.deploy.helm import HelmError, run_helm
+from queueplane.deploy.policy import DRIVER_RBAC
+from queueplane.deploy.render import ManifestInvalid, chart_path, executor_pod_templates, render, validate_manifests
 from queueplane.errors import SpecInvalid
-from queueplane.helm import HelmError, run_helm
-from queueplane.manifest_policy import DRIVER_RBAC
-from queueplane.render import ManifestInvalid, chart_path, executor_pod_templates, render, validate_manifests
+from queueplane.provision import steps
 
 SPECS = sorted(EXAMPLES.glob("*.yaml"))
 
 
 def _queue(path=EXAMPLES / "coffee-orders.yaml"):
-    return workflow.validate([str(path)], None)[0]
+    return steps.validate([str(path)], None)[0]
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_free_text_in_a_spec_cannot_inject_yaml_or_template_syntax(tmp_path):
     )
     path = tmp_path / "evil.yaml"
     path.write_text(yaml.safe_dump(doc))
-    queue = workflow.validate([str(path)], None)[0]
+    queue = steps.validate([str(path)], None)[0]
     rendered = render(queue, output_dir=tmp_path / "out")
     assert sorted(o["kind"] for o in rendered.objects) == sorted(o["kind"] for o in render(_queue()).objects)
     spec = yaml.safe_load(_find(rendered.objects, "ConfigMap")["data"]["spec.yaml"])

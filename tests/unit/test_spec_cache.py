@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from specs_factory import dump, spec
 
-from queueplane import workflow
-from queueplane.spec_cache import SpecCache
+from queueplane.provision import steps
+from queueplane.spec.cache import SpecCache
 
 
 @pytest.fixture(autouse=True)
@@ -25,21 +25,21 @@ def _write(path: Path, doc: dict) -> Path:
 def test_unchanged_files_are_not_checked_again_and_give_the_same_queues(tmp_path):
     _write(tmp_path / "specs" / "a.yaml", spec("share"))
     _write(tmp_path / "specs" / "b.yaml", spec("kmq"))
-    first = workflow.check_specs([str(tmp_path / "specs")])
+    first = steps.check_specs([str(tmp_path / "specs")])
     assert SpecCache().lookup(str(tmp_path / "specs" / "a.yaml"), "0" * 64) is None
     cache = SpecCache()
     assert len(cache.entries) == 2
-    second = workflow.check_specs([str(tmp_path / "specs")])
+    second = steps.check_specs([str(tmp_path / "specs")])
     assert second.queues == first.queues and second.problems == []
 
 
 def test_an_edited_file_is_checked_again(tmp_path):
     path = _write(tmp_path / "specs" / "a.yaml", spec("share"))
-    assert workflow.check_specs([str(path)]).problems == []
+    assert steps.check_specs([str(path)]).problems == []
     broken = spec("share")
     broken["spec"]["group"]["ordering"] = "key"
     _write(path, broken)
-    (problem,) = workflow.check_specs([str(path)]).problems
+    (problem,) = steps.check_specs([str(path)]).problems
     assert problem.pointer == "/spec/group/ordering"
     assert str(path) not in SpecCache().entries, "a failing file must leave the cache"
 
@@ -47,17 +47,17 @@ def test_an_edited_file_is_checked_again(tmp_path):
 def test_rules_across_specs_still_run_when_every_file_is_cached(tmp_path):
     a = _write(tmp_path / "one" / "a.yaml", spec("share"))
     b = _write(tmp_path / "two" / "b.yaml", spec("share"))
-    assert workflow.check_specs([str(a)]).problems == []
-    assert workflow.check_specs([str(b)]).problems == []
-    both = workflow.check_specs([str(a), str(b)])
+    assert steps.check_specs([str(a)]).problems == []
+    assert steps.check_specs([str(b)]).problems == []
+    both = steps.check_specs([str(a), str(b)])
     assert {p.pointer for p in both.problems} >= {"/metadata/name", "/spec/group/id", "/spec/topic/name"}
 
 
 def test_a_changed_checker_drops_the_cache(tmp_path, monkeypatch):
     path = _write(tmp_path / "a.yaml", spec("consumer"))
-    workflow.check_specs([str(path)])
+    steps.check_specs([str(path)])
     assert SpecCache().entries
-    import queueplane.spec_cache as spec_cache
+    import queueplane.spec.cache as spec_cache
 
     monkeypatch.setattr(spec_cache, "code_fingerprint", lambda: "another version of the rules")
     assert SpecCache().entries == {}

@@ -8,8 +8,8 @@ import pytest
 from specs_factory import dump, spec
 
 from queueplane.errors import UsageError
-from queueplane.specfile import parse_text
-from queueplane.validate import ShareBounds, check_files, load_specs
+from queueplane.spec.files import parse_text
+from queueplane.spec.rules import ShareBounds, check_files, load_specs
 
 
 def _check(*docs: tuple[str, dict]) -> list:

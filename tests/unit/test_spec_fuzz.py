@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from specs_factory import BASES, dump
 
 from queueplane.errors import Problem
-from queueplane.plan import desired_state
-from queueplane.validate import check_text
+from queueplane.provision.plan import desired_state
+from queueplane.spec.rules import check_text
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=30),

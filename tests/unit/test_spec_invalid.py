@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from specs_factory import DELETE, dump, set_path, spec
 
-from queueplane.validate import check_text
+from queueplane.spec.rules import check_text
 
 # (base kind, path to change, new value, expected pointer, expected message fragment, expected hint fragment)
 CASES = [

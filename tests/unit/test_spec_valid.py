@@ -8,9 +8,9 @@ import pytest
 from helpers import EXAMPLES
 from specs_factory import dump, spec
 
-from queueplane import durations
-from queueplane.schema import load_schema, resolve
-from queueplane.validate import check_text, load_specs
+from queueplane.spec import durations
+from queueplane.spec.rules import check_text, load_specs
+from queueplane.spec.schema import load_schema, resolve
 
 
 def _objects(node: dict[str, Any], path: str = "#") -> list[tuple[str, dict[str, Any]]]:

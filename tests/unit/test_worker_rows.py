@@ -14,10 +14,10 @@ from confluent_kafka import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueplane.handler import MessageRecord, Record
-from queueplane.worker import spark_daemon
-from queueplane.worker.consumer_runtime import input_records
-from queueplane.worker.outcomes import (
+from queueplane.run import spark_daemon
+from queueplane.run.handler import MessageRecord, Record
+from queueplane.run.kafka_input import input_records
+from queueplane.run.outcomes import (
     ACCEPTED,
     OUTCOME_ARROW,
     Outcome,
@@ -124,7 +124,7 @@ def test_building_outcome_batches_does_not_import_pandas():
     """pa.array imports pandas on first use; every Spark Python worker paid for that import."""
     code = (
         "import sys\n"
-        "from queueplane.worker.outcomes import Outcome, outcome_batch\n"
+        "from queueplane.run.outcomes import Outcome, outcome_batch\n"
         "outcome_batch([Outcome('t', 0, 1, None, 1, 'accepted', None, 0.5, 1)])\n"
         "print('pandas' in sys.modules)\n"
     )
@@ -202,7 +202,7 @@ def test_the_daemon_drops_sparks_zip_only_when_the_same_pyspark_is_installed(tmp
 
 
 def test_the_daemon_preloads_without_starting_a_thread():
-    code = "from queueplane.worker.spark_daemon import preload; preload(); print('ok')"
+    code = "from queueplane.run.spark_daemon import preload; preload(); print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

@@ -1,0 +1,5 @@
+"""The `queueplane` command line (see app.py)."""
+
+from queueplane.cli.app import main
+
+__all__ = ["main"]

@@ -1,0 +1,161 @@
+"""Commands on specs and the cluster: validate, plan, apply, render."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from queueplane.cli.common import cluster_flags, command, err, one_spec, out, output_flag, resolve_target
+from queueplane.errors import EXIT_OK, EXIT_REFUSED, UsageError
+from queueplane.kafka.target import named_target
+from queueplane.provision import steps
+from queueplane.provision.plan_text import render_plan
+
+
+def register(commands: Any) -> None:
+    p = command(
+        commands,
+        "validate",
+        "check specs against the schema and the rules",
+        "Check specs (files or directories). Offline, with Kafka's default "
+        "share-group bounds, unless a cluster is named; then with its bounds.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    cluster_flags(p)
+    output_flag(p)
+    p.set_defaults(handler=cmd_validate)
+
+    p = command(
+        commands,
+        "plan",
+        "show what apply would change on the cluster",
+        "Diff the specs against the live cluster: + create, ~ change, ! refused. Changes nothing.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    cluster_flags(p)
+    output_flag(p)
+    p.set_defaults(handler=cmd_plan)
+
+    p = command(
+        commands,
+        "apply",
+        "make the cluster match the specs",
+        "Plan, show the plan, ask, then apply it. The cluster checks every "
+        "request in a dry run first; a failure reports what was applied.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
+    cluster_flags(p)
+    output_flag(p)
+    p.set_defaults(handler=cmd_apply)
+
+    p = command(
+        commands,
+        "render",
+        "render a queue's Helm release (values and Kubernetes manifests)",
+        "Helm values from the spec, then `helm template` of charts/queue-worker; every object is checked "
+        "against the Kubernetes API schema and the platform policy. Prints the manifests, or writes "
+        "values.yaml and manifests.yaml to --output-dir.",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
+    p.set_defaults(handler=cmd_render)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    target = named_target(args.bootstrap_servers, args.kafka_config)
+    queues = steps.validate(args.paths, target)
+    if args.output == "json":
+        out.print_json(
+            json.dumps(
+                {
+                    "valid": True,
+                    "specs": [
+                        {"file": q.source, "name": q.name, "team": q.team, "group": q.group.type} for q in queues
+                    ],
+                }
+            )
+        )
+    else:
+        bounds = f"bounds of {target.label}" if target else "Kafka's default share-group bounds"
+        for q in queues:
+            out.print(f"ok  {q.source}  {q.team}/{q.name} ({q.group.type})", markup=False)
+        out.print(f"{len(queues)} spec(s) valid ({bounds}).", markup=False)
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    target = resolve_target(args.bootstrap_servers, args.kafka_config)
+    with err.status("reading the cluster"):
+        planned = steps.plan(args.paths, target)
+    if args.output == "json":
+        out.print_json(json.dumps(planned.plan.as_dict()))
+    else:
+        render_plan(planned.plan, out)
+    return EXIT_REFUSED if planned.plan.refused else EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    target = resolve_target(args.bootstrap_servers, args.kafka_config)
+    with err.status("reading the cluster"):
+        planned = steps.plan(args.paths, target)
+    plan = planned.plan
+    if args.output == "text":
+        render_plan(plan, out)
+    plan.raise_if_refused()
+    if not plan.changes:
+        if args.output == "json":
+            out.print_json(json.dumps({"plan": plan.as_dict(), "applied": []}))
+        return EXIT_OK
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("apply needs confirmation: run it in a terminal, or pass --yes")
+        answer = err.input(f"Apply {len(plan.changes)} change(s) to {plan.cluster}? Only 'yes' applies: ")
+        if answer.strip() != "yes":
+            err.print("Apply cancelled; nothing was changed.")
+            return EXIT_OK
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("applying", total=len(plan.changes))
+
+        def on_step(title: str, count: int) -> None:
+            progress.update(task, description=title, advance=count)
+
+        report = steps.apply(planned, on_step)
+    if args.output == "json":
+        out.print_json(json.dumps({"plan": plan.as_dict(), **report.as_dict()}))
+    else:
+        counts = plan.counts()
+        out.print(f"Apply complete: {counts['create']} created, {counts['change']} changed.")
+    return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from queueplane.deploy.render import render
+
+    queue = one_spec(args.spec)
+    with err.status(f"rendering {queue.name}"):
+        rendered = render(queue, output_dir=Path(args.output_dir) if args.output_dir else None)
+    if args.output_dir is None:
+        out.print(rendered.manifests, markup=False, end="")
+        return EXIT_OK
+    kinds = ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in rendered.objects)
+    out.print(f"release {rendered.release} in namespace {rendered.namespace}: {kinds}", markup=False)
+    out.print(f"wrote {rendered.values_file} and {rendered.values_file.with_name('manifests.yaml')}", markup=False)
+    out.print(
+        f"install: helm upgrade --install {rendered.release} {rendered.chart} --namespace {rendered.namespace} "
+        f"--create-namespace --values {rendered.values_file}",
+        markup=False,
+    )
+    return EXIT_OK

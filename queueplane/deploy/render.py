@@ -1,0 +1,196 @@
+"""A queue spec as a Helm release of charts/queue-worker: values, manifests, and their checks.
+
+`helm_values` is the one mapping from a spec to the chart's values; every face (the CLI's
+`render`, the Airflow deploy operator, the tests) goes through it and through `render`,
+which runs the real `helm template` and validates what comes out.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from queueplane.deploy.helm import run_helm
+from queueplane.deploy.kube_schema import KUBERNETES_VERSION, object_problems
+from queueplane.deploy.policy import policy_problems
+from queueplane.errors import Problem, QueueplaneError, SpecInvalid
+from queueplane.paths import shipped_file
+from queueplane.spec.model import QueueSpec
+from queueplane.spec.schema import load_schema
+
+CHART_NAME = "queue-worker"
+EXECUTOR_TEMPLATE_KEY = "executor-pod-template.yaml"
+SPEC_KEY = "spec.yaml"
+DEFAULT_IMAGE = "registry.example.com/queueplane/worker:0.1.0"
+# PySpark on Kubernetes: Python workers live outside the JVM heap, so Spark's default for
+# non-JVM jobs reserves 40% of the heap (at least 384 MiB) on top of it.
+MEMORY_OVERHEAD_FACTOR = 0.4
+MIN_MEMORY_OVERHEAD_MI = 384
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ManifestInvalid(QueueplaneError):
+    """Rendered objects fail the Kubernetes schema or the platform policy."""
+
+
+@dataclass
+class Rendered:
+    release: str
+    namespace: str
+    chart: Path
+    values: dict
+    values_file: Path
+    manifests: str
+    objects: list[dict]
+
+
+def chart_path() -> Path:
+    """The chart: charts/ in a checkout, else the wheel's copy."""
+    return shipped_file(f"charts/{CHART_NAME}")
+
+
+def _schema_pattern(*path: str) -> re.Pattern[str]:
+    node: Any = load_schema()
+    for part in path:
+        node = node[part]
+    return re.compile(node["pattern"])
+
+
+def _checked(queue: QueueSpec, pointer: str, value: str, pattern: re.Pattern[str]) -> str:
+    """A spec string that lands in a manifest: it must match its schema pattern, on one line.
+
+    Specs are schema-validated before they get here; this check is the chart's own guard, so
+    that no QueueSpec, however it was built, can carry YAML or template syntax into a manifest.
+    """
+    if _CONTROL.search(value) or not pattern.fullmatch(value) or "{{" in value:
+        raise SpecInvalid([Problem(queue.source, pointer, f"{value!r} is not allowed in a Kubernetes manifest")])
+    return value
+
+
+def _memory_mi(queue: QueueSpec, pointer: str, text: str) -> int:
+    _checked(queue, pointer, text, _schema_pattern("$defs", "podResources", "properties", "memory"))
+    return int(text[:-1]) * (1024 if text.endswith("g") else 1)
+
+
+def _pod(queue: QueueSpec, role: str, resources: dict[str, Any]) -> dict[str, int]:
+    memory = _memory_mi(queue, f"/spec/deployment/{role}/memory", resources.get("memory", "1g"))
+    return {
+        "cores": int(resources.get("cores", 1)),
+        "memoryMi": memory,
+        "memoryOverheadMi": max(MIN_MEMORY_OVERHEAD_MI, math.ceil(memory * MEMORY_OVERHEAD_FACTOR)),
+    }
+
+
+def _image(queue: QueueSpec) -> dict[str, str]:
+    reference = queue.image or DEFAULT_IMAGE
+    pattern = _schema_pattern("properties", "spec", "properties", "deployment", "properties", "image")
+    _checked(queue, "/spec/deployment/image", reference, pattern)
+    name, _, digest = reference.partition("@")
+    repository, tag = name, ""
+    if ":" in name.rsplit("/", 1)[-1]:
+        repository, tag = name.rsplit(":", 1)
+    if not digest and tag in ("", "latest"):
+        raise SpecInvalid(
+            [Problem(queue.source, "/spec/deployment/image", f"{reference!r} is not pinned: give a tag or a digest")]
+        )
+    return {"repository": repository, "tag": tag, "digest": digest, "pullPolicy": "IfNotPresent"}
+
+
+def _spec_text(queue: QueueSpec) -> str:
+    """The spec file as the team wrote it: the worker validates it again, so defaults stay implicit."""
+    try:
+        return Path(queue.source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise QueueplaneError(f"{queue.source}: cannot read the spec to mount it: {exc.strerror}") from None
+
+
+def helm_values(queue: QueueSpec) -> dict:
+    """The chart values a spec determines (the chart's values.yaml supplies the rest)."""
+    label = _schema_pattern("$defs", "dnsLabel")
+    return {
+        "queue": {
+            "name": _checked(queue, "/metadata/name", queue.name, label),
+            "team": _checked(queue, "/metadata/team", queue.team, label),
+            "groupType": queue.group.type,
+            "spec": _spec_text(queue),
+        },
+        "image": _image(queue),
+        "driver": _pod(queue, "driver", queue.driver),
+        "executor": _pod(queue, "executor", queue.executor),
+        "autoscaling": {
+            "minExecutors": queue.min_executors,
+            "maxExecutors": queue.max_executors,
+            "targetLagSeconds": queue.target_lag_seconds,
+        },
+    }
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def render(queue: QueueSpec, *, output_dir: Path | None = None, overrides: dict | None = None) -> Rendered:
+    """`helm template` of the queue's release, validated; files go to output_dir (else a temporary folder).
+
+    ``overrides`` are cluster values the spec does not hold (kafka secrets, checkpoint claim),
+    merged over the spec's values.
+    """
+    namespace = _checked(queue, "/spec/deployment/namespace", queue.namespace, _schema_pattern("$defs", "dnsLabel"))
+    values = _merge(helm_values(queue), overrides or {})
+    folder = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    values_file = folder / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    chart = chart_path()
+    result = run_helm(
+        [
+            "template",
+            queue.name,
+            str(chart),
+            "--namespace",
+            namespace,
+            "--values",
+            str(values_file),
+            "--kube-version",
+            KUBERNETES_VERSION,
+        ]
+    )
+    manifests = result.stdout
+    objects = [obj for obj in yaml.safe_load_all(manifests) if obj]
+    validate_manifests(objects)
+    (folder / "manifests.yaml").write_text(manifests, encoding="utf-8")
+    return Rendered(queue.name, namespace, chart, values, values_file, manifests, objects)
+
+
+def executor_pod_templates(objects: list[dict]) -> list[dict]:
+    """The executor pod templates the chart hands to Spark inside its ConfigMaps."""
+    return [
+        yaml.safe_load(obj["data"][EXECUTOR_TEMPLATE_KEY])
+        for obj in objects
+        if obj.get("kind") == "ConfigMap" and EXECUTOR_TEMPLATE_KEY in (obj.get("data") or {})
+    ]
+
+
+def validate_manifests(objects: list[dict]) -> None:
+    """Every object (and executor pod template) against the pinned Kubernetes API, strictly, then the policy."""
+    templates = executor_pod_templates(objects)
+    problems = [problem for obj in [*objects, *templates] for problem in object_problems(obj)]
+    problems += policy_problems(objects, templates)
+    if problems:
+        listing = "; ".join(problems)
+        raise ManifestInvalid(
+            f"{len(problems)} problem(s) in the rendered manifests (Kubernetes {KUBERNETES_VERSION}): {listing}"
+        )

@@ -1,0 +1,2 @@
+"""Kafka: which cluster (target), every client built in one place (clients), topic and group
+reads and writes (cluster), offsets and lag, config names, and the wire protocol queueplane speaks itself."""

@@ -1,0 +1,231 @@
+"""Reading and changing a Kafka cluster through the AdminClient.
+
+Every read is batched: one DescribeTopics for all topics, one DescribeConfigs for all
+topic configs, one for all group configs, issued together, so planning 200 specs costs
+a handful of round trips rather than hundreds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka.admin import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
+
+from queueplane.errors import ClusterUnreachable
+from queueplane.kafka import clients
+from queueplane.kafka.target import KafkaTarget
+
+CONNECT_TIMEOUT_S = 8.0
+REQUEST_TIMEOUT_S = 30.0
+
+# Config sources that mean "inherited", not set on the resource itself.
+_INHERITED = {
+    ConfigSource.DEFAULT_CONFIG.value,
+    ConfigSource.STATIC_BROKER_CONFIG.value,
+    ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value,
+    ConfigSource.DYNAMIC_BROKER_CONFIG.value,
+}
+
+
+@dataclass(frozen=True)
+class LiveTopic:
+    partitions: int
+    replication_factor: int
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """One config value and whether it is set on the resource itself (not inherited)."""
+
+    value: str | None
+    explicit: bool
+
+
+@dataclass
+class LiveState:
+    """What the cluster holds for the topics and groups a plan is about."""
+
+    cluster_id: str
+    broker_ids: list[int]
+    broker_configs: dict[str, str]
+    topics: dict[str, LiveTopic] = field(default_factory=dict)
+    topic_configs: dict[str, dict[str, LiveConfig]] = field(default_factory=dict)
+    group_configs: dict[str, dict[str, LiveConfig]] = field(default_factory=dict)
+    # GROUP config names the broker reports (its version's names); empty: no group configs at all.
+    group_config_names: frozenset[str] = frozenset()
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        err: KafkaError = exc.args[0]
+        return f"{err.name()}: {err.str()}"
+    return str(exc)
+
+
+def _is_unknown_topic(exc: BaseException) -> bool:
+    return (
+        isinstance(exc, KafkaException)
+        and bool(exc.args)
+        and isinstance(exc.args[0], KafkaError)
+        and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    )
+
+
+def _existing(futures: Mapping[Any, Future[Any]]) -> Iterator[tuple[Any, Any]]:
+    """(key, result) of each future, leaving out topics the cluster does not have."""
+    for key, future in futures.items():
+        try:
+            yield key, future.result()
+        except KafkaException as exc:
+            if not _is_unknown_topic(exc):
+                raise
+
+
+def _configs(entries: dict[str, ConfigEntry], keys: Iterable[str] | None = None) -> dict[str, LiveConfig]:
+    """The named configs (all when ``keys`` is None) as LiveConfig values."""
+    names = entries.keys() if keys is None else [k for k in keys if k in entries]
+    return {name: LiveConfig(entries[name].value, entries[name].source not in _INHERITED) for name in names}
+
+
+class Cluster:
+    """A connected cluster: AdminClient plus the facts every plan needs (brokers, their configs)."""
+
+    def __init__(self, target: KafkaTarget, connect_timeout: float = CONNECT_TIMEOUT_S):
+        self.target = target
+        settings: dict[str, Any] = dict(target.settings)
+        settings.setdefault("socket.connection.setup.timeout.ms", int(connect_timeout * 1000))
+        try:
+            self.admin = clients.admin(settings)
+        except KafkaException as exc:
+            from queueplane.errors import UsageError
+
+            raise UsageError(f"invalid Kafka client settings for {target.label}: {_error_text(exc)}") from None
+        try:
+            described = self.admin.describe_cluster(request_timeout=connect_timeout).result(timeout=connect_timeout + 1)
+        except Exception as exc:
+            raise ClusterUnreachable(
+                f"cannot reach Kafka at {target.label} within {connect_timeout:.0f}s "
+                f"({_error_text(exc)}); nothing was changed"
+            ) from None
+        self.cluster_id: str = described.cluster_id or ""
+        self.broker_ids: list[int] = sorted(node.id for node in described.nodes)
+        self._broker_configs: dict[str, str] | None = None
+
+    def broker_configs(self) -> dict[str, str]:
+        """Configs of one broker (the bounds of share-group settings live here)."""
+        if self._broker_configs is None:
+            resource = ConfigResource(ResourceType.BROKER, str(self.broker_ids[0]))
+            entries = self.admin.describe_configs([resource], request_timeout=REQUEST_TIMEOUT_S)[resource].result()
+            self._broker_configs = {name: e.value for name, e in entries.items() if e.value is not None}
+        return self._broker_configs
+
+    def read_state(
+        self, topics: Iterable[str], groups: Iterable[str], configured: Mapping[str, Iterable[str]] | None = None
+    ) -> LiveState:
+        """Describe the named topics and groups, all requests in flight at once.
+
+        ``configured`` maps the topics whose configs a spec manages to those config names;
+        only these are read (other topics' configs are not queueplane's business).
+        """
+        configured = configured or {}
+        topic_names = sorted(set(topics))
+        config_names = sorted(configured)
+        group_ids = sorted(set(groups))
+        described: dict[str, Future[Any]] = {}
+        topic_config_futures: dict[ConfigResource, Future[Any]] = {}
+        if topic_names:
+            # Both requests at once: a topic that does not exist simply answers UNKNOWN_TOPIC.
+            described = self.admin.describe_topics(TopicCollection(topic_names), request_timeout=REQUEST_TIMEOUT_S)
+        if config_names:
+            topic_config_futures = self.admin.describe_configs(
+                [ConfigResource(ResourceType.TOPIC, t) for t in config_names], request_timeout=REQUEST_TIMEOUT_S
+            )
+        group_resources = [ConfigResource(ResourceType.GROUP, g) for g in group_ids]
+        # A made-up group tells which GROUP config names this broker version knows.
+        probe = ConfigResource(ResourceType.GROUP, "queueplane.probe.group-config-names")
+        group_futures = self.admin.describe_configs([*group_resources, probe], request_timeout=REQUEST_TIMEOUT_S)
+        state = LiveState(self.cluster_id, self.broker_ids, self.broker_configs())
+        for name, description in _existing(described):
+            partitions = description.partitions
+            state.topics[name] = LiveTopic(len(partitions), len(partitions[0].replicas) if partitions else 0)
+        for resource, entries in _existing(topic_config_futures):
+            if resource.name in state.topics:
+                state.topic_configs[resource.name] = _configs(entries, configured[resource.name])
+        for resource, future in group_futures.items():
+            try:
+                entries = future.result()
+            except KafkaException:
+                # Brokers before KIP-848 have no GROUP config resource at all.
+                continue
+            if resource == probe:
+                state.group_config_names = frozenset(entries)
+            else:
+                state.group_configs[resource.name] = _configs(entries)
+        return state
+
+    # -- changes -------------------------------------------------------------------------------
+    # Each returns {resource name: error text or None}, so apply can say exactly what happened.
+
+    def create_topics(self, topics: list[NewTopic], validate_only: bool) -> dict[str, str | None]:
+        if not topics:
+            return {}
+        futures = self.admin.create_topics(
+            topics, validate_only=validate_only, operation_timeout=REQUEST_TIMEOUT_S, request_timeout=REQUEST_TIMEOUT_S
+        )
+        return _outcomes(futures)
+
+    def create_partitions(self, increases: list[NewPartitions], validate_only: bool) -> dict[str, str | None]:
+        if not increases:
+            return {}
+        futures = self.admin.create_partitions(
+            increases,
+            validate_only=validate_only,
+            operation_timeout=REQUEST_TIMEOUT_S,
+            request_timeout=REQUEST_TIMEOUT_S,
+        )
+        return _outcomes(futures)
+
+    def set_configs(
+        self, kind: ResourceType, configs: dict[str, dict[str, str]], validate_only: bool
+    ) -> dict[str, str | None]:
+        """IncrementalAlterConfigs SET of only the named keys: configs queueplane does not manage stay."""
+        if not configs:
+            return {}
+        resources = [
+            ConfigResource(
+                kind,
+                name,
+                incremental_configs=[
+                    ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+                    for key, value in sorted(values.items())
+                ],
+            )
+            for name, values in sorted(configs.items())
+        ]
+        futures = self.admin.incremental_alter_configs(
+            resources, validate_only=validate_only, request_timeout=REQUEST_TIMEOUT_S
+        )
+        return {resource.name: outcome for resource, outcome in _outcomes(futures).items()}
+
+
+def _outcomes(futures: dict[Any, Future[Any]]) -> dict[Any, str | None]:
+    outcomes: dict[Any, str | None] = {}
+    for key, future in futures.items():
+        try:
+            future.result()
+            outcomes[key] = None
+        except Exception as exc:
+            outcomes[key] = _error_text(exc)
+    return outcomes

@@ -1,0 +1,103 @@
+"""How far behind a queue's group is, per partition: `queueplane lag`, run summaries, metrics.
+
+Consumer and kmq groups: log-end offset minus the group's committed offset, read with the
+AdminClient (ListOffsets, OffsetFetch), the numbers `kafka-consumer-groups --describe` shows.
+Share groups: the broker's share-partition lag (KIP-1226), read with DescribeShareGroupOffsets
+v1 straight over the Kafka protocol, because the Python client has no call for it. That
+path speaks PLAINTEXT only; on a secured listener the lag is reported as unknown (None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from queueplane.kafka import clients
+from queueplane.kafka.offsets import committed_offsets, log_offsets
+from queueplane.kafka.protocol import share_partition_lag
+from queueplane.kafka.target import KafkaTarget
+from queueplane.spec.model import QueueSpec
+
+
+@dataclass
+class PartitionLag:
+    partition: int
+    log_start: int
+    log_end: int
+    committed: int | None  # None: the group has committed nothing for it (share groups: never shown)
+    lag: int | None
+    hot_partition: bool = False
+    hot_key: str | None = None
+    hot_key_share: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def share_lag(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int | None] | None:
+    """Lag per partition (None where the broker has no state for it yet); None if it cannot be read."""
+    address = target.plaintext_address()
+    if address is None:
+        return None
+    try:
+        lags = share_partition_lag(address[0], address[1], group, topic, list(range(partitions)))
+    except (OSError, ValueError):
+        return None
+    return lags
+
+
+def group_lag(target: KafkaTarget, admin: AdminClient, queue: QueueSpec) -> list[PartitionLag]:
+    """Per partition of a consumer or kmq group: log-end, the group's committed offset, the difference.
+
+    A partition the group has not committed yet lags by all it will read: everything
+    retained for ``startFrom: earliest``, nothing for ``latest``.
+    """
+    topic, partitions = queue.topic.name, queue.topic.partitions
+    offsets = log_offsets(admin, topic, partitions)
+    committed = committed_offsets(target, queue.group.id, topic, partitions)
+    rows = []
+    for p, (start, end) in sorted(offsets.items()):
+        done = committed.get(p)
+        if done is None:
+            lag = end - start if queue.group.start_from == "earliest" else 0
+        else:
+            lag = max(0, end - max(done, start))
+        rows.append(PartitionLag(p, start, end, done, lag))
+    return rows
+
+
+def queue_lag(target: KafkaTarget, queue: QueueSpec, admin: AdminClient | None = None) -> list[PartitionLag]:
+    """The lag of every partition of the queue's topic, by the group type's own measure."""
+    admin = admin or clients.admin(target)
+    if queue.group.type != "share":
+        return group_lag(target, admin, queue)
+    offsets = log_offsets(admin, queue.topic.name, queue.topic.partitions)
+    lags = share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions) or {}
+    return [PartitionLag(p, start, end, None, lags.get(p)) for p, (start, end) in sorted(offsets.items())]
+
+
+def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> Callable[[], dict[int, int | None] | None]:
+    """The backlog reader a worker polls in the background while it runs: the same numbers `queueplane lag` shows."""
+    if queue.group.type == "share":
+        return lambda: share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions)
+    admin: list[AdminClient] = []
+
+    def read() -> dict[int, int | None] | None:
+        if not admin:
+            admin.append(clients.admin(target))
+        try:
+            return {row.partition: row.lag for row in group_lag(target, admin[0], queue)}
+        except Exception:
+            return None
+
+    return read
+
+
+def total_lag(lags: dict[int, int | None] | None) -> int | None:
+    """The sum, or None while any partition's lag is unknown."""
+    if lags is None or any(v is None for v in lags.values()):
+        return None
+    return sum(v for v in lags.values() if v is not None)

@@ -1,0 +1,69 @@
+"""Offsets of a topic and of a group, read the way lag tools read them.
+
+The plumbing under `queueplane lag`, the runtimes' starting points and the DLQ tools: the
+log's start and end per partition (ListOffsets) and a group's committed offsets (OffsetFetch,
+read_committed), retried through the moments a new broker or group has no coordinator yet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from queueplane.kafka import clients
+from queueplane.kafka.target import KafkaTarget
+
+REQUEST_TIMEOUT_S = 15.0
+
+_COORDINATOR_MOVING = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError._WAIT_COORD,
+}
+
+
+def log_offsets(admin: AdminClient, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+    """(log-start, log-end) per partition."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
+    starts = admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
+    return {
+        tp.partition: (
+            starts[tp].result(REQUEST_TIMEOUT_S).offset,
+            ends[tp].result(REQUEST_TIMEOUT_S).offset,
+        )
+        for tp in tps
+    }
+
+
+def committed_offsets(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    """The group's committed offsets, waiting for any in an open transaction (read_committed).
+
+    A Consumer's committed() rather than the AdminClient's ListConsumerGroupOffsets: on a
+    broker whose offsets topic does not exist yet, the client (2.16.1) crashes in the latter.
+    """
+    consumer = clients.consumer(target.settings, {"group.id": group, "isolation.level": "read_committed"})
+    try:
+        return fetch_committed(consumer, topic, range(partitions))
+    finally:
+        consumer.close()
+
+
+def fetch_committed(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+    """committed() through the moments a new broker or group has no coordinator yet (retriable errors)."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    while True:
+        try:
+            result = consumer.committed(tps, timeout=REQUEST_TIMEOUT_S)
+            return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in _COORDINATOR_MOVING) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

@@ -1,0 +1,143 @@
+"""One Airflow DAG per queue spec, and the reconcile DAG over all of them.
+
+The DAG files in dags/ call these functions at parse time. Parsing stays offline: specs
+are checked against the schema and the rules that need no broker (the validate task
+checks the broker's bounds at run time). A spec that fails is left out of the queue DAGs
+and reported by the spec-check DAG file as an import error, so one team's typo never
+hides another team's DAG.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, Param, TriggerRule
+
+from queueplane.errors import Problem, SpecInvalid, UsageError
+from queueplane.operators import (
+    ApplyGroupConfigsOperator,
+    ApplyTopicsOperator,
+    HelmDeployOperator,
+    PlanQueueOperator,
+    QueueReadySensor,
+    ValidateSpecOperator,
+)
+from queueplane.provision.steps import check_specs
+from queueplane.spec.model import QueueSpec
+from queueplane.spec.rules import ShareBounds
+
+SPECS_DIR_ENV = "QUEUEPLANE_SPECS_DIR"
+RECONCILE_SCHEDULE_ENV = "QUEUEPLANE_RECONCILE_SCHEDULE"
+RECONCILE_DAG_ID = "queueplane__reconcile"
+START = datetime(2026, 1, 1)
+
+
+def specs_dir(default: Path) -> Path:
+    """Where the specs live: $QUEUEPLANE_SPECS_DIR, else ``default`` (the repository's specs/)."""
+    return Path(os.environ.get(SPECS_DIR_ENV) or default).resolve()
+
+
+def dag_id(queue: QueueSpec) -> str:
+    return f"queue__{queue.team}__{queue.name}"
+
+
+def checked_specs(root: Path) -> tuple[list[QueueSpec], list[Problem]]:
+    """The specs under ``root`` with no problem at all, and every problem of the others."""
+    try:
+        loaded = check_specs([str(root)]).with_bounds(ShareBounds())
+    except UsageError as exc:  # no spec files at all: nothing to build, nothing broken
+        return [], [Problem(str(root), "", str(exc))]
+    broken = {p.file for p in loaded.problems}
+    return [q for q in loaded.queues if q.source not in broken], loaded.problems
+
+
+def raise_spec_problems(root: Path) -> None:
+    """Raise every problem of the specs under ``root`` (an import error in Airflow, one line per problem)."""
+    _, problems = checked_specs(root)
+    if problems:
+        raise SpecInvalid(problems)
+
+
+def _doc_md(queue: QueueSpec) -> str:
+    source = Path(queue.source).read_text(encoding="utf-8")
+    rows = [
+        ("spec", f"`{queue.source}`"),
+        ("group", f"{queue.group.type} `{queue.group.id}`"),
+        ("topic", f"`{queue.topic.name}` ({queue.topic.partitions} partitions)"),
+        ("dead-letter topic", f"`{queue.dead_letter.name}`"),
+        ("handler", f"`{queue.handler}`"),
+        ("executors", f"{queue.min_executors}..{queue.max_executors}, target lag {queue.target_lag_seconds}s"),
+        ("namespace", f"`{queue.namespace}`"),
+    ]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return (
+        f"# {queue.team}/{queue.name}\n\n{queue.description}\n\n| | |\n|---|---|\n{table}\n\n"
+        "Trigger to validate, plan and apply the Kafka side, then deploy the worker with Helm and wait until it "
+        "keeps up. `dry_run` shows the plan and applies nothing; `deploy` off stops after Kafka.\n\n"
+        f"```yaml\n{source}\n```\n"
+    )
+
+
+def queue_dag(queue: QueueSpec, kafka_conn_id: str = "kafka_default") -> DAG:
+    """validate → plan → apply topics → apply group configs → deploy → wait until ready."""
+    spec = str(Path(queue.source).resolve())
+    with DAG(
+        dag_id=dag_id(queue),
+        description=queue.description or f"Kafka queue {queue.team}/{queue.name}",
+        doc_md=_doc_md(queue),
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        tags=["queueplane", f"team:{queue.team}", f"group:{queue.group.type}"],
+        default_args={"owner": queue.team, "retries": 1, "retry_delay": timedelta(seconds=30)},
+        params={
+            "dry_run": Param(False, type="boolean", description="Show the plan, change nothing."),
+            "deploy": Param(True, type="boolean", description="Deploy the worker with Helm after Kafka."),
+        },
+        render_template_as_native_obj=True,
+        max_active_runs=1,
+    ) as dag:
+        common = {"spec_path": spec, "kafka_conn_id": kafka_conn_id}
+        validate = ValidateSpecOperator(task_id="validate", **common)
+        plan = PlanQueueOperator(task_id="plan", **common)
+        topics = ApplyTopicsOperator(task_id="apply_topics", dry_run="{{ params.dry_run }}", **common)
+        groups = ApplyGroupConfigsOperator(task_id="apply_group_configs", dry_run="{{ params.dry_run }}", **common)
+        deploy = HelmDeployOperator(
+            task_id="deploy",
+            spec_path=spec,
+            deploy="{{ params.deploy }}",
+            dry_run="{{ params.dry_run }}",
+            trigger_rule=TriggerRule.NONE_FAILED,  # a dry run skips the applies but still renders
+        )
+        ready = QueueReadySensor(task_id="wait_until_ready", **common)
+        validate >> plan >> topics >> groups >> deploy >> ready
+    return dag
+
+
+def queue_dags(root: Path) -> dict[str, DAG]:
+    """One DAG per valid spec under ``root``, by dag_id."""
+    queues, _ = checked_specs(root)
+    return {dag_id(q): queue_dag(q) for q in queues}
+
+
+def reconcile_dag(root: Path) -> DAG:
+    """Plans every spec on a schedule; fails with the drift listed when the cluster no longer matches."""
+    with DAG(
+        dag_id=RECONCILE_DAG_ID,
+        description="Plan every queue spec against the cluster; fail on drift",
+        doc_md=(
+            f"Plans every spec under `{root}` against `kafka_default`. Fails, listing each difference, when "
+            "the cluster no longer matches the specs (someone changed a topic or group config by hand, or a "
+            "spec was merged but not applied). Trigger the queue's DAG to converge."
+        ),
+        schedule=os.environ.get(RECONCILE_SCHEDULE_ENV, "@hourly"),
+        start_date=START,
+        catchup=False,
+        tags=["queueplane", "reconcile"],
+        default_args={"owner": "queueplane"},
+        max_active_runs=1,
+    ) as dag:
+        PlanQueueOperator(task_id="plan_all", spec_path=str(root), fail_on_changes=True)
+    return dag

@@ -1,0 +1,93 @@
+"""Airflow connections as the core's inputs: a KafkaTarget and a kubeconfig file.
+
+`kafka_default` follows the Apache Kafka provider: the connection's extra JSON is the
+librdkafka client config (`bootstrap.servers`, `security.protocol`, `sasl.*`, ...), so one
+connection serves both queueplane and the provider's own operators. `kubernetes_default`
+follows the cncf-kubernetes provider's fields: `kube_config_path`, `kube_config` (the file's
+content, YAML or JSON), `in_cluster`, `cluster_context`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from queueplane.errors import UsageError
+from queueplane.kafka.target import KafkaTarget
+from queueplane.spec.model import config_value
+
+KAFKA_CONN_ID = "kafka_default"
+KUBERNETES_CONN_ID = "kubernetes_default"
+
+
+def kafka_target(conn_id: str = KAFKA_CONN_ID) -> KafkaTarget:
+    """The cluster an Airflow Kafka connection names; the label shows the servers, never the secrets."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        raise UsageError(
+            f"Airflow connection {conn_id!r} does not exist: create it (type kafka) with extra "
+            '{"bootstrap.servers": "HOST:PORT"} plus any other librdkafka settings'
+        ) from None
+    extra: dict[str, Any] = conn.extra_dejson
+    settings = {str(k): config_value(v) for k, v in extra.items()}
+    if not settings.get("bootstrap.servers"):
+        raise UsageError(
+            f'Airflow connection {conn_id!r}: its extra JSON has no "bootstrap.servers"; the extra holds the '
+            "librdkafka client config, as for the Apache Kafka provider"
+        )
+    return KafkaTarget(settings, f"{settings['bootstrap.servers']} (connection {conn_id})")
+
+
+@dataclass(frozen=True)
+class KubeAccess:
+    """How helm and the Kubernetes client reach the cluster: a kubeconfig file, or the pod's own account."""
+
+    kubeconfig: str | None
+    context: str | None
+    in_cluster: bool
+
+
+def _field(extra: dict[str, Any], name: str) -> Any:
+    # Older providers stored form fields as extra__kubernetes__<name>.
+    value = extra.get(name)
+    return value if value not in (None, "") else extra.get(f"extra__kubernetes__{name}") or None
+
+
+@contextmanager
+def kube_access(conn_id: str = KUBERNETES_CONN_ID) -> Iterator[KubeAccess | None]:
+    """The connection's cluster access, or None when the connection does not exist.
+
+    An inline kubeconfig is written to a private temporary file that lives as long as the
+    block, since helm only reads kubeconfigs from files.
+    """
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        yield None
+        return
+    extra: dict[str, Any] = conn.extra_dejson
+    context = _field(extra, "cluster_context")
+    if str(_field(extra, "in_cluster") or "").lower() in ("true", "1"):
+        yield KubeAccess(None, context, True)
+        return
+    inline = _field(extra, "kube_config")
+    if inline:
+        text = inline if isinstance(inline, str) else json.dumps(inline)
+        with tempfile.TemporaryDirectory(prefix="queueplane-kube-") as tmp:
+            path = os.path.join(tmp, "config")
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(path, 0o600)
+            yield KubeAccess(path, context, False)
+        return
+    path = _field(extra, "kube_config_path") or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    yield KubeAccess(str(path), context, False)

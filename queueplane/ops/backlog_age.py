@@ -1,0 +1,101 @@
+"""How long the oldest record a queue's group has not finished has been waiting, in seconds.
+
+A spec states its target lag in seconds (`autoscaling.targetLagSeconds`), so a readiness
+check compares time, not record counts: the age of the first unfinished record of each
+partition, taken from its own timestamp. For a consumer group (consumer and kmq queues)
+that record sits at the committed offset; for a share group at the high watermark minus
+the share-partition lag (KIP-1226), never before the share-partition start offset.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from queueplane.kafka import clients
+from queueplane.kafka.offsets import committed_offsets, log_offsets
+from queueplane.kafka.protocol import share_partition_offsets
+from queueplane.kafka.target import KafkaTarget
+from queueplane.spec.model import QueueSpec
+
+READ_TIMEOUT_S = 10.0
+
+# Leaders moving, a topic just created: the answer is unknown this time, not an error.
+_SETTLING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+Ends = dict[int, tuple[int, int]]  # (log-start, log-end) per partition
+
+
+def _share_positions(target: KafkaTarget, queue: QueueSpec, ends: Ends) -> dict[int, int] | None:
+    address = target.plaintext_address()
+    if address is None:
+        return None
+    try:
+        offsets = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, list(ends))
+    except (OSError, ValueError):  # coordinator still loading, broker restarting: unknown this time
+        return None
+    positions: dict[int, int] = {}
+    for p, (low, high) in ends.items():
+        start, lag = offsets.get(p, (None, None))
+        if start is None:
+            # No share-partition state yet: the group starts at startFrom; with "earliest" everything waits.
+            if queue.group.start_from == "earliest" and high > low:
+                positions[p] = low
+        elif lag:
+            # The start offset only moves once a whole acquired batch is finished, so records past it may be
+            # done already; the lag counts the unfinished ones, taken as the newest: high - lag.
+            positions[p] = max(start, high - lag)
+    return positions
+
+
+def _consumer_positions(target: KafkaTarget, queue: QueueSpec, ends: Ends) -> dict[int, int]:
+    committed = committed_offsets(target, queue.group.id, queue.topic.name, queue.topic.partitions)
+    positions: dict[int, int] = {}
+    for p, (low, high) in ends.items():
+        at = max(committed.get(p) or 0, low)
+        if at < high:
+            positions[p] = at
+    return positions
+
+
+def oldest_waiting_seconds(target: KafkaTarget, queue: QueueSpec, now: float | None = None) -> float | None:
+    """Seconds since the oldest unfinished record was written; 0.0 when nothing waits, None if unknown."""
+    try:
+        ends = log_offsets(clients.admin(target), queue.topic.name, queue.topic.partitions)
+    except KafkaException as exc:
+        if exc.args[0].retriable() or exc.args[0].code() in _SETTLING:
+            return None
+        raise
+    if queue.group.type == "share":
+        positions = _share_positions(target, queue, ends)
+    else:
+        positions = _consumer_positions(target, queue, ends)
+    if positions is None:
+        return None
+    if not positions:
+        return 0.0
+    consumer = clients.consumer(
+        target.settings, {"group.id": f"queueplane-backlog-age-{queue.group.id}", "enable.auto.commit": False}
+    )
+    try:
+        consumer.assign([TopicPartition(queue.topic.name, p, at) for p, at in positions.items()])
+        oldest_ms: int | None = None
+        waiting = set(positions)
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while waiting and time.monotonic() < deadline:
+            record = consumer.poll(0.5)
+            if record is None or record.error() or record.partition() not in waiting:
+                continue
+            waiting.discard(record.partition())
+            _, stamp = record.timestamp()
+            oldest_ms = stamp if oldest_ms is None else min(oldest_ms, stamp)
+        if oldest_ms is None:
+            return None
+        return max(0.0, (now if now is not None else time.time()) - oldest_ms / 1000)
+    finally:
+        consumer.close()

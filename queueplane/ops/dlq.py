@@ -1,0 +1,265 @@
+"""`queueplane dlq list` and `queueplane dlq redrive`: the dead-letter queue of any group type.
+
+Every runtime writes the same DLQ records (queueplane.dlq), so one tool serves them all.
+Which DLQ records are still pending is kept as the committed offsets of a consumer group of
+its own (``<group id>.dlq-redrive``): redrive reads from there to the DLQ's end as it was
+when the run started, and commits its position in the same Kafka transaction as the records
+it writes, so a redrive stopped midway and run again neither duplicates nor loses one.
+With ``--where``, records that do not match are copied to the DLQ's end in that transaction,
+so they stay pending for a later redrive while the position moves on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
+
+from queueplane.errors import QueueplaneError, UsageError
+from queueplane.kafka import clients
+from queueplane.kafka.offsets import fetch_committed
+from queueplane.kafka.target import KafkaTarget
+from queueplane.run import dead_letters as dlq
+from queueplane.spec.model import QueueSpec
+
+TXN_TIMEOUT_S = 60.0
+BATCH_S = 1.0  # a redrive transaction spans at most this long (and at most one second of --rate)
+IDLE_END_S = 3.0  # nothing more arrives before the end offsets: transaction markers end the log
+
+
+def redrive_group(queue: QueueSpec) -> str:
+    return f"{queue.group.id}.dlq-redrive"
+
+
+@dataclass
+class DeadLetter:
+    partition: int
+    offset: int
+    key: str | None
+    timestamp_ms: int
+    source: str | None  # topic/partition/offset it came from
+    delivery_count: int | None
+    error_class: str | None
+    error_message: str | None
+    first_attempt_ms: int | None
+    last_attempt_ms: int | None
+    redrive_count: int
+    value_bytes: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("utf-8", "replace") if value is not None else None
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+
+def dead_letter(message: Message) -> DeadLetter:
+    headers = {k: _text(v) or "" for k, v in message.headers() or []}
+    source = None
+    if dlq.HEADER_SOURCE_TOPIC in headers:
+        source = "/".join(
+            headers.get(h, "?")
+            for h in (dlq.HEADER_SOURCE_TOPIC, dlq.HEADER_SOURCE_PARTITION, dlq.HEADER_SOURCE_OFFSET)
+        )
+    return DeadLetter(
+        partition=message.partition(),
+        offset=message.offset(),
+        key=_text(message.key()),
+        timestamp_ms=message.timestamp()[1],
+        source=source,
+        delivery_count=_int(headers.get(dlq.HEADER_DELIVERY_COUNT)),
+        error_class=headers.get(dlq.HEADER_ERROR_CLASS),
+        error_message=headers.get(dlq.HEADER_ERROR_MESSAGE),
+        first_attempt_ms=_int(headers.get(dlq.HEADER_FIRST_ATTEMPT_MS)),
+        last_attempt_ms=_int(headers.get(dlq.HEADER_LAST_ATTEMPT_MS)),
+        redrive_count=_int(headers.get(dlq.HEADER_REDRIVE_COUNT)) or 0,
+        value_bytes=len(message.value() or b""),
+        headers=headers,
+    )
+
+
+def parse_where(items: list[str]) -> list[tuple[str, str]]:
+    """``KEY=VALUE`` filters: ``key`` is the record key; anything else a header, ``queueplane.`` optional."""
+    filters = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--where {item!r}: expected KEY=VALUE, e.g. --where error.class=Timeout")
+        filters.append((name.strip(), value))
+    return filters
+
+
+def matches(message: Message, filters: list[tuple[str, str]]) -> bool:
+    headers = {k: _text(v) for k, v in message.headers() or []}
+    for name, value in filters:
+        actual = _text(message.key()) if name == "key" else headers.get(name, headers.get(f"queueplane.{name}"))
+        if actual != value:
+            return False
+    return True
+
+
+class _DlqReader:
+    """The DLQ's partitions, assigned at the redrive group's position (or the log start)."""
+
+    def __init__(self, target: KafkaTarget, queue: QueueSpec, from_start: bool = False):
+        self.topic = queue.dead_letter.name
+        self.consumer = clients.consumer(
+            target.settings,
+            {"group.id": redrive_group(queue), "enable.auto.commit": False, "isolation.level": "read_committed"},
+        )
+        partitions = range(queue.dead_letter.partitions)
+        committed = {} if from_start else fetch_committed(self.consumer, self.topic, partitions)
+        self.start = {p: committed.get(p) if committed.get(p) is not None else OFFSET_BEGINNING for p in partitions}
+        marks = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=15) for p in partitions}
+        self.ends = {p: marks[p][1] for p in partitions}
+        self.position = {p: o if o >= 0 else marks[p][0] for p, o in self.start.items()}
+        live = [TopicPartition(self.topic, p, self.start[p]) for p in partitions if self.position[p] < self.ends[p]]
+        self.open = {tp.partition for tp in live}
+        if live:
+            self.consumer.assign(live)
+
+    def read(self) -> Message | None:
+        """The next DLQ record before the end offsets of the start, or None when there is none left."""
+        idle_since = time.monotonic()
+        while self.open:
+            message = self.consumer.poll(0.2)
+            if message is None:
+                if time.monotonic() - idle_since > IDLE_END_S:
+                    self.open.clear()  # only transaction markers between the position and the end
+                continue
+            if message.error():
+                continue
+            p = message.partition()
+            if p not in self.open:
+                continue
+            if message.offset() >= self.ends[p]:
+                self.open.discard(p)
+                continue
+            self.position[p] = message.offset() + 1
+            if self.position[p] >= self.ends[p]:
+                self.open.discard(p)
+            return message
+        return None
+
+    def pending(self) -> int:
+        return sum(max(0, self.ends[p] - self.position[p]) for p in self.ends)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def list_dead_letters(
+    target: KafkaTarget, queue: QueueSpec, limit: int = 100, include_redriven: bool = False
+) -> tuple[list[DeadLetter], int]:
+    """DLQ records still pending (from the redrive position; all with ``include_redriven``) and how many there are."""
+    reader = _DlqReader(target, queue, from_start=include_redriven)
+    try:
+        rows: list[DeadLetter] = []
+        pending = 0  # counted by reading: offsets alone would count transaction markers too
+        while (message := reader.read()) is not None:
+            pending += 1
+            if len(rows) < limit:
+                rows.append(dead_letter(message))
+        return rows, pending
+    finally:
+        reader.close()
+
+
+@dataclass
+class RedriveReport:
+    dlq_topic: str
+    moved: int = 0
+    kept: int = 0  # did not match --where: copied to the DLQ's end, still pending
+    transactions: int = 0
+    positions: dict[int, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _redriven(message: Message, source_partitions: dict[str, int]) -> tuple[str, int | None, list[tuple[str, bytes]]]:
+    """Where a DLQ record goes back to, and its headers: the failure's removed, the redrive's added."""
+    headers = list(message.headers() or [])
+    values = {k: _text(v) for k, v in headers}
+    topic = values.get(dlq.HEADER_SOURCE_TOPIC) or ""
+    partition = _int(values.get(dlq.HEADER_SOURCE_PARTITION))
+    if partition is not None and not (0 <= partition < source_partitions.get(topic, 0)):
+        partition = None
+    count = (_int(values.get(dlq.HEADER_REDRIVE_COUNT)) or 0) + 1
+    kept = [(k, v or b"") for k, v in headers if k not in dlq.DLQ_HEADERS and k not in dlq.REDRIVE_HEADERS]
+    origin = f"{message.topic()}/{message.partition()}/{message.offset()}".encode()
+    return topic, partition, [*kept, (dlq.HEADER_REDRIVE_FROM, origin), (dlq.HEADER_REDRIVE_COUNT, str(count).encode())]
+
+
+def redrive(
+    target: KafkaTarget,
+    queue: QueueSpec,
+    rate: float | None = None,
+    where: list[tuple[str, str]] | None = None,
+    on_progress: Callable[[RedriveReport, int], None] = lambda _r, _total: None,
+) -> RedriveReport:
+    """Move pending DLQ records back to their source topic, at most ``rate`` a second."""
+    reader = _DlqReader(target, queue)
+    report = RedriveReport(queue.dead_letter.name)
+    total = reader.pending()
+    producer = clients.producer(
+        target.settings,
+        {"transactional.id": f"queueplane.{redrive_group(queue)}", "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000)},
+    )
+    producer.init_transactions(TXN_TIMEOUT_S)
+    source_partitions = {queue.topic.name: queue.topic.partitions}
+    per_batch = max(1, int(rate)) if rate else 500
+    started, sent = time.monotonic(), 0
+    try:
+        while True:
+            batch: list[Message] = []
+            batch_started = time.monotonic()
+            while len(batch) < per_batch and time.monotonic() - batch_started < BATCH_S:
+                message = reader.read()
+                if message is None:
+                    break
+                batch.append(message)
+            if not batch:
+                break
+            producer.begin_transaction()
+            for message in batch:
+                if rate:  # steady pace: the n-th record no earlier than n / rate seconds after the start
+                    time.sleep(max(0.0, started + sent / rate - time.monotonic()))
+                if where and not matches(message, where):
+                    producer.produce(report.dlq_topic, message.value(), message.key(), headers=message.headers() or [])
+                    report.kept += 1
+                else:
+                    topic, partition, headers = _redriven(message, source_partitions)
+                    kwargs = {"partition": partition} if partition is not None else {}
+                    producer.produce(
+                        topic or queue.topic.name, message.value(), message.key(), headers=headers, **kwargs
+                    )
+                    report.moved += 1
+                sent += 1
+                producer.poll(0)
+            offsets = [TopicPartition(reader.topic, p, o) for p, o in reader.position.items() if o >= 0]
+            producer.send_offsets_to_transaction(offsets, reader.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+            producer.commit_transaction(TXN_TIMEOUT_S)
+            report.transactions += 1
+            report.positions = {tp.partition: tp.offset for tp in offsets}
+            on_progress(report, total)
+    except KafkaException as exc:
+        raise RedriveFailed(
+            f"redrive of {report.dlq_topic} stopped: {exc.args[0].str()}; run it again to go on"
+        ) from None
+    finally:
+        reader.close()
+    return report
+
+
+class RedriveFailed(QueueplaneError):
+    """The cluster refused a redrive transaction; what was committed stays, the rest is still pending."""

@@ -1,0 +1,308 @@
+"""The plan: what the specs want, what the cluster has, and the changes between them.
+
+Planning is a pure function of the specs and a LiveState snapshot, so it is tested
+without a broker and ``apply`` executes exactly what ``plan`` showed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from queueplane.errors import PlanRefused
+from queueplane.kafka import names as kn
+from queueplane.kafka.cluster import LiveConfig, LiveState
+from queueplane.spec.model import QueueSpec
+
+Action = Literal["create", "change", "refuse"]
+Kind = Literal["topic", "partitions", "replication", "topic-config", "group-config"]
+SYMBOLS: dict[str, str] = {"create": "+", "change": "~", "refuse": "!"}
+# The two halves an orchestrator applies as separate steps (each with its own log).
+TOPIC_KINDS: frozenset[str] = frozenset({"topic", "partitions", "replication", "topic-config"})
+GROUP_KINDS: frozenset[str] = frozenset({"group-config"})
+
+
+@dataclass(frozen=True)
+class DesiredTopic:
+    name: str
+    partitions: int
+    replication_factor: int | None
+    config: dict[str, str]
+    role: Literal["queue", "dead-letter", "markers", "output"]
+    spec: str
+    managed: bool = True  # output topics are only created, never altered
+
+
+@dataclass(frozen=True)
+class DesiredGroup:
+    id: str
+    config: dict[str, str]
+    spec: str
+
+
+@dataclass(frozen=True)
+class Change:
+    """One line of the plan."""
+
+    action: Action
+    kind: Kind
+    target: str
+    spec: str
+    field: str = ""
+    old: str | None = None
+    new: str | None = None
+    reason: str = ""
+
+    @property
+    def symbol(self) -> str:
+        return SYMBOLS[self.action]
+
+    def describe(self) -> str:
+        if self.kind == "topic":
+            return self.new or ""
+        if self.action == "refuse":
+            return f"{self.field}: {self.old} -> {self.new}: {self.reason}" if self.field else self.reason
+        if self.old is None:
+            return f"{self.field}={self.new}"
+        return f"{self.field}: {self.old} -> {self.new}"
+
+
+def brief(changes: list[Change], limit: int = 5) -> str:
+    """A few changes in one line, with a count of the rest: error messages stay one paragraph."""
+    shown = "; ".join(f"{c.kind} {c.target} {c.describe()}".rstrip() for c in changes[:limit])
+    return shown + (f"; and {len(changes) - limit} more" if len(changes) > limit else "")
+
+
+@dataclass
+class Plan:
+    cluster: str
+    specs: list[str]
+    changes: list[Change] = field(default_factory=list)
+    # What the "create" lines stand for, for apply (not shown: the change lines say it).
+    new_topics: dict[str, DesiredTopic] = field(default_factory=dict, repr=False)
+
+    @property
+    def refused(self) -> list[Change]:
+        return [c for c in self.changes if c.action == "refuse"]
+
+    @property
+    def actionable(self) -> list[Change]:
+        return [c for c in self.changes if c.action != "refuse"]
+
+    def raise_if_refused(self) -> None:
+        """Refusals block the whole apply, so a half-applied spec never happens by design."""
+        if self.refused:
+            raise PlanRefused(
+                f"the plan has {len(self.refused)} refused change(s); nothing was applied: {brief(self.refused)}"
+            )
+
+    def only(self, kinds: frozenset[str]) -> Plan:
+        """The changes of these kinds; refusals of every kind stay, so a part never applies past one."""
+        kept = [c for c in self.changes if c.kind in kinds or c.action == "refuse"]
+        return Plan(self.cluster, self.specs, kept, {n: t for n, t in self.new_topics.items() if "topic" in kinds})
+
+    def counts(self) -> dict[str, int]:
+        return {a: sum(1 for c in self.changes if c.action == a) for a in SYMBOLS}
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "cluster": self.cluster,
+            "specs": self.specs,
+            "summary": self.counts(),
+            "changes": [asdict(c) for c in self.changes],
+        }
+
+
+def share_group_configs(queue: QueueSpec) -> dict[str, str]:
+    """The GROUP configs a share spec manages."""
+    group = queue.group
+    return {
+        kn.SHARE_LOCK_DURATION_MS: str(group.lock_duration_ms),
+        kn.SHARE_DELIVERY_COUNT_LIMIT: str(group.delivery_limit),
+        kn.SHARE_MAX_RECORD_LOCKS: str(group.max_in_flight),
+        kn.SHARE_AUTO_OFFSET_RESET: group.start_from,
+    }
+
+
+def desired_state(queues: list[QueueSpec]) -> tuple[list[DesiredTopic], list[DesiredGroup]]:
+    topics: list[DesiredTopic] = []
+    groups: list[DesiredGroup] = []
+    owned = {name for q in queues for _, name in q.owned_topics()}
+    for q in queues:
+        topics.append(
+            DesiredTopic(
+                q.topic.name, q.topic.partitions, q.topic.replication_factor, q.topic.config, "queue", q.source
+            )
+        )
+        topics.append(
+            DesiredTopic(
+                q.dead_letter.name,
+                q.dead_letter.partitions,
+                q.dead_letter.replication_factor,
+                q.dead_letter.config,
+                "dead-letter",
+                q.source,
+            )
+        )
+        if q.markers is not None:
+            topics.append(
+                DesiredTopic(
+                    q.markers.name,
+                    q.markers.partitions,
+                    q.markers.replication_factor,
+                    q.markers.config,
+                    "markers",
+                    q.source,
+                )
+            )
+        if q.output_topic and q.output_topic not in owned:
+            owned.add(q.output_topic)  # two specs writing one output topic create it once
+            topics.append(
+                DesiredTopic(
+                    q.output_topic,
+                    q.topic.partitions,
+                    q.topic.replication_factor,
+                    {},
+                    "output",
+                    q.source,
+                    managed=False,
+                )
+            )
+        if q.group.type == "share":
+            groups.append(DesiredGroup(q.group.id, share_group_configs(q), q.source))
+    return topics, groups
+
+
+def _topic_summary(topic: DesiredTopic, default_rf: str | None) -> str:
+    rf = topic.replication_factor if topic.replication_factor is not None else f"{default_rf or '?'} (cluster default)"
+    parts = [f"partitions={topic.partitions}", f"replicationFactor={rf}"]
+    parts += [f"{k}={v}" for k, v in sorted(topic.config.items())]
+    if topic.role != "queue":
+        parts.append(f"({topic.role})")
+    return " ".join(parts)
+
+
+def _config_changes(
+    kind: Kind, target: str, spec: str, wanted: dict[str, str], live: dict[str, LiveConfig]
+) -> list[Change]:
+    out = []
+    for key, value in sorted(wanted.items()):
+        current = live.get(key)
+        if current is None:
+            out.append(Change("change", kind, target, spec, key, None, value))
+        elif current.value != value:
+            out.append(Change("change", kind, target, spec, key, current.value, value))
+        elif not current.explicit:
+            # Same value, but inherited: pin it so a changed cluster default cannot move it.
+            out.append(Change("change", kind, target, spec, key, f"{current.value} (inherited)", value))
+    return out
+
+
+def _group_changes(group: DesiredGroup, live: LiveState) -> list[Change]:
+    if not live.group_config_names:
+        return [
+            Change(
+                "refuse",
+                "group-config",
+                group.id,
+                group.spec,
+                reason="the cluster has no GROUP configs (Kafka < 4.0): it cannot run share groups",
+            )
+        ]
+    wanted: dict[str, str] = {}
+    out: list[Change] = []
+    for key, value in group.config.items():
+        if key in live.group_config_names:
+            wanted[key] = value
+            continue
+        fallback = kn.BROKER_FALLBACK_FOR_GROUP_CONFIG.get(key)
+        broker_value = live.broker_configs.get(fallback) if fallback else None
+        if broker_value == value:
+            continue  # not settable per group, but the broker-wide value already matches
+        out.append(
+            Change(
+                "refuse",
+                "group-config",
+                group.id,
+                group.spec,
+                key,
+                broker_value,
+                value,
+                f"this broker cannot hold {key} per group; the broker-wide {fallback} applies "
+                f"(upgrade to Kafka 4.3 or newer, or set {fallback}={value} on the brokers)"
+                if fallback
+                else f"this broker has no GROUP config {key} (share groups need Kafka 4.2 or newer)",
+            )
+        )
+    out += _config_changes("group-config", group.id, group.spec, wanted, live.group_configs.get(group.id, {}))
+    return out
+
+
+def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
+    """Every change needed to make the cluster match the specs; refusals for what must not change."""
+    topics, groups = desired_state(queues)
+    plan = Plan(cluster_label, sorted({q.source for q in queues}))
+    brokers = len(live.broker_ids)
+    for topic in topics:
+        existing = live.topics.get(topic.name)
+        if existing is None:
+            if topic.replication_factor is not None and topic.replication_factor > brokers:
+                plan.changes.append(
+                    Change(
+                        "refuse",
+                        "topic",
+                        topic.name,
+                        topic.spec,
+                        "replicationFactor",
+                        None,
+                        str(topic.replication_factor),
+                        f"the cluster has {brokers} broker(s); a topic cannot have more replicas than brokers",
+                    )
+                )
+                continue
+            plan.changes.append(
+                Change(
+                    "create",
+                    "topic",
+                    topic.name,
+                    topic.spec,
+                    new=_topic_summary(topic, live.broker_configs.get(kn.BROKER_DEFAULT_REPLICATION)),
+                )
+            )
+            plan.new_topics[topic.name] = topic
+            continue
+        if not topic.managed:
+            continue
+        if topic.partitions != existing.partitions:
+            grow = topic.partitions > existing.partitions
+            plan.changes.append(
+                Change(
+                    "change" if grow else "refuse",
+                    "partitions",
+                    topic.name,
+                    topic.spec,
+                    "partitions",
+                    str(existing.partitions),
+                    str(topic.partitions),
+                    "" if grow else "Kafka cannot remove partitions; keep the count or create a new topic",
+                )
+            )
+        if topic.replication_factor is not None and topic.replication_factor != existing.replication_factor:
+            plan.changes.append(
+                Change(
+                    "refuse",
+                    "replication",
+                    topic.name,
+                    topic.spec,
+                    "replicationFactor",
+                    str(existing.replication_factor),
+                    str(topic.replication_factor),
+                    "queueplane does not move replicas; use kafka-reassign-partitions, then update the spec",
+                )
+            )
+        plan.changes += _config_changes(
+            "topic-config", topic.name, topic.spec, topic.config, live.topic_configs.get(topic.name, {})
+        )
+    for group in groups:
+        plan.changes += _group_changes(group, live)
+    return plan

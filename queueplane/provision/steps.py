@@ -1,0 +1,96 @@
+"""The provisioning steps as functions: what the CLI, the Airflow operators and tests call.
+
+Specs are checked offline first (schema and rules that need no broker), so a broken
+spec is reported without touching the network; then the rules that depend on the
+connected broker's limits run against the real numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from queueplane.kafka.cluster import Cluster
+from queueplane.kafka.target import KafkaTarget
+from queueplane.provision.apply import ApplyFailed, ApplyReport, apply_plan
+from queueplane.provision.plan import Plan, brief, desired_state, diff
+from queueplane.spec.cache import SpecCache
+from queueplane.spec.files import expand_paths, read_spec_file
+from queueplane.spec.model import QueueSpec
+from queueplane.spec.rules import Loaded, ShareBounds, check_files
+
+VERIFY_TIMEOUT_S = 120.0
+
+
+def check_specs(paths: list[str]) -> Loaded:
+    """Read and check every spec under ``paths`` without broker bounds, reusing earlier verdicts."""
+    cache = SpecCache()
+    files = [read_spec_file(p, cache.lookup) for p in expand_paths(paths)]
+    loaded = check_files(files, None)
+    cache.remember(files)
+    return loaded
+
+
+def validate(paths: list[str], target: KafkaTarget | None = None) -> list[QueueSpec]:
+    """Valid queues under ``paths``; raises SpecInvalid with every problem. Connects only if given a target."""
+    loaded = check_specs(paths)
+    if target is None:
+        return loaded.with_bounds(ShareBounds()).raise_if_invalid()
+    loaded.raise_if_invalid()
+    return loaded.with_bounds(broker_bounds(Cluster(target))).raise_if_invalid()
+
+
+def broker_bounds(cluster: Cluster) -> ShareBounds:
+    return ShareBounds.from_broker_configs(cluster.broker_configs(), cluster.target.label)
+
+
+@dataclass
+class Planned:
+    queues: list[QueueSpec]
+    plan: Plan
+    cluster: Cluster
+
+
+def plan(paths: list[str], target: KafkaTarget) -> Planned:
+    """Check the specs, read the cluster in batched requests, and diff."""
+    loaded = check_specs(paths)
+    loaded.raise_if_invalid()
+    cluster = Cluster(target)
+    return plan_queues(loaded.with_bounds(broker_bounds(cluster)).raise_if_invalid(), cluster)
+
+
+def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
+    topics, groups = desired_state(queues)
+    configured = {t.name: list(t.config) for t in topics if t.managed and t.config}
+    live = cluster.read_state([t.name for t in topics], [g.id for g in groups], configured)
+    label = f"{cluster.target.label}, {len(cluster.broker_ids)} broker(s)"
+    return Planned(queues, diff(queues, live, label), cluster)
+
+
+def apply(
+    planned: Planned,
+    on_step: Callable[[str, int], None] = lambda _s, _n: None,
+    kinds: frozenset[str] | None = None,
+) -> ApplyReport:
+    """Apply the plan (only changes of ``kinds`` if given), then read the cluster back until it matches.
+
+    Brokers pick up config changes from the metadata log a moment after the controller
+    accepts them; reading back makes "apply finished" mean "a new plan is empty".
+    """
+    plan = planned.plan.only(kinds) if kinds is not None else planned.plan
+    report = apply_plan(planned.cluster, plan, on_step)
+    on_step("waiting for the brokers to show the changes", 0)
+    deadline = time.monotonic() + VERIFY_TIMEOUT_S
+    while True:
+        remaining = plan_queues(planned.queues, planned.cluster).plan
+        remaining = (remaining.only(kinds) if kinds is not None else remaining).changes
+        if not remaining:
+            return report
+        if time.monotonic() > deadline:
+            raise ApplyFailed(
+                f"every change was accepted, but after {VERIFY_TIMEOUT_S:.0f}s the cluster still differs: "
+                f"{brief(remaining)}",
+                report,
+            )
+        time.sleep(0.2)

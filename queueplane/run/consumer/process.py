@@ -1,0 +1,131 @@
+"""What one Python worker process keeps for a consumer-group queue: settings, producer, group, transactions.
+
+The group consumer only reads and commits offsets (Spark's Kafka source does the fetching);
+with exactlyOnce, one transactional producer per input partition writes outputs, DLQ records
+and offsets together (KIP-447), its id stable so a newer task fences an older one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from queueplane.kafka import clients
+from queueplane.kafka.offsets import fetch_committed
+from queueplane.run.handler import Handler, load_handler
+from queueplane.run.outcomes import (
+    ProducedRecord,
+    produce,
+)
+from queueplane.run.processes import ServedProducer
+from queueplane.run.settings import JsonSettings
+
+log = logging.getLogger("queueplane.worker")
+
+TXN_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ConsumerSettings(JsonSettings):
+    """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
+
+    kafka: dict[str, str]
+    queue: str
+    group_id: str
+    dlq_topic: str
+    output_topic: str | None
+    lock_ms: int
+    delivery_limit: int
+    handler: str
+    ordering: str
+    slots: int
+    slot_queue: int
+    backoff_ms: int
+    max_backoff_ms: int
+    exactly_once: bool
+    commit_interval_ms: int = 1000
+    search_paths: list[str] = field(default_factory=list)
+
+    def transactional_id(self, topic: str, partition: int) -> str:
+        """Stable per input partition: a new task's producer fences the one a dead task left behind."""
+        return f"queueplane.{self.group_id}.{topic}.{partition}"
+
+
+class WorkerProcess:
+    """One per Python worker process and queue: the handler, the plain producer, the group's committer."""
+
+    def __init__(self, settings: ConsumerSettings):
+        self.settings = settings
+        self.handler: Handler = load_handler(settings.handler, settings.search_paths)
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2)
+        self.producer = self.delivery.producer
+        # Never subscribes: it reads and commits the group's offsets, and lends its group metadata
+        # to transactions. read_committed makes committed() wait for offsets of open transactions.
+        self.group = clients.consumer(
+            settings.kafka,
+            {"group.id": settings.group_id, "enable.auto.commit": False, "isolation.level": "read_committed"},
+        )
+
+    def committed(self, topic: str, partition: int) -> int | None:
+        return fetch_committed(self.group, topic, [partition])[partition]
+
+    def commit(self, topic: str, partition: int, offset: int) -> None:
+        self.group.commit(offsets=[TopicPartition(topic, partition, offset)], asynchronous=False)
+
+    def close(self) -> None:
+        self.delivery.close()
+        with contextlib.suppress(Exception):
+            self.group.close()
+
+
+def transactional_producer(settings: ConsumerSettings, topic: str, partition: int) -> Producer:
+    """The partition's transactional producer, initialised.
+
+    init_transactions fences any earlier producer with this id and aborts its open
+    transaction, so what a dead task left half-written is never read by read_committed
+    consumers, and the group's committed offset for the partition is settled.
+    """
+    producer = clients.producer(
+        settings.kafka,
+        {
+            "transactional.id": settings.transactional_id(topic, partition),
+            "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
+            "linger.ms": 5,
+        },
+    )
+    producer.init_transactions(TXN_TIMEOUT_S)
+    return producer
+
+
+class TransactionalWriter:
+    """A transactional producer for one input partition: outputs and offsets land together or not at all."""
+
+    def __init__(self, process: WorkerProcess, topic: str, partition: int):
+        self.process = process
+        self.producer = transactional_producer(process.settings, topic, partition)
+
+    def commit(self, records: list[ProducedRecord], offset: TopicPartition) -> None:
+        for attempt in range(1, 4):
+            try:
+                self.producer.begin_transaction()
+                for item in records:
+                    produce(self.producer, item, serve=True)
+                self.producer.send_offsets_to_transaction(
+                    [offset], self.process.group.consumer_group_metadata(), TXN_TIMEOUT_S
+                )
+                self.producer.commit_transaction(TXN_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if error.txn_requires_abort() and attempt < 3:
+                    log.warning("transaction for %s aborted, trying again: %s", offset, error)
+                    self.producer.abort_transaction(TXN_TIMEOUT_S)
+                    continue
+                raise
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.producer.flush(5)

@@ -1,0 +1,168 @@
+"""A key slot of the consumer-group runtime: one thread handling its records in order, retrying in place."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from queueplane.run.consumer.process import ConsumerSettings, WorkerProcess
+from queueplane.run.dead_letters import Failure
+from queueplane.run.handler import Record, Reject, outputs_of
+from queueplane.run.outcomes import (
+    ACCEPTED,
+    RELEASED,
+    ProducedRecord,
+    output_record,
+)
+from queueplane.run.retry import retry_delay_ms
+
+log = logging.getLogger("queueplane.worker")
+
+
+class SlotOwner(Protocol):
+    """What a slot needs of its partition's task: settings, the handler, and where results go."""
+
+    settings: ConsumerSettings
+    process: WorkerProcess
+
+    def inflight(self, step: int) -> int: ...
+
+    def report(
+        self, record: Record, outcome: str, failure: Failure | None, latency_ms: float, inflight: int
+    ) -> None: ...
+
+    def settle(
+        self,
+        record: Record,
+        outcome: str,
+        failure: Failure | None,
+        produced: list[ProducedRecord],
+        latency_ms: float,
+        inflight: int,
+    ) -> None: ...
+
+    def dead_letter(
+        self, record: Record, failure: Failure, first_ms: int, latency_ms: float, inflight: int
+    ) -> None: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+
+@dataclass
+class Call:
+    record: Record
+    attempt: int
+    first_ms: int
+    started: float
+
+
+class Slot:
+    """One thread handling its records in order; the watchdog replaces it when a call passes its deadline.
+
+    Records arrive in chunks (one queue hand-off per chunk, not per record: waking a thread
+    per record cost more than a trivial handler). ``backlog`` holds the taken chunk's records
+    not yet started, so a thread that replaces a stuck one carries on where it stopped.
+
+    A Python thread cannot be stopped: a call past ``lockDuration`` keeps its thread, which
+    exits when the call returns and drops the result (``generation`` moved on), while a new
+    thread carries on with the record's next attempt and the rest of the backlog.
+    """
+
+    DEPTH = 4  # chunks a slot's queue holds: the reader fills the next ones while the slot works
+
+    def __init__(self, task: SlotOwner, index: int):
+        self.task = task
+        self.index = index
+        self.queue: queue.Queue[list[Record] | None] = queue.Queue(maxsize=self.DEPTH)
+        self.backlog: deque[Record] = deque()
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.current: Call | None = None
+        self.finished = threading.Event()
+        self._start(None)
+
+    def _start(self, resume: tuple[Record, int, int, float] | None) -> None:
+        gen = self.generation
+        threading.Thread(target=self._loop, args=(gen, resume), name=f"qp-slot-{self.index}", daemon=True).start()
+
+    def _loop(self, gen: int, resume: tuple[Record, int, int, float] | None) -> None:
+        try:
+            if resume is not None and not self._handle(gen, *resume):
+                return
+            backlog = self.backlog
+            while True:
+                if not backlog:
+                    chunk = self.queue.get()
+                    if chunk is None:
+                        self.finished.set()
+                        return
+                    backlog.extend(chunk)
+                if not self._handle(gen, backlog.popleft(), 1, int(time.time() * 1000), 0.0):
+                    return
+        except BaseException as exc:  # a bug here must fail the task, not hang it
+            self.task.fail(exc)
+            self.finished.set()
+
+    def _handle(self, gen: int, record: Record, attempt: int, first_ms: int, wait_ms: float) -> bool:
+        """Attempts of one record until it ends; False when the watchdog took this thread's place."""
+        s = self.task.settings
+        while True:
+            if wait_ms:
+                time.sleep(wait_ms / 1000)
+            delivery = record if record.delivery_count == attempt else replace(record, delivery_count=attempt)
+            started = time.monotonic()
+            with self.lock:
+                if gen != self.generation:
+                    return False
+                self.current = Call(delivery, attempt, first_ms, started)
+            inflight = self.task.inflight(+1)
+            final = False
+            failure: Failure | None = None
+            outputs: list[ProducedRecord] = []
+            try:
+                result = self.task.process.handler(delivery)
+                outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
+            except Reject as exc:
+                failure, final = Failure.of(exc), True
+            except Exception as exc:  # Retry and any other exception: another attempt, unless this was the last
+                failure = Failure.of(exc)
+            finally:
+                self.task.inflight(-1)
+            with self.lock:
+                if gen != self.generation:
+                    return False  # the deadline passed; the watchdog already counted this attempt
+                self.current = None
+            latency_ms = (time.monotonic() - started) * 1000
+            if failure is None:
+                self.task.settle(delivery, ACCEPTED, None, outputs, latency_ms, inflight)
+                return True
+            if final or attempt >= s.delivery_limit:
+                self.task.dead_letter(delivery, failure, first_ms, latency_ms, inflight)
+                return True
+            self.task.report(delivery, RELEASED, failure, latency_ms, inflight)
+            attempt += 1
+            wait_ms = retry_delay_ms(attempt - 1, s.backoff_ms, s.max_backoff_ms)
+
+    def watch(self, now: float) -> None:
+        """Give up on a call past its deadline: count the attempt failed and go on in a new thread."""
+        s = self.task.settings
+        with self.lock:
+            call = self.current
+            if call is None or now - call.started < s.lock_ms / 1000:
+                return
+            self.generation += 1
+            self.current = None
+        failure = Failure("Timeout", f"handler ran past its deadline of {s.lock_ms / 1000:g}s")
+        latency_ms = (now - call.started) * 1000
+        if call.attempt >= s.delivery_limit:
+            self.task.dead_letter(call.record, failure, call.first_ms, latency_ms, 0)
+            self._start(None)
+            return
+        self.task.report(call.record, RELEASED, failure, latency_ms, 0)
+        delay = retry_delay_ms(call.attempt, s.backoff_ms, s.max_backoff_ms)
+        self._start((call.record, call.attempt + 1, call.first_ms, delay))

@@ -1,0 +1,233 @@
+"""The worker on the driver: starts the streaming query of a queue's runtime and watches it.
+
+`queueplane run` (local mode) and the chart's spark-submit entrypoint both come here. The
+driver knows no group type: what differs between them is behind ``QueueRuntime``.
+The query's rows are outcomes; a foreachBatch sink on the driver turns them into
+counters, Prometheus metrics, one progress line per batch, and the exit summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+from queueplane.errors import QueueplaneError
+from queueplane.kafka.lag import total_lag
+from queueplane.kafka.target import KafkaTarget
+from queueplane.run.group_types import runtime_class
+from queueplane.run.metrics import WorkerMetrics
+from queueplane.run.options import BatchProgress, RunOptions, RunSummary
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
+from queueplane.run.scaling.controller import ExecutorController
+from queueplane.run.session import ship_handler_modules, spark_session
+from queueplane.spec.model import QueueSpec
+
+log = logging.getLogger("queueplane.worker")
+STOP_WAIT_S = 60.0
+
+
+class WorkerFailed(QueueplaneError):
+    """The streaming query stopped with an error."""
+
+
+class DrainRequests:
+    """Why the next micro-batches drain: the drain file exists while any reason is pending.
+
+    Stopping and scaling down both need every process settled and reported before they act;
+    each asks under its own reason, so one finishing does not cancel the other's drain.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._reasons: set[str] = set()
+
+    def request(self, reason: str) -> None:
+        self._reasons.add(reason)
+        self.path.touch()
+
+    def release(self, reason: str) -> None:
+        self._reasons.discard(reason)
+        if not self._reasons:
+            self.path.unlink(missing_ok=True)
+
+
+class BacklogWatcher:
+    """Reads the queue's backlog in the background, so no micro-batch waits for a broker round trip."""
+
+    INTERVAL_S = 1.0
+
+    def __init__(self, read: Callable[[], dict[int, int | None] | None]):
+        self.read = read
+        self.latest: dict[int, int | None] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="qp-backlog", daemon=True)
+
+    def start(self) -> None:
+        self.latest = self.read()
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            try:
+                self.latest = self.read()
+            except Exception as exc:  # lag is advisory: a failed read must not stop the worker
+                log.warning("backlog read failed: %s", exc)
+                self.latest = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_queue(
+    queue: QueueSpec,
+    target: KafkaTarget,
+    options: RunOptions,
+    on_batch: Callable[[BatchProgress], None] = lambda _p: None,
+    backlog: Callable[[], dict[int, int | None] | None] = lambda: None,
+) -> RunSummary:
+    """Run the worker until a stop condition holds; return what it did."""
+    runtime = runtime_class(queue)(queue, target, options)
+    spark = spark_session(runtime)
+    if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
+        ship_handler_modules(spark, queue)
+    # Runtimes that drain: once it exists, the next micro-batch settles and reports what executors hold.
+    drain = DrainRequests(Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain")
+    controller = ExecutorController(
+        spark,
+        queue,
+        executor_cap=runtime.executor_cap(queue),
+        drain=drain if runtime.drains else None,
+        **options.scaling,
+    )
+    metrics = WorkerMetrics(queue.name)
+    controller.on_executors = metrics.set_executors
+    if options.metrics_port is not None:
+        metrics.serve(options.metrics_port, options.metrics_host)
+
+    counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
+    dead: list[dict[str, Any]] = []
+    state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "draining": False}
+    started = time.monotonic()
+    stop_requested, may_return = threading.Event(), threading.Event()
+    watcher = BacklogWatcher(backlog)
+
+    def sink(frame: Any, batch_id: int) -> None:
+        # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
+        # time between two micro-batches (when executors idle) stays short.
+        table = frame.toArrow()
+        outcome_column = table.column("outcome").to_pylist()
+        batch_counts = Counter(outcome_column)
+        counts.update(batch_counts)
+        if batch_counts[DEAD_LETTERED]:
+            mask = pc.equal(table.column("outcome"), DEAD_LETTERED)
+            for row in table.filter(mask).select(["partition", "offset", "key", "delivery_count", "error"]).to_pylist():
+                dead.append(row)
+        metrics.observe(batch_counts, table)
+        runtime.after_batch(table)
+        lag = watcher.latest
+        total = total_lag(lag)
+        metrics.set_backlog(lag)
+        state["batches"] += 1
+        if table.num_rows:
+            state["last_activity"] = time.monotonic()
+        elapsed = time.monotonic() - started
+        log.info(
+            "batch %d: %d accepted, %d released, %d dlq (totals %d/%d/%d), backlog %s, %.0f records/s",
+            batch_id,
+            batch_counts[ACCEPTED],
+            batch_counts[RELEASED],
+            batch_counts[DEAD_LETTERED],
+            counts[ACCEPTED],
+            counts[RELEASED],
+            counts[DEAD_LETTERED],
+            "?" if total is None else total,
+            sum(counts[o] for o in FINAL_OUTCOMES) / max(elapsed, 1e-6),
+        )
+        controller.on_batch(sum(batch_counts[o] for o in FINAL_OUTCOMES), lag)
+        on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total, elapsed))
+        if state["draining"] or (should_stop(lag) and not runtime.drains):
+            # A draining runtime: that was the draining batch, every process has settled and reported
+            # what it held. Hold the stream thread here, between batches, while the query stops.
+            stop_requested.set()
+            may_return.wait(STOP_WAIT_S)
+        elif should_stop(lag):
+            drain.request("stop")  # the next batch drains the executors
+            state["draining"] = True
+
+    def should_stop(lag: dict[int, int | None] | None) -> bool:
+        final = sum(counts[o] for o in FINAL_OUTCOMES)
+        if options.max_records is not None and final >= options.max_records:
+            return True
+        idle = time.monotonic() - state["last_activity"]
+        # Drained: the broker says no lag; where lag cannot be read at all, idleness alone decides.
+        drained = (lag is None or total_lag(lag) == 0) and runtime.idle()
+        if options.until_idle_s is not None and idle >= options.until_idle_s and drained:
+            return True
+        return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
+
+    watcher.start()
+    runtime.start(spark)
+    ceiling = controller.policy.ceiling if controller.enabled else None
+    query = (
+        runtime.stream(spark, drain.path, ceiling)
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", runtime.checkpoint())
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        last_look = time.monotonic()
+        while query.isActive and not stop_requested.is_set():
+            if query.awaitTermination(0.25):
+                break
+            if runtime.failed():
+                break
+            # A source that runs no batch while there is nothing new never lets the sink see the
+            # queue idle: look between batches here.
+            if runtime.batches_only_on_input and time.monotonic() - last_look >= 1.0:
+                last_look = time.monotonic()
+                if not query.status["isTriggerActive"]:
+                    lag = watcher.latest
+                    metrics.set_backlog(lag)
+                    if should_stop(lag):
+                        stop_requested.set()
+        if stop_requested.is_set():
+            stopper = threading.Thread(target=query.stop, name="qp-stop")
+            stopper.start()
+            time.sleep(0.5)
+            may_return.set()
+            stopper.join()
+        error = query.exception() or runtime.failed()
+        if error is not None:
+            raise WorkerFailed(f"the streaming query of {queue.name} failed: {str(error).splitlines()[0]}")
+    finally:
+        may_return.set()
+        if query.isActive:
+            query.stop()
+        runtime.stop(counts, dead)
+        metrics.stop()
+        watcher.stop()
+    duration = time.monotonic() - started
+    lag = backlog()
+    spark.stop()
+    final = sum(counts[o] for o in FINAL_OUTCOMES)
+    return RunSummary(
+        queue=queue.name,
+        group_type=queue.group.type,
+        counts=dict(counts),
+        dead_lettered=dead,
+        duration_s=round(duration, 2),
+        batches=state["batches"],
+        records_per_s=round(final / duration, 1) if duration else 0.0,
+        lag_at_exit=total_lag(lag),
+        lag_by_partition={str(p): n for p, n in (lag or {}).items()},
+        scaling=controller.decisions,
+    )

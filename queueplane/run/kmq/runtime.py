@@ -1,0 +1,216 @@
+"""kmq on the driver: the worker's streaming query and the redelivery tracker's, side by side.
+
+The worker reads the queue topic with Spark's Kafka source; ``minPartitions`` above the
+partition count makes the source split a partition's offset range over several tasks (kmq
+keeps no order, so any task may take any slice). The tracker reads the markers topic
+(``tracker.py``). Both run in one Spark application; the group's offsets are committed by the
+driver once a batch is done.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+from confluent_kafka import TopicPartition
+
+from queueplane.kafka import clients
+from queueplane.kafka.target import KafkaTarget
+from queueplane.paths import home_dir
+from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_source, starting_offsets, with_kafka_connector
+from queueplane.run.kmq import markers as km
+from queueplane.run.kmq.tasks import KmqSettings, run_range
+from queueplane.run.kmq.tracker import (
+    GIVE_UP,
+    STATE_STORE_PROVIDER,
+    Expired,
+    Redeliverer,
+    tracker_interval_ms,
+    tracker_stream,
+)
+from queueplane.run.options import RunOptions
+from queueplane.run.outcomes import DEAD_LETTERED, OUTCOME_SCHEMA, REDELIVERED, key_text
+from queueplane.run.runtime import QueueRuntime
+from queueplane.run.settings import common_settings
+from queueplane.spec.model import QueueSpec
+
+log = logging.getLogger("queueplane.worker")
+
+
+def kmq_settings(queue: QueueSpec, target: KafkaTarget, tasks: int) -> KmqSettings:
+    """``processing.concurrency`` is per executor; its ``tasks`` Python processes split it."""
+    assert queue.markers is not None
+    return KmqSettings(
+        **common_settings(queue, target),
+        markers_topic=queue.markers.name,
+        threads=max(1, -(-queue.concurrency // max(1, tasks))),
+        backoff_ms=queue.retry_backoff_ms,
+        max_backoff_ms=queue.retry_max_backoff_ms,
+    )
+
+
+def batch_records(queue: QueueSpec, requested: int | None) -> int:
+    """Records per micro-batch: all of them get start markers at once, so maxInFlight per partition bounds it."""
+    return requested or queue.group.max_in_flight * queue.topic.partitions
+
+
+def checkpoint_root(queue: QueueSpec, requested: str | None) -> Path:
+    """Where both queries keep their checkpoints. The tracker's state must survive a restart, so the
+    default is a folder per group under queueplane's home, not a temporary one."""
+    if requested:
+        return Path(requested)
+    return home_dir() / "checkpoints" / queue.group.id
+
+
+class GroupCommitter:
+    """Commits the group's offsets after a worker batch: past every record the batch handled."""
+
+    def __init__(self, queue: QueueSpec, target: KafkaTarget):
+        self.topic = queue.topic.name
+        self.consumer = clients.consumer(target.settings, {"group.id": queue.group.id, "enable.auto.commit": False})
+
+    def commit(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        ends = table.group_by("partition").aggregate([("offset", "max")])
+        offsets = [
+            TopicPartition(self.topic, int(p), int(o) + 1)
+            for p, o in zip(ends.column("partition").to_pylist(), ends.column("offset_max").to_pylist(), strict=True)
+        ]
+        self.consumer.commit(offsets=offsets, asynchronous=False)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def open_deliveries(tracker_query: Any, since: float) -> int | None:
+    """Deliveries the tracker watches (its state rows) as of its last batch, if that batch began after
+    ``since`` (epoch seconds) and so saw every marker written before; else None."""
+    progress = tracker_query.lastProgress
+    if not progress or not progress.get("stateOperators"):
+        return None
+    began = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+    if began <= since:
+        return None
+    return int(progress["stateOperators"][0].get("numRowsTotal", 0))
+
+
+class KmqRuntime(QueueRuntime):
+    """The worker query beside the tracker query; the group's offsets committed after worker batches.
+
+    The tracker's sink runs on its own driver thread, so it keeps its own counts; the run's
+    summary takes them in when both queries have stopped.
+    """
+
+    group_type: ClassVar[str] = "kmq"
+    shuffle_partitions: ClassVar[int] = 1  # the tracker is the only shuffle: one stateful partition, one Python worker
+
+    def __init__(self, queue: QueueSpec, target: KafkaTarget, options: RunOptions):
+        super().__init__(queue, target, options)
+        self.counts: Counter[str] = Counter()
+        self.dead: list[dict[str, Any]] = []
+        self.committer = GroupCommitter(queue, target)
+        self.redeliverer = Redeliverer(queue, target)
+        self.tracker: Any = None
+        self.last_worker_batch = time.time()
+        self.root = checkpoint_root(queue, options.checkpoint_dir)
+
+    def configure(self, builder: Any) -> Any:
+        return with_kafka_connector(builder).config(
+            "spark.sql.streaming.stateStore.providerClass", STATE_STORE_PROVIDER
+        )
+
+    def local_threads(self) -> int:
+        """A task per partition at least (handlers mostly wait), and the tracker's one task beside them."""
+        return self.options.tasks or max(os.cpu_count() or 2, self.queue.topic.partitions) + 1
+
+    def checkpoint(self) -> str:
+        return str(self.root / "worker")
+
+    def start(self, spark: Any) -> None:
+        interval_ms = tracker_interval_ms(self.queue.group.lock_duration_ms)
+        self.tracker = (
+            tracker_stream(spark, self.queue, self.target)
+            .writeStream.foreachBatch(self._tracker_batch)
+            .option("checkpointLocation", str(self.root / "tracker"))
+            .trigger(processingTime=f"{interval_ms} milliseconds")
+            .queryName(f"{self.queue.name}-tracker")
+            .start()
+        )
+
+    def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
+        queue, target = self.queue, self.target
+        tasks = self.options.tasks or spark.sparkContext.defaultParallelism
+        reader = (
+            kafka_source(spark, target, queue.topic.name)
+            .option("startingOffsets", starting_offsets(target, queue))
+            .option("includeHeaders", "true")
+            .option("maxOffsetsPerTrigger", str(batch_records(queue, self.options.max_batch_records)))
+            .option("minPartitions", str(max(tasks, queue.topic.partitions)))
+        )
+        settings_json = kmq_settings(queue, target, tasks).to_json()
+        return (
+            reader.load()
+            .selectExpr(*INPUT_COLUMNS)
+            .mapInArrow(functools.partial(run_range, settings_json), OUTCOME_SCHEMA)
+        )
+
+    def _tracker_batch(self, frame: Any, batch_id: int) -> None:
+        rows = frame.collect()
+        if not rows:
+            return
+        expired = []
+        for row in rows:
+            partition, offset = km.parse_id(row.id)
+            expired.append(Expired(partition, offset, row.delivery_count, row.action))
+        done = self.redeliverer.handle(expired)
+        for record, item in done:
+            if item.action == GIVE_UP:
+                self.counts[DEAD_LETTERED] += 1
+                self.dead.append(
+                    {
+                        "partition": record.partition,
+                        "offset": record.offset,
+                        "key": key_text(record),
+                        "delivery_count": item.delivery_count,
+                        "error": "Timeout: delivery not ended within lockDuration",
+                    }
+                )
+            else:
+                self.counts[REDELIVERED] += 1
+        log.info(
+            "tracker batch %d: %d redelivered, %d dead-lettered (totals %d/%d)",
+            batch_id,
+            sum(1 for _, i in done if i.action != GIVE_UP),
+            sum(1 for _, i in done if i.action == GIVE_UP),
+            self.counts[REDELIVERED],
+            self.counts[DEAD_LETTERED],
+        )
+
+    def after_batch(self, table: pa.Table) -> None:  # type: ignore[override]
+        self.committer.commit(table)
+        self.last_worker_batch = time.time()
+
+    def idle(self) -> bool:
+        """No delivery open in the tracker: nothing can still come back."""
+        return self.tracker is not None and open_deliveries(self.tracker, self.last_worker_batch) == 0
+
+    def failed(self) -> BaseException | None:
+        if self.tracker is None or self.tracker.isActive:
+            return None
+        return self.tracker.exception()
+
+    def stop(self, counts: Counter[str], dead: list[dict[str, Any]]) -> None:
+        if self.tracker is not None and self.tracker.isActive:
+            self.tracker.stop()
+        self.redeliverer.close()
+        self.committer.close()
+        counts.update(self.counts)
+        dead.extend(self.dead)

@@ -1,0 +1,276 @@
+"""The kmq runtime inside Spark's Python workers: one task is any offset range of the queue topic.
+
+A task writes the ``start`` markers of all its records and waits until they are durable,
+then hands the records to its process's handler threads. Each record ends one way:
+
+- accepted: its outputs are produced and acknowledged, then its ``end`` marker;
+- rejected, or failed on its last delivery: its DLQ record is durable, then its ``end`` marker;
+- failed earlier: a ``retry`` marker (the tracker redelivers after backoff);
+- still running, or not started, at start + lockDuration: given up; its result is dropped
+  when the call returns, and the tracker redelivers it (no ``end`` marker).
+
+The task returns when every record ended or was given up. The group's offsets are committed
+by the driver after the batch: from then on, redelivery is the tracker's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+
+from queueplane.run.dead_letters import Failure
+from queueplane.run.handler import Handler, Record, Reject, load_handler, outputs_of
+from queueplane.run.kafka_input import input_records
+from queueplane.run.kmq import markers as km
+from queueplane.run.outcomes import (
+    ACCEPTED,
+    DEAD_LETTERED,
+    DELIVERY_TIMEOUT_S,
+    RELEASED,
+    Outcome,
+    ProducedRecord,
+    dead_letter_record,
+    outcome_batch,
+    output_record,
+    produce,
+)
+from queueplane.run.processes import PerProcess, ServedProducer
+from queueplane.run.retry import retry_delay_ms
+from queueplane.run.settings import JsonSettings
+
+log = logging.getLogger("queueplane.worker")
+WAIT_STEP_S = 0.05
+
+
+@dataclass(frozen=True)
+class KmqSettings(JsonSettings):
+    """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
+
+    kafka: dict[str, str]
+    queue: str
+    group_id: str
+    markers_topic: str
+    dlq_topic: str
+    output_topic: str | None
+    lock_ms: int
+    delivery_limit: int
+    handler: str
+    threads: int
+    backoff_ms: int
+    max_backoff_ms: int
+    search_paths: list[str] = field(default_factory=list)
+
+
+class HandlerThreads:
+    """The process's handler threads. A call given up keeps its thread; a new one takes its place."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.jobs: queue.SimpleQueue[tuple[KmqTask, int]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._alive = 0
+        self.add(size)
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self._alive += count
+        for _ in range(count):
+            threading.Thread(target=self._loop, name="qp-kmq-handler", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            task, index = self.jobs.get()
+            task.run(index)
+            with self._lock:
+                if self._alive > self.size:  # stood in for a stuck call that has now returned
+                    self._alive -= 1
+                    return
+
+
+class KmqProcess:
+    """One per Python worker process and queue: the handler, its threads, the producer."""
+
+    def __init__(self, settings: KmqSettings):
+        self.settings = settings
+        self.handler: Handler = load_handler(settings.handler, settings.search_paths)
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2)
+        self.producer = self.delivery.producer
+        self.threads = HandlerThreads(settings.threads)
+
+    def close(self) -> None:
+        self.delivery.close()
+
+
+class KmqTask:
+    """The records of one task: start markers, handler calls, the way each ends."""
+
+    def __init__(self, process: KmqProcess, records: list[Record]):
+        self.process = process
+        self.settings = process.settings
+        self.records = records
+        self._lock = threading.Lock()
+        self._claimed = [False] * len(records)  # an outcome was decided (ended, released, given up)
+        self._running: dict[int, float] = {}
+        self._unsettled = len(records)  # records whose last write is not yet acknowledged
+        self._settled = threading.Condition(self._lock)
+        self._outcomes: list[Outcome] = []
+        self._error: str | None = None
+        self.deadline = 0.0
+
+    def start(self) -> None:
+        """Write the start markers, durable, and only then let the handlers at the records."""
+        now_ms = int(time.time() * 1000)
+        markers = [km.Marker(r.partition, r.offset, km.START, r.delivery_count, now_ms) for r in self.records]
+        km.write_markers(self.process.producer, self.settings.markers_topic, markers)
+        # The tracker counts from the marker's time; the worker gives up no later than that.
+        self.deadline = time.monotonic() + self.settings.lock_ms / 1000 - (time.time() - now_ms / 1000)
+        self.first_ms = now_ms
+        for index in range(len(self.records)):
+            self.process.threads.jobs.put((self, index))
+
+    # -- handler threads -----------------------------------------------------------------------
+    def run(self, index: int) -> None:
+        record = self.records[index]
+        with self._lock:
+            if self._claimed[index]:
+                return
+            if time.monotonic() >= self.deadline:
+                self._give_up(index, 0.0, "not started within lockDuration")
+                return
+            started = time.monotonic()
+            self._running[index] = started
+        s = self.settings
+        failure: Failure | None = None
+        final = False
+        outputs: list[ProducedRecord] = []
+        try:
+            result = self.process.handler(record)
+            outputs = [output_record(o, record, s.output_topic) for o in outputs_of(result)]
+        except Reject as exc:
+            failure, final = Failure.of(exc), True
+        except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
+            failure = Failure.of(exc)
+            final = record.delivery_count >= s.delivery_limit
+        latency_ms = (time.monotonic() - started) * 1000
+        with self._lock:
+            self._running.pop(index, None)
+            if self._claimed[index]:
+                return  # given up at the deadline: the tracker redelivers it
+            self._claimed[index] = True
+        if failure is None:
+            self._report(record, ACCEPTED, None, latency_ms)
+            self._write_then_end(index, outputs, km.END)
+        elif final:
+            self._report(record, DEAD_LETTERED, failure, latency_ms)
+            where = km.origin(record.headers, record.topic, record.partition, record.offset)
+            at_origin = replace(record, topic=where.topic, partition=where.partition, offset=where.offset)
+            now_ms = int(time.time() * 1000)
+            first_ms = where.first_attempt_ms or self.first_ms
+            dead = dead_letter_record(at_origin, s.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
+            self._write_then_end(index, [dead], km.END)
+        else:
+            self._report(record, RELEASED, failure, latency_ms)
+            self._write_then_end(index, [], km.RETRY)
+
+    def _write_then_end(self, index: int, writes: list[ProducedRecord], kind: str) -> None:
+        """Produce the record's writes; once all are acknowledged, its marker; then it is settled."""
+        record = self.records[index]
+        s = self.settings
+        delay = int(retry_delay_ms(record.delivery_count, s.backoff_ms, s.max_backoff_ms)) if kind == km.RETRY else 0
+        producer = self.process.producer
+        remaining = [len(writes)]
+
+        def marker_written(err: object, _msg: object) -> None:
+            with self._lock:
+                if err is not None and self._error is None:
+                    self._error = f"marker for {record.partition}:{record.offset}: {err}"
+                self._unsettled -= 1
+                self._settled.notify_all()
+
+        def write_marker() -> None:
+            now_ms = int(time.time() * 1000)
+            marker = km.Marker(record.partition, record.offset, kind, record.delivery_count, now_ms, delay)
+            key, value = marker.encode()
+            produce(producer, (s.markers_topic, key, value, []), marker_written, partition=record.partition)
+
+        def written(err: object, _msg: object) -> None:
+            if err is not None:
+                with self._lock:
+                    if self._error is None:
+                        self._error = f"write for {record.partition}:{record.offset}: {err}"
+                    self._unsettled -= 1
+                    self._settled.notify_all()
+                return
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                write_marker()  # outputs first, durable, then the end marker
+
+        if not writes:
+            write_marker()
+            return
+        for item in writes:
+            produce(producer, item, written)
+
+    def _give_up(self, index: int, latency_ms: float, why: str) -> None:
+        """Caller holds the lock. No marker: the tracker sees a start without end and redelivers."""
+        self._claimed[index] = True
+        self._unsettled -= 1
+        self._settled.notify_all()
+        failure = Failure("Timeout", f"{why} ({self.settings.lock_ms / 1000:g}s)")
+        self._outcomes.append(Outcome.of(self.records[index], RELEASED, failure, latency_ms, 0))
+
+    def _report(self, record: Record, outcome: str, failure: Failure | None, latency_ms: float) -> None:
+        with self._lock:
+            self._outcomes.append(Outcome.of(record, outcome, failure, latency_ms, 0))
+
+    # -- the task's own thread ---------------------------------------------------------------
+    def wait(self) -> None:
+        """Until every record is settled; at the deadline, give up what has not ended."""
+        with self._lock:
+            while self._unsettled > 0 and time.monotonic() < self.deadline:
+                self._settled.wait(WAIT_STEP_S)
+            stuck = 0
+            now = time.monotonic()
+            for index, claimed in enumerate(self._claimed):
+                if not claimed:
+                    started = self._running.get(index)
+                    stuck += started is not None
+                    self._give_up(index, (now - started) * 1000 if started else 0.0, "ran past lockDuration")
+            deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+            while self._unsettled > 0 and time.monotonic() < deadline:
+                self._settled.wait(WAIT_STEP_S)
+            error = self._error
+            if error is None and self._unsettled > 0:
+                error = f"{self._unsettled} writes not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s"
+        if stuck:
+            self.process.threads.add(stuck)
+        if error is not None:
+            raise RuntimeError(error)
+
+    def drain(self) -> list[Outcome]:
+        with self._lock:
+            rows, self._outcomes = self._outcomes, []
+        return rows
+
+
+PROCESSES: PerProcess[KmqProcess] = PerProcess(lambda text: KmqProcess(KmqSettings.from_json(text)))
+
+
+def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: the records of one offset range in, one outcome row per record out."""
+    process = PROCESSES.get(settings_json)
+    records = [record for batch in batches for record in input_records(batch, km.delivery_count)]
+    if not records:
+        return
+    task = KmqTask(process, records)
+    task.start()
+    task.wait()
+    rows = task.drain()
+    if rows:
+        yield outcome_batch(rows)

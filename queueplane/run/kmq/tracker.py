@@ -1,0 +1,236 @@
+"""The kmq redelivery tracker: a stateful streaming query over the markers topic.
+
+State is one row per open delivery, keyed by the queue record's ``partition:offset``,
+with a processing-time timer at its deadline (start + lockDuration, or retry + backoff).
+An ``end`` marker closes it; a timer that fires first emits the delivery, and the driver's
+sink (``Redeliverer``) produces the message again with its delivery count raised (or to
+the DLQ once deliveryLimit deliveries were made), then writes the ``end`` marker of the
+timed-out delivery. State and the markers' offsets live in the query's checkpoint (RocksDB),
+so a restarted worker keeps the deliveries it was watching.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from queueplane.kafka import clients
+from queueplane.kafka.target import KafkaTarget
+from queueplane.run.dead_letters import Failure
+from queueplane.run.handler import Record
+from queueplane.run.kafka_input import kafka_source
+from queueplane.run.kmq import markers as km
+from queueplane.run.outcomes import ProducedRecord, dead_letter_record, produce_and_wait
+from queueplane.spec.model import QueueSpec
+
+log = logging.getLogger("queueplane.worker")
+
+STATE_STORE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+REDELIVER, GIVE_UP = "redeliver", "dlq"
+EXPIRED_SCHEMA = "id string, delivery_count int, started_ms long, due_ms long, action string"
+OPEN_SCHEMA = "delivery_count int, started_ms long, due_ms long"
+FETCH_TIMEOUT_S = 30.0
+
+
+def tracker_interval_ms(lock_ms: int) -> int:
+    """How often the tracker looks for deadlines passed: a fifth of lockDuration, within 1s..10s."""
+    return max(1000, min(10_000, lock_ms // 5))
+
+
+def tracker_processor(lock_ms: int, delivery_limit: int) -> Any:
+    """The StatefulProcessor (Row API), built here so pyspark loads only where the tracker runs."""
+    from pyspark.sql import Row
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class DeliveryTracker(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.handle = handle
+            self.open = handle.getValueState("open", OPEN_SCHEMA)
+
+        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+            # Each state call is a round trip to the JVM; most messages start and end within one
+            # tracker batch and cost one get(). In marker order: a restart may start a delivery
+            # again after its earlier end.
+            before = self.open.get()
+            state = before
+            for row in sorted(rows, key=lambda r: (r.marker_partition, r.marker_offset)):
+                if row.kind == km.END:
+                    state = None
+                elif row.kind == km.START:
+                    state = (row.delivery_count, row.at_ms, row.at_ms + lock_ms)
+                elif row.kind == km.RETRY:
+                    state = (row.delivery_count, state[1] if state else row.at_ms, row.at_ms + row.delay_ms)
+            if before is not None and (state is None or state[2] != before[2]):
+                self.handle.deleteTimer(before[2])
+            if state is None:
+                if before is not None:
+                    self.open.clear()
+            elif state != before:
+                self.open.update(state)
+                if before is None or state[2] != before[2]:
+                    self.handle.registerTimer(state[2])
+            return iter([])
+
+        def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+            state = self.open.get()
+            if state is None:
+                return
+            count, started_ms, due_ms = state
+            self.open.clear()
+            action = GIVE_UP if count >= delivery_limit else REDELIVER
+            yield Row(id=key[0], delivery_count=count, started_ms=started_ms, due_ms=due_ms, action=action)
+
+        def close(self) -> None:
+            pass
+
+    return DeliveryTracker()
+
+
+def tracker_stream(spark: Any, queue: QueueSpec, target: KafkaTarget) -> Any:
+    """The deliveries whose deadline passed, as a streaming DataFrame (EXPIRED_SCHEMA)."""
+    assert queue.markers is not None
+    markers = (
+        kafka_source(spark, target, queue.markers.name)
+        # Only without a checkpoint: every retained marker, so the open deliveries are rebuilt.
+        .option("startingOffsets", "earliest")
+        .load()
+        .selectExpr(*km.SQL_COLUMNS)
+        .selectExpr(*km.SQL_FIELDS)
+    )
+    return markers.groupBy("id").transformWithState(
+        tracker_processor(queue.group.lock_duration_ms, queue.group.delivery_limit),
+        EXPIRED_SCHEMA,
+        "Append",
+        "ProcessingTime",
+    )
+
+
+@dataclass
+class Expired:
+    partition: int
+    offset: int
+    delivery_count: int
+    action: str
+
+
+class Redeliverer:
+    """The tracker's sink on the driver: fetch each expired message, produce it again or to the DLQ, end it."""
+
+    def __init__(self, queue: QueueSpec, target: KafkaTarget):
+        assert queue.markers is not None
+        self.queue = queue
+        self.settings = dict(target.settings)
+        self.producer = clients.producer(self.settings, {"enable.idempotence": True, "acks": "all"})
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve_deliveries, name="qp-kmq-redeliver", daemon=True).start()
+
+    def _serve_deliveries(self) -> None:
+        while not self._stop.is_set():
+            self.producer.poll(0.05)
+
+    def handle(self, expired: list[Expired]) -> list[tuple[Record, Expired]]:
+        """Redeliver or dead-letter each; returns the records with what was done to them."""
+        if not expired:
+            return []
+        records = self._fetch(expired)
+        now_ms = int(time.time() * 1000)
+        writes: list[ProducedRecord] = []
+        done: list[tuple[Record, Expired]] = []
+        lock_s = self.queue.group.lock_duration_ms / 1000
+        for item in expired:
+            record = records.get((item.partition, item.offset))
+            if record is None:
+                log.warning("kmq: %s:%s is no longer on %s; not redelivered", item.partition, item.offset, self.queue)
+                continue
+            where = km.origin(record.headers, record.topic, record.partition, record.offset)
+            first_ms = where.first_attempt_ms or now_ms
+            if item.action == GIVE_UP:
+                failure = Failure("Timeout", f"delivery {item.delivery_count} not ended within {lock_s:g}s")
+                at_origin = Record(
+                    record.key,
+                    record.value,
+                    record.headers,
+                    where.topic,
+                    where.partition,
+                    where.offset,
+                    item.delivery_count,
+                    record.timestamp,
+                )
+                writes.append(
+                    dead_letter_record(
+                        at_origin, self.queue.dead_letter.name, item.delivery_count, failure, first_ms, now_ms
+                    )
+                )
+            else:
+                headers = km.redelivery_headers(record.headers, where, item.delivery_count + 1, first_ms)
+                writes.append((self.queue.topic.name, record.key, record.value, headers))
+            done.append((record, item))
+        produce_and_wait(self.producer, writes)
+        ends = [km.Marker(i.partition, i.offset, km.END, i.delivery_count, now_ms) for i in expired]
+        km.write_markers(self.producer, self.queue.markers.name, ends)
+        return done
+
+    def _fetch(self, expired: list[Expired]) -> dict[tuple[int, int], Record]:
+        """The expired messages from the queue topic, read by offset (no group, nothing committed)."""
+        wanted: dict[int, set[int]] = {}
+        for item in expired:
+            wanted.setdefault(item.partition, set()).add(item.offset)
+        consumer = clients.consumer(
+            self.settings,
+            {
+                "group.id": f"queueplane-kmq-tracker-{self.queue.group.id}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            },
+        )
+        found: dict[tuple[int, int], Record] = {}
+        try:
+            for partition, offsets in wanted.items():
+                found.update(self._read_partition(consumer, partition, sorted(offsets)))
+        finally:
+            consumer.close()
+        return found
+
+    def _read_partition(self, consumer: Consumer, partition: int, offsets: list[int]) -> dict[tuple[int, int], Record]:
+        topic = self.queue.topic.name
+        found: dict[tuple[int, int], Record] = {}
+        pending = list(offsets)
+        deadline = time.monotonic() + FETCH_TIMEOUT_S
+        while pending and time.monotonic() < deadline:
+            consumer.assign([TopicPartition(topic, partition, pending[0])])
+            position = pending[0]
+            while pending and time.monotonic() < deadline:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                if msg.error():
+                    pending = []  # the end of the partition: the rest are gone
+                    break
+                position = msg.offset() + 1
+                while pending and pending[0] < msg.offset():
+                    pending.pop(0)  # compacted away or a transaction marker
+                if pending and pending[0] == msg.offset():
+                    pending.pop(0)
+                    found[(partition, msg.offset())] = Record(
+                        key=msg.key(),
+                        value=msg.value(),
+                        headers=tuple(msg.headers() or ()),
+                        topic=topic,
+                        partition=partition,
+                        offset=msg.offset(),
+                        delivery_count=0,
+                        timestamp=msg.timestamp()[1],
+                    )
+                if pending and pending[0] - position > 1000:
+                    break  # far ahead: seek rather than read the gap
+        return found
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self._stop.set()

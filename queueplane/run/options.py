@@ -1,0 +1,47 @@
+"""What a run is asked to do, and what it reports: shared by the driver, the CLI and the entrypoint."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunOptions:
+    local: bool = True
+    until_idle_s: float | None = None
+    max_records: int | None = None
+    max_duration_s: float | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    tasks: int | None = None  # parallel tasks per micro-batch; default: the cores Spark has
+    batch_ms: int | None = None  # share groups: time slice of one micro-batch (default: the runtime's)
+    checkpoint_dir: str | None = None
+    max_batch_records: int | None = None  # consumer groups: most records per micro-batch (maxOffsetsPerTrigger)
+    scaling: dict[str, float] = field(default_factory=dict)  # autoscaling policy overrides (intervals, cooldowns)
+
+
+@dataclass
+class BatchProgress:
+    batch_id: int
+    counts: dict[str, int]
+    batch_counts: dict[str, int]
+    backlog: int | None
+    elapsed_s: float
+
+
+@dataclass
+class RunSummary:
+    queue: str
+    group_type: str
+    counts: dict[str, int]
+    dead_lettered: list[dict[str, Any]]
+    duration_s: float
+    batches: int
+    records_per_s: float
+    lag_at_exit: int | None
+    lag_by_partition: dict[str, int | None] = field(default_factory=dict)
+    scaling: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

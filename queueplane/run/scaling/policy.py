@@ -1,0 +1,134 @@
+"""How many executors a worker should run: a pure policy over lag and rates.
+
+Spark's dynamic allocation scales on pending tasks, which a streaming queue worker always
+has in the same number; what matters is the Kafka backlog. The policy sizes the executors
+so that the backlog drains within ``targetLagSeconds`` while keeping up with the input:
+
+    needed rate = input rate + backlog / targetLagSeconds
+    desired     = ceil(needed rate / (rate one executor sustains * headroom))
+
+then clamps to [minExecutors, maxExecutors] and, for consumer groups, to the executors that
+can get work at all (partitions * key slots over the executor's cores; share and kmq
+groups hand records to any task, so no such cap). Against flapping: scale-up waits a short
+cooldown after any change and moves at most ``max_step_up`` at once; scale-down waits a
+longer cooldown, moves one executor at a time, and only when the load fits in fewer
+executors with a margin and the backlog is well under the target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from queueplane.spec.model import QueueSpec
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    min_executors: int
+    max_executors: int
+    target_lag_s: float
+    cap: int | None = None  # executors that can get work (consumer groups); None: no cap
+    interval_s: float = 10.0  # how often the controller decides
+    up_cooldown_s: float = 10.0  # after any change, before scaling up again
+    down_cooldown_s: float = 60.0  # after any change, before scaling down
+    max_step_up: int = 4
+    max_step_down: int = 1
+    headroom: float = 0.8  # plan executors to run at most this busy
+    down_margin: float = 0.9  # scale down only if the load fits in fewer executors with this much to spare
+
+    @property
+    def ceiling(self) -> int:
+        cap = self.max_executors if self.cap is None else self.cap
+        return max(self.min_executors, min(self.max_executors, cap))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the driver saw over the last decision interval."""
+
+    now_s: float
+    lag_by_partition: dict[int, int | None]
+    input_rate: float  # records/s arriving
+    processing_rate: float  # records/s handled by all executors
+    executors: int  # executors running now (the processing rate is theirs)
+    requested: int | None = None  # executors asked for, some perhaps still starting; default: running
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    last_change_s: float | None = None
+    rate_per_executor: float | None = None  # sustained records/s of one executor, learned under backlog
+    last_executors: int | None = None  # running executors at the previous decision
+    changes: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    reason: str
+    state: ScalerState = field(default_factory=ScalerState)
+    lag: int = 0
+    lag_seconds: float | None = None
+
+
+def policy_for(queue: QueueSpec, cap: int | None = None, **overrides: float) -> ScalingPolicy:
+    """The policy of a queue's spec: autoscaling bounds and target, and the runtime's executor cap."""
+    return replace(
+        ScalingPolicy(queue.min_executors, queue.max_executors, float(queue.target_lag_seconds), cap), **overrides
+    )
+
+
+def _learn_rate(policy: ScalingPolicy, obs: Observation, state: ScalerState, lag: int) -> float | None:
+    """One executor's sustained rate, measured only while there is backlog (else the rate shows demand, not
+    capacity) and the executor count held still over the interval (else it blends two counts)."""
+    steady = state.last_executors == obs.executors
+    if not steady or obs.executors <= 0 or obs.processing_rate <= 0 or lag <= 0:
+        return state.rate_per_executor
+    sample = obs.processing_rate / obs.executors
+    if state.rate_per_executor is None:
+        return sample
+    return 0.5 * state.rate_per_executor + 0.5 * sample
+
+
+def decide(policy: ScalingPolicy, obs: Observation, state: ScalerState) -> Decision:
+    """The executor count to run next, and why."""
+    lag = sum(v for v in obs.lag_by_partition.values() if v is not None)
+    rate = _learn_rate(policy, obs, state, lag)
+    state = replace(state, rate_per_executor=rate, last_executors=obs.executors)
+    current = obs.executors if obs.requested is None else obs.requested
+    capacity = (rate or 0.0) * max(obs.executors, 1)
+    lag_seconds = lag / capacity if capacity > 0 else (0.0 if lag == 0 else None)
+    since_change = math.inf if state.last_change_s is None else obs.now_s - state.last_change_s
+
+    def hold(reason: str) -> Decision:
+        return Decision(current, reason, state, lag, lag_seconds)
+
+    def change(to: int, reason: str) -> Decision:
+        changed = replace(state, last_change_s=obs.now_s, changes=state.changes + 1)
+        return Decision(to, reason, changed, lag, lag_seconds)
+
+    if current < policy.min_executors or current > policy.ceiling:
+        return change(min(max(current, policy.min_executors), policy.ceiling), "outside the bounds")
+    if rate is None:
+        if lag > 0 and current < policy.ceiling and since_change >= policy.up_cooldown_s:
+            return change(current + 1, "backlog and no measured rate yet: one more executor")
+        return hold("no measured rate yet")
+    needed_rate = obs.input_rate + lag / policy.target_lag_s
+    wanted = math.ceil(needed_rate / (rate * policy.headroom)) if needed_rate > 0 else 0
+    wanted = min(max(wanted, policy.min_executors), policy.ceiling)
+    if wanted > current:
+        if obs.requested is not None and obs.requested > obs.executors:
+            return hold(f"waiting for {obs.requested - obs.executors} executor(s) to start")
+        if since_change < policy.up_cooldown_s:
+            return hold("scale-up cooldown")
+        return change(min(wanted, current + policy.max_step_up), f"need {needed_rate:.0f} records/s")
+    if wanted < current:
+        fits_fewer = needed_rate <= rate * policy.headroom * policy.down_margin * (current - 1)
+        calm = lag_seconds is not None and lag_seconds <= policy.target_lag_s / 2
+        if not (fits_fewer and calm):
+            return hold("load does not fit in fewer executors with margin")
+        if since_change < policy.down_cooldown_s:
+            return hold("scale-down cooldown")
+        return change(max(wanted, current - policy.max_step_down), f"need only {needed_rate:.0f} records/s")
+    return hold("steady")

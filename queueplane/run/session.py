@@ -1,0 +1,56 @@
+"""The Spark session of a worker: what every group type shares, then what its runtime adds."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from queueplane.run.runtime import QueueRuntime
+from queueplane.spec.model import QueueSpec
+
+SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
+DAEMON_MODULE = "queueplane.run.spark_daemon"  # forks Python workers with pyspark imported once
+
+
+def spark_session(runtime: QueueRuntime) -> Any:
+    from pyspark.sql import SparkSession
+
+    queue, options = runtime.queue, runtime.options
+    builder = runtime.configure(SparkSession.builder.appName(f"queueplane-{queue.name}"))
+    if options.local:
+        # Executors' Python workers must run this interpreter, with the spec's folder importable.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        spec_dir = str(Path(queue.source).resolve().parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (spec_dir, os.environ.get("PYTHONPATH")) if p)
+        builder = builder.master(f"local[{runtime.local_threads()}]").config("spark.ui.enabled", "false")
+    spark = (
+        builder.config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", DAEMON_MODULE)
+        .config("spark.sql.shuffle.partitions", str(runtime.shuffle_partitions))
+        .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def ship_handler_modules(spark: Any, queue: QueueSpec) -> None:
+    """Zip the handler's top-level module from the spec's folder, if it is there, for the executors."""
+    top = queue.handler.split(":")[0].split(".")[0]
+    spec_dir = Path(queue.source).resolve().parent
+    candidates = [spec_dir / f"{top}.py", spec_dir / top]
+    present = [c for c in candidates if c.exists()]
+    if not present:
+        return  # on PYTHONPATH or installed in the image
+    bundle = Path(tempfile.mkdtemp(prefix="queueplane-handler-")) / f"{top}.zip"
+    with zipfile.ZipFile(bundle, "w") as archive:
+        for path in present:
+            files = [path] if path.is_file() else sorted(p for p in path.rglob("*.py"))
+            for file in files:
+                archive.write(file, file.relative_to(spec_dir))
+    spark.sparkContext.addPyFile(str(bundle))

@@ -1,0 +1,38 @@
+"""What the driver tells every runtime's tasks about a queue, sent as JSON (executors parse no spec)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Self
+
+from queueplane.kafka.target import KafkaTarget
+from queueplane.spec.model import QueueSpec
+
+
+def common_settings(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
+    """The fields every runtime's settings share, from the spec and the cluster."""
+    return {
+        "kafka": dict(target.settings),
+        "queue": queue.name,
+        "group_id": queue.group.id,
+        "dlq_topic": queue.dead_letter.name,
+        "output_topic": queue.output_topic,
+        "lock_ms": queue.group.lock_duration_ms,
+        "delivery_limit": queue.group.delivery_limit,
+        "handler": queue.handler,
+        # The handler module sits next to the spec in local mode.
+        "search_paths": [str(Path(queue.source).resolve().parent)],
+    }
+
+
+class JsonSettings:
+    """A settings dataclass that travels to the executors as JSON."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        return cls(**json.loads(text))

@@ -1,0 +1,2 @@
+"""Share groups (KIP-932): a Spark source of time slices over long-lived ShareConsumers, a handler
+pool per Python worker process, per-record ACCEPT / RELEASE / REJECT after outputs are durable."""

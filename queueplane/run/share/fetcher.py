@@ -1,0 +1,239 @@
+"""A share-group fetcher: one ShareConsumer polling, acknowledging and committing in its own thread."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Protocol
+
+from confluent_kafka import AcknowledgeType, KafkaException, Message
+
+from queueplane.kafka import clients
+from queueplane.run.dead_letters import Failure
+from queueplane.run.handler import MessageRecord, Record
+from queueplane.run.outcomes import (
+    ACCEPTED,
+    DEAD_LETTERED,
+    DELIVERY_TIMEOUT_S,
+    RELEASED,
+    Outcome,
+    OutcomeColumns,
+    ProducedRecord,
+    accepted_columns,
+    columns_of,
+    dead_letter_record,
+)
+from queueplane.run.share.pool import Chunk, HandlerPool, Poll
+from queueplane.run.share.settings import ACCEPTED_RESULT, HANDLER_SHARE_OF_LOCK, STUCK_S, Result, ShareSettings
+
+log = logging.getLogger("queueplane.worker")
+
+
+class FetcherHost(Protocol):
+    """What a fetcher needs of its process: the settings, the pool, the lease, the producer."""
+
+    settings: ShareSettings
+    pool: HandlerPool
+
+    def leased(self) -> bool: ...
+
+    def enter_cycle(self, fetcher: ShareFetcher) -> bool: ...
+
+    def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None: ...
+
+    def first_attempt(self, record: Record, now_ms: int) -> int: ...
+
+    def produce_and_wait(self, records: list[ProducedRecord]) -> None: ...
+
+
+class ShareFetcher:
+    """A ShareConsumer in explicit acknowledgement mode feeding the process's handler pool.
+
+    Its thread hands every record of a poll to the pool at once, so one slow record does
+    not hold up the others locked by the same poll, and acknowledges each as soon as its
+    outcome is durable; acknowledgements ride on the next poll, or are committed when the
+    lease ends or time runs short.
+    """
+
+    def __init__(self, runtime: FetcherHost, index: int):
+        self.runtime = runtime
+        self.index = index
+        s = runtime.settings
+        self.consumer = clients.share_consumer(
+            s.kafka,
+            {
+                "group.id": s.group_id,
+                "share.acknowledgement.mode": "explicit",
+                "max.poll.records": s.max_poll_records,
+                "client.id": f"queueplane-{s.queue}-{os.getpid()}-{index}",
+            },
+        )
+        self.consumer.subscribe([s.topic])
+        self.busy = False
+        self.pending = False  # acknowledgements not yet committed
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            if not self.runtime.enter_cycle(self):
+                continue
+            outcomes: list[OutcomeColumns] = []
+            try:
+                if self.runtime.leased():
+                    self._cycle(outcomes)
+                if self.pending and not self.runtime.leased():
+                    # The lease ended: nothing stays uncommitted. A failed commit is not retried
+                    # forever; the broker redelivers whatever it did not record.
+                    self._commit()
+                    self.pending = False
+            except Exception:  # a fetcher thread must outlive any one bad poll
+                log.exception("share fetcher %d failed a poll; continuing", self.index)
+                time.sleep(0.2)
+            finally:
+                self.runtime.leave_cycle(self, outcomes)
+
+    def _cycle(self, outcomes: list[OutcomeColumns]) -> None:
+        """One poll: hand its records to the pool, settle them together, acknowledge each."""
+        if not self.runtime.pool.wait_for_room(0.05):
+            if self.pending:  # acknowledgements must not wait for the pool: their records' locks run
+                self.pending = not self._commit()
+            return
+        try:
+            messages = self.consumer.poll(0.2)
+        except KafkaException as exc:
+            log.warning("share poll failed: %s", exc)
+            time.sleep(0.2)
+            return
+        polled_at = time.monotonic()
+        good = [m for m in messages if not m.error()]
+        if len(good) < len(messages):
+            for m in messages:
+                if m.error():
+                    log.warning("share consumer error: %s", m.error())
+        if not good:
+            return
+        lock_s = self.runtime.settings.lock_ms / 1000
+        # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
+        poll = Poll(MessageRecord.many(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
+        pool = self.runtime.pool
+        chunks = pool.submit(poll, range(len(good)), pool.chunk_size(len(good)))
+        self._await(poll, chunks)
+        self._acknowledge(good, poll, polled_at, outcomes)
+        self.pending = True
+        if time.monotonic() - polled_at > lock_s / 2:
+            self.pending = not self._commit()
+
+    def _acknowledge(
+        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns]
+    ) -> None:
+        """Acknowledge each record of a poll and add its outcomes; latency runs from the poll.
+
+        A poll whose every record was accepted without outputs is the common case: its
+        columns are built straight from the messages, one pass each, with no row per record.
+        """
+        acknowledge, results = self.consumer.acknowledge, poll.results
+        latency_ms = (time.monotonic() - polled_at) * 1000
+        if results.count(ACCEPTED_RESULT) == len(messages):
+            accept = AcknowledgeType.ACCEPT
+            for message in messages:
+                acknowledge(message, accept)
+            outcomes.append(accepted_columns(messages, latency_ms, poll.inflight))
+            return
+        rows = []
+        for message, record, result, inflight in zip(messages, poll.records, results, poll.inflight, strict=True):
+            outcome, ack = self._decide(record, result, inflight, polled_at, latency_ms)
+            acknowledge(message, ack)
+            rows.append(outcome)
+        outcomes.append(columns_of(rows))
+
+    def _await(self, poll: Poll, chunks: list[Chunk]) -> None:
+        """Wait until every call ended; at the deadline give up on the unfinished (RELEASE or DLQ).
+
+        Every STUCK_S it looks for chunks whose call runs that long and hands their calls not
+        yet started to other threads. Calls already producing outputs get DELIVERY_TIMEOUT_S
+        more at the deadline: their outputs are on the way and must not be duplicated by a
+        redelivery if they can still land.
+        """
+        pool, results = self.runtime.pool, poll.results
+        with poll.cond:
+            while True:
+                left = poll.deadline - time.monotonic()
+                if poll.cond.wait_for(lambda: poll.unsettled <= 0, max(0.0, min(left, STUCK_S))):
+                    return
+                if left <= STUCK_S:
+                    break
+                chunks += pool.split_stuck(chunks)
+            poll.abandoned = True
+            producing = [chunk.producing for chunk in chunks if chunk.producing >= 0]
+            for chunk in chunks:
+                if chunk.since and chunk.producing < 0:
+                    pool.replace_stuck()  # its thread is inside a call past the deadline
+            timeout: Result = (RELEASED, Failure("Timeout", "the handler ran past its deadline"), 0.0)
+            for i, result in enumerate(results):
+                if result is None and i not in producing:
+                    results[i] = timeout
+            if poll.cond.wait_for(lambda: all(results[i] is not None for i in producing), DELIVERY_TIMEOUT_S):
+                return
+            late: Result = (RELEASED, Failure("OutputTimeout", "outputs not delivered in time"), 0.0)
+            for i in producing:  # outputs still not delivered: another delivery may duplicate them, never lose
+                if results[i] is None:
+                    results[i] = late
+
+    def _decide(
+        self, record: Record, result: Result | None, inflight: int, polled_at: float, latency_ms: float
+    ) -> tuple[Outcome, int]:
+        """The acknowledgement for an ended call; the last allowed delivery never ends RELEASEd,
+        because the broker would archive it: it goes to the DLQ instead."""
+        outcome, failure, ran_at = result or (RELEASED, Failure("Unknown", "no result"), 0.0)
+        if outcome == RELEASED and record.delivery_count >= self.runtime.settings.delivery_limit:
+            outcome = DEAD_LETTERED
+        if outcome == ACCEPTED:
+            return Outcome.of(record, ACCEPTED, None, latency_ms, inflight), AcknowledgeType.ACCEPT
+        now = time.time()
+        started = now - (time.monotonic() - (ran_at or polled_at))  # the handler's start, wall clock
+        first = self.runtime.first_attempt(record, int(started * 1000))
+        if outcome == DEAD_LETTERED:
+            dead = dead_letter_record(
+                record,
+                self.runtime.settings.dlq_topic,
+                record.delivery_count,
+                failure or Failure("Unknown", ""),
+                first,
+                int(now * 1000),
+            )
+            try:
+                self.runtime.produce_and_wait([dead])
+            except Exception as exc:
+                # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
+                log.error("DLQ write failed for %s-%d@%d: %s", record.topic, record.partition, record.offset, exc)
+                failed = Failure("DeadLetterWriteFailed", str(exc))
+                return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.RELEASE
+            return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight), AcknowledgeType.REJECT
+        return Outcome.of(record, RELEASED, failure, latency_ms, inflight), AcknowledgeType.RELEASE
+
+    def _commit(self) -> bool:
+        try:
+            results = self.consumer.commit_sync()
+            failed = {tp: err for tp, err in (results or {}).items() if err is not None}
+            if failed:
+                log.warning("acknowledgements not recorded for %s", failed)
+            return not failed
+        except KafkaException as exc:
+            # The broker redelivers what it did not record; outcomes stay as the handler decided.
+            log.warning("acknowledgement commit failed: %s", exc)
+            return False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
+            with contextlib.suppress(Exception):
+                self.consumer.close()
+
+
+# Share consumers leave the group cleanly when Spark stops the worker process.

@@ -1,0 +1,230 @@
+"""The handler pool of a share-group worker process: a poll's calls, run in chunks by threads.
+
+A poll's records all go to the pool at once, so one slow record holds up no other record
+locked by the same poll. Quick calls go to one thread together in chunks (a hand-over per
+record cost more than a trivial call); a call stuck for STUCK_S hands the calls queued
+behind it to other threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from queueplane.run.dead_letters import Failure
+from queueplane.run.handler import Handler, MessageRecord, Output, Record, Reject, outputs_of
+from queueplane.run.outcomes import (
+    DEAD_LETTERED,
+    RELEASED,
+    ProducedRecord,
+)
+from queueplane.run.share.settings import ACCEPTED_RESULT, CHUNK_S, ROOM_ROUNDS, STUCK_S, Result
+
+log = logging.getLogger("queueplane.worker")
+
+
+class PoolHost(Protocol):
+    """What the pool needs of its process: the handler, and where outputs go."""
+
+    handler: Handler
+
+    def output_record(self, output: Output, record: Record) -> ProducedRecord: ...
+
+    def produce_and_wait(self, records: list[ProducedRecord]) -> None: ...
+
+
+class Poll:
+    """The records of one poll, their results and their deadline: the fetcher waits on one
+    condition for all of them.
+
+    Results and in-flight counts are lists indexed like the records, not an object per call:
+    a trivial handler's record cost more in that object than in the handler. Pool threads
+    write a result without the lock and report finished calls once per chunk; only the moves
+    that must not cross the fetcher giving up on the poll take the condition: a call starting
+    to produce outputs, and the end of that.
+    """
+
+    __slots__ = ("abandoned", "cond", "deadline", "inflight", "records", "results", "unsettled")
+
+    def __init__(self, records: list[MessageRecord], deadline: float):
+        self.cond = threading.Condition(threading.Lock())
+        self.records = records
+        self.results: list[Result | None] = [None] * len(records)  # None until the call ends
+        self.inflight = [0] * len(records)  # calls running in the pool when each call started
+        self.unsettled = len(records)
+        self.deadline = deadline
+        self.abandoned = False  # the deadline passed: results written from now on are not waited for
+
+    def finished(self, count: int) -> None:
+        with self.cond:
+            self.unsettled -= count
+            if self.unsettled <= 0:
+                self.cond.notify_all()
+
+
+class Chunk:
+    """Calls of one poll, as indices into its records, that one pool thread runs in turn.
+
+    ``todo`` is an iterator because taking its next index is one step under the interpreter
+    lock: the thread and a fetcher splitting the chunk off a stuck call both take indices from
+    it, and each is taken exactly once. ``since`` is when the thread started the call it is in,
+    0 while no call of it runs; ``producing`` is the index of the call whose outputs are on
+    their way (set under the poll's condition), -1 while none is.
+    """
+
+    __slots__ = ("poll", "producing", "since", "todo")
+
+    def __init__(self, poll: Poll, indices: Sequence[int]):
+        self.poll = poll
+        self.todo: Iterator[int] = iter(indices)
+        self.since = 0.0
+        self.producing = -1
+
+
+class HandlerPool:
+    """``size`` daemon threads running handler calls for every fetcher of the process.
+
+    Threads take chunks: as many calls of one poll as make about CHUNK_S of handler time, by
+    the running mean of the calls so far (one call a chunk until there is one). A call stuck
+    past its deadline keeps its thread (a Python thread cannot be stopped); the pool starts a
+    replacement so the number of usable threads stays ``size``.
+    """
+
+    def __init__(self, runtime: PoolHost, size: int):
+        self.runtime = runtime
+        self.size = size
+        self.chunks: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)  # notified when queued chunks fall below ROOM_ROUNDS rounds
+        self.live = 0
+        self.inflight = 0  # threads inside a chunk, so calls running at once
+        self.queued = 0  # chunks handed in and not yet taken by a thread
+        self.mean_call_s = CHUNK_S  # running mean of handler calls; unknown counts as slow
+        for _ in range(size):
+            self._spawn()
+
+    def chunk_size(self, calls: int) -> int:
+        return max(1, min(calls, int(CHUNK_S / max(self.mean_call_s, 1e-7))))
+
+    def submit(self, poll: Poll, indices: Sequence[int], size: int = 1) -> list[Chunk]:
+        """Hand the calls of ``indices`` to the threads in chunks of ``size``; the chunks, for the
+        fetcher's stuck check and deadline."""
+        chunks = [Chunk(poll, indices[i : i + size]) for i in range(0, len(indices), size)]
+        with self.lock:
+            self.queued += len(chunks)
+        put = self.chunks.put
+        for chunk in chunks:
+            put(chunk)
+        return chunks
+
+    def split_stuck(self, chunks: list[Chunk]) -> list[Chunk]:
+        """Calls waiting behind a call that has run STUCK_S go to other threads, one a chunk;
+        the new chunks."""
+        now = time.monotonic()
+        split: list[Chunk] = []
+        for chunk in chunks:
+            if chunk.since and now - chunk.since >= STUCK_S:
+                waiting = list(chunk.todo)  # one step: the chunk's thread takes none of these after it
+                if waiting:
+                    split += self.submit(chunk.poll, waiting)
+        return split
+
+    def wait_for_room(self, timeout: float) -> bool:
+        """Whether fewer chunks wait than ROOM_ROUNDS rounds of the threads (waiting up to ``timeout``).
+
+        Fetchers acquire more records only then: records acquired while the pool is far behind
+        would wait in its queue while their acquisition lock runs down. A few rounds stay
+        queued, so the threads have work while a fetcher's poll is on its way.
+        """
+        with self.room:
+            return self.room.wait_for(lambda: self.queued < ROOM_ROUNDS * self.size, timeout)
+
+    def _spawn(self) -> None:
+        with self.lock:
+            self.live += 1
+        threading.Thread(target=self._loop, name="qp-handler", daemon=True).start()
+
+    def replace_stuck(self) -> None:
+        self._spawn()
+
+    def _loop(self) -> None:
+        while True:
+            chunk = self.chunks.get()
+            with self.lock:
+                self.queued -= 1
+                if self.queued == ROOM_ROUNDS * self.size - 1:
+                    self.room.notify_all()
+                self.inflight += 1
+            try:
+                self._run(chunk)
+            except Exception:  # handler errors are results; anything else must not cost the pool a thread
+                log.exception("a handler thread failed a chunk; continuing")
+            with self.lock:
+                self.inflight -= 1
+                if self.live > self.size:  # a replacement took this thread's place while it was stuck
+                    self.live -= 1
+                    return
+
+    def _run(self, chunk: Chunk) -> None:
+        """Run the chunk's calls until its iterator is exhausted; report how many ended, once.
+
+        The handler call is inline, with its verdicts, because it is the loop of the hot path.
+        """
+        poll = chunk.poll
+        records, results, inflight, deadline = poll.records, poll.results, poll.inflight, poll.deadline
+        handler, monotonic = self.runtime.handler, time.monotonic
+        ended = ran = 0
+        began = monotonic()
+        try:
+            for i in chunk.todo:
+                now = chunk.since = monotonic()
+                ended += 1
+                if now >= deadline:
+                    results[i] = (RELEASED, Failure("Timeout", "the lock ran out before the handler started"), 0.0)
+                    continue
+                inflight[i] = self.inflight
+                ran += 1
+                try:
+                    returned = handler(records[i])
+                    if returned is not None:
+                        outputs = outputs_of(returned)
+                        if outputs:
+                            self._produce(chunk, i, outputs, now)  # sets the result itself, under the lock
+                            continue
+                except Reject as exc:
+                    results[i] = (DEAD_LETTERED, Failure.of(exc), now)
+                    continue
+                except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
+                    results[i] = (RELEASED, Failure.of(exc), now)
+                    continue
+                results[i] = ACCEPTED_RESULT
+        finally:
+            chunk.since = 0.0
+            poll.finished(ended)
+            if ran:  # once a chunk, from the mean of its calls: a trivial call cost less than the update
+                self.mean_call_s += 0.1 * ((monotonic() - began) / ran - self.mean_call_s)
+
+    def _produce(self, chunk: Chunk, index: int, outputs: list[Output], started: float) -> None:
+        """Make call ``index``'s outputs durable and set its result, unless the fetcher gave up on
+        the poll. The result is set under the poll's condition: the fetcher waits there for a
+        call producing past the deadline, and must see its result before it leaves it."""
+        poll = chunk.poll
+        with poll.cond:
+            if poll.abandoned:  # released already: its outputs must not appear
+                poll.results[index] = (RELEASED, Failure("Timeout", "the handler returned after its deadline"), started)
+                return
+            chunk.producing = index
+        result: Result
+        try:
+            record = poll.records[index]
+            self.runtime.produce_and_wait([self.runtime.output_record(o, record) for o in outputs])
+            result = ACCEPTED_RESULT
+        except Exception as exc:
+            result = (RELEASED, Failure.of(exc), started)
+        with poll.cond:
+            poll.results[index], chunk.producing = result, -1
+            poll.cond.notify_all()

@@ -1,0 +1,130 @@
+"""The share-group runtime that runs inside Spark's Python workers (KIP-932).
+
+Each worker process keeps its ShareConsumers for its whole life, so consumers stay group
+members across micro-batches instead of joining and leaving every batch; they leave the
+group when the process exits. The fetchers run continuously in background threads while
+the driver holds a lease on them, so Spark's pause between two micro-batches costs no
+throughput; a micro-batch task renews the lease, waits one time slice and takes the
+outcomes settled meanwhile. Per record: the handler runs under a deadline shorter than
+the acquisition lock, outputs and dead-letter records are made durable, and only then is
+the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement committed.
+The last micro-batch of a run drains: fetchers stop acquiring, settle what they hold and
+report it, so a stopped worker leaves nothing acquired and nothing unreported.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+
+from queueplane.run.handler import Handler, Output, Record, load_handler
+from queueplane.run.outcomes import (
+    DELIVERY_TIMEOUT_S,
+    OutcomeColumns,
+    ProducedRecord,
+    output_record,
+    produce_and_wait,
+)
+from queueplane.run.processes import PerProcess, ServedProducer
+from queueplane.run.share.fetcher import ShareFetcher
+from queueplane.run.share.pool import HandlerPool
+from queueplane.run.share.settings import FETCHER_SHARE, LEASE_GRACE_S, ShareSettings
+
+log = logging.getLogger("queueplane.worker")
+
+
+class ProcessRuntime:
+    """One per Python worker process and queue: producer, handler, handler pool and fetchers."""
+
+    def __init__(self, settings: ShareSettings):
+        self.settings = settings
+        self.handler: Handler = load_handler(settings.handler, settings.search_paths)
+        self.delivery = ServedProducer(settings.kafka, linger_ms=1)
+        self.producer = self.delivery.producer
+        self.pool = HandlerPool(self, settings.slots)
+        self.fetchers: list[ShareFetcher] = []
+        # When a record's first failed delivery started in this process, for the DLQ headers (bounded).
+        self.first_attempts: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+        self._first_lock = threading.Lock()
+        self._batch_lock = threading.Lock()
+        # The lease: fetchers acquire records only before ``_lease_until`` (monotonic seconds).
+        self._lease = threading.Condition()
+        self._lease_until = 0.0
+        self._outbox: list[OutcomeColumns] = []
+        self._outbox_lock = threading.Lock()
+
+    def first_attempt(self, record: Record, now_ms: int) -> int:
+        key = (record.topic, record.partition, record.offset)
+        with self._first_lock:
+            first = self.first_attempts.setdefault(key, now_ms)
+            self.first_attempts.move_to_end(key)
+            while len(self.first_attempts) > 100_000:
+                self.first_attempts.popitem(last=False)
+            return first
+
+    def output_record(self, output: Output, record: Record) -> ProducedRecord:
+        return output_record(output, record, self.settings.output_topic)
+
+    def produce_and_wait(self, records: list[ProducedRecord]) -> None:
+        produce_and_wait(self.producer, records)
+
+    def run_batch(self, final: bool = False) -> list[OutcomeColumns]:
+        """Renew the lease for one time slice and return the outcomes the fetchers settled meanwhile.
+
+        ``final`` drains instead: the lease ends now, every fetcher settles and commits what it
+        holds, and the task returns all of it, so the driver can stop with nothing in flight.
+        """
+        with self._batch_lock:  # two tasks in one process never share fetchers
+            # At least two: one polls while the other waits for the tail of its poll.
+            wanted = max(2, -(-self.settings.slots // FETCHER_SHARE))
+            while len(self.fetchers) < wanted:
+                self.fetchers.append(ShareFetcher(self, len(self.fetchers)))
+            slice_s = self.settings.batch_ms / 1000
+            if final:
+                with self._lease:
+                    self._lease_until = 0.0
+                    self._lease.notify_all()
+                    limit = time.monotonic() + self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S
+                    self._lease.wait_for(lambda: not any(f.busy for f in self.fetchers), limit - time.monotonic())
+            else:
+                with self._lease:
+                    self._lease_until = time.monotonic() + slice_s + LEASE_GRACE_S
+                    self._lease.notify_all()
+                time.sleep(slice_s)
+            with self._outbox_lock:
+                settled, self._outbox = self._outbox, []
+            return settled
+
+    def leased(self) -> bool:
+        return time.monotonic() < self._lease_until
+
+    def enter_cycle(self, fetcher: ShareFetcher) -> bool:
+        """Mark the fetcher busy if it may poll (lease held) or must commit (lease ended with
+        acknowledgements pending); otherwise wait a little for a renewal and say no."""
+        with self._lease:
+            if self.leased() or fetcher.pending:
+                fetcher.busy = True
+                return True
+            self._lease.wait(0.5)
+            return False
+
+    def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None:
+        if outcomes:
+            with self._outbox_lock:
+                self._outbox.extend(outcomes)
+        with self._lease:
+            fetcher.busy = False
+            self._lease.notify_all()
+
+    def close(self) -> None:
+        with self._lease:
+            self._lease_until = 0.0
+            self._lease.notify_all()
+        for fetcher in self.fetchers:
+            fetcher.close()
+        self.delivery.close()
+
+
+RUNTIMES: PerProcess[ProcessRuntime] = PerProcess(lambda text: ProcessRuntime(ShareSettings.from_json(text)))

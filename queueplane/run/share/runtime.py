@@ -1,0 +1,58 @@
+"""Share groups (KIP-932) on the driver: queueplane's own Spark source, drained before a stop or a scale-down.
+
+Spark has no share-group source; ``source.py`` is one (Python Data Source API) whose
+micro-batches are time slices of the executors' long-lived fetchers (``process.py``). The
+broker keeps the share-partition state, so there are no offsets to checkpoint and no
+connector jars to fetch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from queueplane.run.runtime import QueueRuntime
+from queueplane.run.settings import common_settings
+from queueplane.run.share.settings import POLL_ROUNDS, SLICE_MS, ShareSettings
+
+
+class ShareRuntime(QueueRuntime):
+    group_type: ClassVar[str] = "share"
+    drains: ClassVar[bool] = True
+    batches_only_on_input: ClassVar[bool] = False  # every trigger is a new time slice
+
+    def settings(self, tasks: int) -> ShareSettings:
+        """``processing.concurrency`` is per executor; its ``tasks`` Python processes split it."""
+        queue = self.queue
+        slots = max(1, -(-queue.concurrency // max(1, tasks)))
+        return ShareSettings(
+            **common_settings(queue, self.target),
+            topic=queue.topic.name,
+            slots=slots,
+            # Enough for POLL_ROUNDS rounds of the process's threads, never more than the partition's lock cap.
+            max_poll_records=max(1, min(queue.group.max_in_flight, POLL_ROUNDS * slots)),
+            batch_ms=self.options.batch_ms or SLICE_MS,
+        )
+
+    def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
+        from queueplane.run.share.source import SOURCE_NAME, ShareSource
+
+        spark.dataSource.register(ShareSource)
+        cores = int(self.queue.executor.get("cores", 1))
+        options = self.options
+        if executor_ceiling is not None:  # tasks for the most executors; with fewer, they run in turns
+            tasks = options.tasks or executor_ceiling * cores
+            settings = self.settings(cores)
+        else:
+            # Local mode stands for one executor of the spec's size, as on Kubernetes: executor.cores
+            # tasks (Python processes) share processing.concurrency (docs/runtimes.md has the figures
+            # behind this choice). A fixed cluster runs a task per core.
+            tasks = options.tasks or (cores if options.local else spark.sparkContext.defaultParallelism)
+            settings = self.settings(tasks)
+        return (
+            spark.readStream.format(SOURCE_NAME)
+            .option("settings", settings.to_json())
+            .option("tasks", str(tasks))
+            .option("drain_file", str(drain_file))
+            .load()
+        )

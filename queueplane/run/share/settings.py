@@ -1,0 +1,59 @@
+"""What a share-group worker process is told by the driver, and the pool's and fetchers' tuning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from queueplane.run.dead_letters import Failure
+from queueplane.run.outcomes import (
+    ACCEPTED,
+)
+from queueplane.run.settings import JsonSettings
+
+HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
+FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least two a process)
+# A poll may acquire this many rounds of the pool's threads: fewer fetch round trips per record
+# (a quick handler's throughput was bound by them at 8 records a poll), while the pool's room
+# check keeps acquired records from queueing behind a busy pool.
+POLL_ROUNDS = 8
+ROOM_ROUNDS = 4
+# A pool thread takes a poll's calls in chunks of about this much handler time: a quick handler's
+# calls go to one thread together instead of waking a thread per record (each hand-over cost more
+# than a trivial call), while calls of 2 ms or more still go one to a thread.
+CHUNK_S = 0.002
+# A chunk whose running call has taken this long hands its calls not yet started to other threads,
+# so one slow or hung record holds up no other record for longer than this.
+STUCK_S = 0.05
+# A micro-batch's time slice. Each batch costs Spark a fixed amount of driver and executor work
+# (planning, the task round trip, the sink): on an idle queue, 0.13 s of JVM CPU a second at
+# 1 s slices against 0.04 s at 3 s, and a trivial handler's busy run spent 4-5 us of JVM per record
+# at 1 s against 2-3 us at 3 s. Acknowledgements do not wait for it; only the outcome rows do.
+SLICE_MS = 3000
+# Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
+# before the next batch; without a renewal they stop and only settle what they hold.
+LEASE_GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class ShareSettings(JsonSettings):
+    """Everything an executor needs, sent from the driver as JSON (no spec parsing on executors)."""
+
+    kafka: dict[str, str]
+    queue: str
+    topic: str
+    group_id: str
+    dlq_topic: str
+    output_topic: str | None
+    lock_ms: int
+    delivery_limit: int
+    handler: str
+    search_paths: list[str] = field(default_factory=list)
+    slots: int = 8
+    max_poll_records: int = 5
+    batch_ms: int = SLICE_MS
+
+
+# A call's verdict: its outcome, its failure, and when its handler started (monotonic; 0.0 when it
+# never did, and then the poll's time stands in for it in the DLQ headers).
+Result = tuple[str, Failure | None, float]
+ACCEPTED_RESULT: Result = (ACCEPTED, None, 0.0)

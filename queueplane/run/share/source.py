@@ -1,0 +1,77 @@
+"""A Spark streaming source (Python Data Source API) that runs share-group slots.
+
+Spark has no share-group source. This one has no offsets to track: the share-partition
+state lives on the broker, so each micro-batch is just "the next time slice", and its
+tasks renew the lease on their process's long-lived fetchers for that slice (see
+share_runtime). When the driver wants to stop or to scale down, it creates the drain file;
+the next batch's tasks then drain their processes. The driver stops the query after that batch, or kills
+the executors it scales away (a killed process takes its unreported outcomes with it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from queueplane.run.outcomes import OUTCOME_SCHEMA, columns_batch
+from queueplane.run.share.process import RUNTIMES
+
+SOURCE_NAME = "queueplane-share"
+
+
+class SlotTask(InputPartition):
+    def __init__(self, index: int, final: bool):
+        super().__init__(index)
+        self.index = index
+        self.final = final
+
+
+class ShareStreamReader(DataSourceStreamReader):
+    def __init__(self, settings_json: str, tasks: int, drain_file: str):
+        self.settings_json = settings_json
+        self.tasks = tasks
+        self.drain_file = drain_file
+        self.batch = 0
+
+    def initialOffset(self) -> dict:
+        return {"batch": 0}
+
+    def latestOffset(self, start: dict | None = None, limit: object = None) -> dict:
+        # Every trigger is a new time slice: there is always a next batch to run.
+        self.batch = max(self.batch, (start or {}).get("batch", 0)) + 1
+        return {"batch": self.batch}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        # Planned on the driver's side, so a file is how the driver's decision reaches it.
+        final = bool(self.drain_file) and os.path.exists(self.drain_file)
+        return [SlotTask(i, final) for i in range(self.tasks)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        runtime = RUNTIMES.get(self.settings_json)
+        blocks = runtime.run_batch(final=getattr(partition, "final", False))
+        if blocks:
+            yield columns_batch(blocks)
+
+    def commit(self, end: dict) -> None:
+        # Acknowledgements were committed to the broker inside the tasks, before they returned.
+        return None
+
+
+class ShareSource(DataSource):
+    """Options: settings (ShareSettings as JSON), tasks (parallel tasks per micro-batch),
+    drain_file (while it exists, batches drain their processes)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return OUTCOME_SCHEMA
+
+    def streamReader(self, schema: object) -> DataSourceStreamReader:
+        return ShareStreamReader(
+            self.options["settings"], int(self.options.get("tasks", "1")), self.options.get("drain_file", "")
+        )

@@ -1,0 +1,94 @@
+"""Spark's Python daemon (``spark.python.daemon.module``), with pyspark imported once, compiled.
+
+Spark starts one daemon per executor and forks a Python worker from it per task slot. Two
+costs came from how the daemon finds pyspark; profiling a trivial handler showed them
+taking more of a worker's first seconds than the records did:
+
+- Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on the workers' PYTHONPATH. Python
+  keeps no bytecode for modules imported from a zip, so every forked worker compiled the
+  pyspark modules it needed from source, and every task's ``importlib.invalidate_caches()``
+  re-read the zip's directory of some 1,400 entries.
+- The worker module (``pyspark.worker``) is imported after the fork, in every worker.
+
+Where the same pyspark is installed as a package (pip, as in queueplane's images and local
+runs), the daemon drops Spark's zips from ``sys.path`` so the package's cached bytecode is
+used, and imports the pure-Python modules every worker needs before it forks. It imports
+nothing that starts threads (pyarrow, numpy): forking a process with threads is unsafe,
+which is why pyspark imports the worker module after the fork in the first place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import os
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+# Imported before the fork: pure Python, no threads at import (checked below, not assumed).
+PRELOAD = (
+    "pyspark.worker",
+    "confluent_kafka",
+    "queueplane.run.handler",
+    "queueplane.run.dead_letters",
+    "queueplane.run.settings",
+)
+SPARK_ZIPS = ("pyspark.zip", "py4j-")
+
+
+def _version_in(text: str) -> str | None:
+    for line in text.splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip("\"'")
+    return None
+
+
+def installed_package(name: str, path: list[str]) -> Path | None:
+    """The directory of package ``name`` found on ``path``, if any."""
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def drop_spark_zips() -> bool:
+    """Remove Spark's zips from ``sys.path`` when the same pyspark version (and py4j) is installed beside them."""
+    zips = [p for p in sys.path if p.endswith(".zip") and Path(p).name.startswith(SPARK_ZIPS)]
+    pyspark_zip = next((p for p in zips if Path(p).name == "pyspark.zip"), None)
+    if pyspark_zip is None:
+        return False
+    rest = [p for p in sys.path if p not in zips]
+    package = installed_package("pyspark", rest)
+    if package is None or installed_package("py4j", rest) is None or not (package / "version.py").is_file():
+        return False
+    try:
+        with zipfile.ZipFile(pyspark_zip) as archive:
+            zipped = _version_in(archive.read("pyspark/version.py").decode())
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return False
+    if zipped is None or zipped != _version_in((package / "version.py").read_text()):
+        return False
+    sys.path[:] = [p for p in sys.path if p not in zips]
+    return True
+
+
+def preload() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+    tasks = Path("/proc/self/task")  # Linux: the process's OS threads, native ones included
+    if threading.active_count() != 1 or (tasks.is_dir() and len(os.listdir(tasks)) != 1):
+        raise RuntimeError(f"a preloaded module started a thread; the daemon must not fork with it: {PRELOAD}")
+
+
+def main() -> None:
+    drop_spark_zips()
+    preload()
+    from pyspark.daemon import manager
+
+    manager()
+
+
+if __name__ == "__main__":
+    main()

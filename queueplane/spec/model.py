@@ -1,0 +1,145 @@
+"""The typed view of a valid spec, with every default resolved.
+
+Only validated documents become a QueueSpec, so the rest of the code can trust the
+types here and never re-check the raw YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from queueplane.kafka import names as kn
+from queueplane.spec import durations
+from queueplane.spec.schema import apply_defaults
+
+GroupType = Literal["consumer", "share", "kmq"]
+Ordering = Literal["none", "partition", "key"]
+
+
+def config_value(value: Any) -> str:
+    """Kafka config values are strings; spec numbers and booleans become their Kafka spelling."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int | None
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    type: GroupType
+    id: str
+    lock_duration_ms: int
+    delivery_limit: int
+    max_in_flight: int
+    ordering: Ordering
+    start_from: str
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """One validated queue spec. ``source`` is the file it came from (for messages)."""
+
+    source: str
+    name: str
+    team: str
+    description: str
+    topic: TopicSpec
+    group: GroupSpec
+    dead_letter: TopicSpec
+    markers: TopicSpec | None
+    output_topic: str | None
+    handler: str
+    concurrency: int
+    exactly_once: bool
+    retry_backoff_ms: int
+    retry_max_backoff_ms: int
+    min_executors: int
+    max_executors: int
+    target_lag_seconds: int
+    namespace: str
+    image: str | None
+    driver: dict[str, Any]
+    executor: dict[str, Any]
+    document: dict[str, Any]
+
+    def owned_topics(self) -> list[tuple[str, str]]:
+        """(pointer, topic) pairs for every topic this spec creates and manages."""
+        owned = [("/spec/topic/name", self.topic.name), ("/spec/deadLetter/topic", self.dead_letter.name)]
+        if self.markers:
+            owned.append(("/spec/markers/topic", self.markers.name))
+        return owned
+
+
+def build(document: dict[str, Any], source: str) -> QueueSpec:
+    """Turn a schema-valid document into a QueueSpec (defaults from the schema)."""
+    d = apply_defaults(document)
+    meta, spec = d["metadata"], d["spec"]
+    topic_doc, group_doc = spec["topic"], spec["group"]
+    topic = TopicSpec(
+        name=topic_doc["name"],
+        partitions=topic_doc["partitions"],
+        replication_factor=topic_doc.get("replicationFactor"),
+        config={k: config_value(v) for k, v in topic_doc["config"].items()},
+    )
+    group = GroupSpec(
+        type=group_doc["type"],
+        id=group_doc["id"],
+        lock_duration_ms=durations.parse_ms(group_doc["lockDuration"]),
+        delivery_limit=group_doc["deliveryLimit"],
+        max_in_flight=group_doc["maxInFlight"],
+        ordering=group_doc["ordering"],
+        start_from=group_doc["startFrom"],
+    )
+    dlq_doc = spec["deadLetter"]
+    dead_letter = TopicSpec(
+        name=dlq_doc.get("topic", f"{topic.name}.dlq"),
+        partitions=dlq_doc.get("partitions", topic.partitions),
+        replication_factor=topic.replication_factor,
+        config={k: config_value(v) for k, v in dlq_doc.get("config", {}).items()},
+    )
+    markers = None
+    if group.type == "kmq":
+        markers_doc = spec["markers"]
+        markers = TopicSpec(
+            name=markers_doc.get("topic", f"{topic.name}.markers"),
+            partitions=topic.partitions,
+            replication_factor=topic.replication_factor,
+            config={
+                kn.RETENTION_MS: str(durations.parse_ms(markers_doc["retention"])),
+                kn.CLEANUP_POLICY: "delete",
+            },
+        )
+    processing = spec["processing"]
+    deployment = spec["deployment"]
+    return QueueSpec(
+        source=source,
+        name=meta["name"],
+        team=meta["team"],
+        description=meta.get("description", ""),
+        topic=topic,
+        group=group,
+        dead_letter=dead_letter,
+        markers=markers,
+        output_topic=processing.get("output", {}).get("topic"),
+        handler=processing["handler"],
+        concurrency=processing["concurrency"],
+        exactly_once=processing["exactlyOnce"],
+        retry_backoff_ms=durations.parse_ms(spec["retry"]["backoff"]),
+        retry_max_backoff_ms=durations.parse_ms(spec["retry"]["maxBackoff"]),
+        min_executors=spec["autoscaling"]["minExecutors"],
+        max_executors=spec["autoscaling"]["maxExecutors"],
+        target_lag_seconds=spec["autoscaling"]["targetLagSeconds"],
+        namespace=deployment.get("namespace", meta["team"]),
+        image=deployment.get("image"),
+        driver=deployment["driver"],
+        executor=deployment["executor"],
+        document=d,
+    )

@@ -1,0 +1,387 @@
+"""Spec validation: the JSON Schema first, then the rules a schema cannot say.
+
+Validation never stops at the first problem: a run reports everything wrong in every
+file, each problem naming its file and field, so a team fixes a spec in one go.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from queueplane.errors import Problem, SpecInvalid
+from queueplane.kafka import names as kn
+from queueplane.spec import durations
+from queueplane.spec.files import SpecFile, expand_paths, parse_text, pointer, read_spec_file
+from queueplane.spec.model import QueueSpec, build
+from queueplane.spec.schema import load_schema, subschema_at
+
+
+@dataclass(frozen=True)
+class ShareBounds:
+    """The range a broker accepts for share-group settings, and where the numbers came from."""
+
+    lock_ms: tuple[int, int] = (15_000, 60_000)
+    delivery_limit: tuple[int, int] = (2, 10)
+    max_record_locks: tuple[int, int] = (100, 4_000)
+    source: str = "Kafka's default broker bounds (no broker connected)"
+
+    @classmethod
+    def from_broker_configs(cls, configs: dict[str, str], broker: str) -> ShareBounds:
+        """Bounds from a broker's DescribeConfigs answer; a missing name keeps the documented default."""
+        default = cls()
+
+        def pair(lo: str, hi: str, fallback: tuple[int, int]) -> tuple[int, int]:
+            return (int(configs.get(lo, fallback[0])), int(configs.get(hi, fallback[1])))
+
+        return cls(
+            lock_ms=pair(kn.BROKER_SHARE_LOCK_MIN, kn.BROKER_SHARE_LOCK_MAX, default.lock_ms),
+            delivery_limit=pair(kn.BROKER_SHARE_DELIVERY_MIN, kn.BROKER_SHARE_DELIVERY_MAX, default.delivery_limit),
+            max_record_locks=pair(kn.BROKER_SHARE_LOCKS_MIN, kn.BROKER_SHARE_LOCKS_MAX, default.max_record_locks),
+            source=f"bounds of broker {broker}",
+        )
+
+
+def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
+    """The schema with each local $ref replaced by allOf its target: same meaning, no lookups.
+
+    Reference resolution was most of the validation time when planning hundreds of specs.
+    """
+    if isinstance(node, list):
+        return [_inline_refs(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _inline_refs(v, defs) for k, v in node.items() if k not in ("$ref", "$defs")}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        out["allOf"] = [*out.get("allOf", []), _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)]
+    return out
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    schema = load_schema()
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(_inline_refs(schema, schema["$defs"]))
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_TYPE_WORDS = {
+    "string": "a string",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def _schema_error_problems(error: ValidationError, spec: SpecFile) -> list[Problem]:
+    """Turn one jsonschema error into messages a team can act on, with the field's pointer."""
+    path = list(error.absolute_path)
+    ptr = pointer(path)
+    kind, expected, instance, schema = error.validator, error.validator_value, error.instance, error.schema
+    custom = schema.get("errorMessage") if isinstance(schema, dict) else None
+
+    if kind == "additionalProperties" and isinstance(instance, dict):
+        known = sorted((schema.get("properties") or {}).keys())
+        problems = []
+        for key in sorted(set(instance) - set(known), key=str):
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f'did you mean "{close[0]}"?' if close else f"known fields here: {', '.join(known)}"
+            problems.append(spec.problem(pointer([*path, key]), f'unknown field "{key}"', hint))
+        return problems
+    if kind == "required" and isinstance(instance, dict):
+        missing = [k for k in expected if k not in instance]
+        out = []
+        for key in missing:
+            described = subschema_at([*path, key]) or {}
+            hint = described.get("description")
+            out.append(spec.problem(pointer([*path, key]), "is required", hint))
+        return out
+    if "propertyNames" in error.schema_path:
+        # jsonschema reports a bad key at its mapping; point at the key itself.
+        return [spec.problem(pointer([*path, instance]), f"{custom or error.message}; got {_show(instance)}")]
+    if kind == "enum":
+        choices = ", ".join(str(c) for c in expected)
+        close = difflib.get_close_matches(str(instance), [str(c) for c in expected], n=1, cutoff=0.5)
+        hint = f'did you mean "{close[0]}"?' if close else None
+        return [spec.problem(ptr, f"must be one of {choices}; got {_show(instance)}", hint)]
+    if kind == "const":
+        return [spec.problem(ptr, f"must be {_show(expected)}; got {_show(instance)}")]
+    if kind == "type":
+        wanted = expected if isinstance(expected, list) else [expected]
+        words = " or ".join(_TYPE_WORDS.get(w, w) for w in wanted)
+        detail = f"must be {words}; got {_show(instance)}"
+        if custom and "string" in wanted:
+            detail += f" ({custom.removeprefix('must be ')})"
+        return [spec.problem(ptr, detail)]
+    if kind == "pattern":
+        return [spec.problem(ptr, f"{custom or 'must match ' + expected}; got {_show(instance)}")]
+    if kind in ("minimum", "maximum"):
+        word = "at least" if kind == "minimum" else "at most"
+        return [spec.problem(ptr, f"must be {word} {expected}; got {_show(instance)}")]
+    if kind in ("minLength", "maxLength"):
+        word = "at least" if kind == "minLength" else "at most"
+        extra = ""
+        if path == ["metadata", "name"] and kind == "maxLength":
+            extra = " (it becomes the Helm release name)"
+        return [spec.problem(ptr, f"must be {word} {expected} characters{extra}; got {len(instance)}")]
+    return [spec.problem(ptr, error.message)]
+
+
+def schema_problems(spec: SpecFile) -> list[Problem]:
+    problems: list[Problem] = []
+    errors = sorted(_validator().iter_errors(spec.data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    for error in errors:
+        problems.extend(_schema_error_problems(error, spec))
+    # One field can fail two keywords (type and pattern); keep one line per pointer and message.
+    unique: dict[tuple[str, str], Problem] = {}
+    for p in problems:
+        unique.setdefault((p.pointer, p.message), p)
+    return list(unique.values())
+
+
+def semantic_problems(spec: SpecFile, queue: QueueSpec) -> list[Problem]:
+    """Rules that need more than one field."""
+    raw_spec = spec.data["spec"]
+    group = queue.group
+    out: list[Problem] = []
+
+    def add(ptr: str, message: str, hint: str | None = None) -> None:
+        out.append(spec.problem(ptr, message, hint))
+
+    if group.type in ("share", "kmq") and group.ordering != "none":
+        add(
+            "/spec/group/ordering",
+            f'must be "none" for {group.type} groups; got "{group.ordering}"',
+            "share and kmq queues hand records to many workers at once; use group.type consumer for order",
+        )
+    if queue.exactly_once and group.type != "consumer":
+        add(
+            "/spec/processing/exactlyOnce",
+            f"is supported only for consumer groups, not {group.type}",
+            "Kafka transactions commit consumer-group offsets (KIP-447); share and kmq acknowledge per record",
+        )
+    if "markers" in raw_spec and group.type != "kmq":
+        add("/spec/markers", f"applies only to kmq groups, not {group.type}", "remove it")
+    if "retry" in raw_spec and group.type == "share":
+        add(
+            "/spec/retry",
+            "does not apply to share groups: the broker redelivers after a release",
+            "remove it; lockDuration and deliveryLimit govern share redelivery",
+        )
+    if group.lock_duration_ms <= 0:
+        add("/spec/group/lockDuration", "must be longer than 0s")
+    if queue.dead_letter.name == queue.topic.name:
+        add(
+            "/spec/deadLetter/topic",
+            f'must differ from the queue topic "{queue.topic.name}"',
+            "records sent to the DLQ would be consumed again",
+        )
+    if queue.output_topic is not None:
+        for ptr, name in queue.owned_topics():
+            if queue.output_topic == name:
+                add(
+                    "/spec/processing/output/topic",
+                    f'must differ from {ptr} "{name}"',
+                    "outputs written there would loop back into this queue",
+                )
+    if queue.markers is not None:
+        for ptr, name in queue.owned_topics()[:2]:
+            if queue.markers.name == name:
+                add("/spec/markers/topic", f'must differ from {ptr} "{name}"')
+        retention_ms = int(queue.markers.config[kn.RETENTION_MS])
+        if retention_ms < 2 * group.lock_duration_ms:
+            add(
+                "/spec/markers/retention",
+                f"{durations.format_ms(retention_ms)} is shorter than twice lockDuration "
+                f"({durations.format_ms(2 * group.lock_duration_ms)})",
+                "markers must outlive the deliveries they track",
+            )
+    if queue.retry_backoff_ms > queue.retry_max_backoff_ms:
+        add(
+            "/spec/retry/backoff",
+            f"{durations.format_ms(queue.retry_backoff_ms)} is longer than maxBackoff "
+            f"{durations.format_ms(queue.retry_max_backoff_ms)}",
+        )
+    if queue.image is not None and _unpinned(queue.image):
+        add(
+            "/spec/deployment/image",
+            f'"{queue.image}" is not pinned to a version',
+            "use an explicit tag other than latest, or a @sha256 digest, so every pod runs the same code",
+        )
+    if queue.min_executors > queue.max_executors:
+        add("/spec/autoscaling/minExecutors", f"{queue.min_executors} is more than maxExecutors {queue.max_executors}")
+    return out
+
+
+def _unpinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return False
+    last = image.rsplit("/", 1)[-1]
+    return ":" not in last or last.rsplit(":", 1)[1] == "latest"
+
+
+def bound_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds) -> list[Problem]:
+    """Share-group settings inside the range the broker accepts."""
+    group = queue.group
+    if group.type != "share":
+        return []
+    checks = [
+        (
+            "/spec/group/lockDuration",
+            group.lock_duration_ms,
+            bounds.lock_ms,
+            durations.format_ms,
+            (kn.BROKER_SHARE_LOCK_MIN, kn.BROKER_SHARE_LOCK_MAX),
+        ),
+        (
+            "/spec/group/deliveryLimit",
+            group.delivery_limit,
+            bounds.delivery_limit,
+            str,
+            (kn.BROKER_SHARE_DELIVERY_MIN, kn.BROKER_SHARE_DELIVERY_MAX),
+        ),
+        (
+            "/spec/group/maxInFlight",
+            group.max_in_flight,
+            bounds.max_record_locks,
+            str,
+            (kn.BROKER_SHARE_LOCKS_MIN, kn.BROKER_SHARE_LOCKS_MAX),
+        ),
+    ]
+    return [
+        spec.problem(
+            ptr,
+            f"{show(value)} is outside the share-group range {show(lo)}..{show(hi)} ({bounds.source})",
+            f"the broker bounds are {names[0]} and {names[1]}",
+        )
+        for ptr, value, (lo, hi), show, names in checks
+        if not lo <= value <= hi
+    ]
+
+
+def _collision_key(topic: str) -> str:
+    # Kafka refuses topics whose names differ only in '.' versus '_' (metric names collide).
+    return topic.replace(".", "_")
+
+
+def cross_spec_problems(queues: list[tuple[SpecFile, QueueSpec]]) -> list[Problem]:
+    """Ownership rules across every spec of one run: names, group ids and topics are owned once."""
+    out: list[Problem] = []
+    names: dict[str, str] = {}
+    groups: dict[str, str] = {}
+    topics: dict[str, tuple[str, str]] = {}
+    colliding: dict[str, tuple[str, str]] = {}
+    for spec, queue in queues:
+        if queue.name in names:
+            out.append(
+                spec.problem(
+                    "/metadata/name",
+                    f'"{queue.name}" is already the name of {names[queue.name]}',
+                    "queue names are unique across all specs",
+                )
+            )
+        names.setdefault(queue.name, spec.path)
+        if queue.group.id in groups:
+            out.append(
+                spec.problem(
+                    "/spec/group/id",
+                    f'group "{queue.group.id}" is already used by {groups[queue.group.id]}',
+                    "two queues sharing one group would steal each other's records",
+                )
+            )
+        groups.setdefault(queue.group.id, spec.path)
+        for ptr, topic in queue.owned_topics():
+            if topic in topics:
+                owner_file, owner_ptr = topics[topic]
+                where = "this spec" if owner_file == spec.path else owner_file
+                out.append(spec.problem(ptr, f'topic "{topic}" is already owned by {where} ({owner_ptr})'))
+                continue
+            topics[topic] = (spec.path, ptr)
+            key = _collision_key(topic)
+            if key in colliding and colliding[key][0] != topic:
+                other, other_file = colliding[key]
+                out.append(
+                    spec.problem(
+                        ptr,
+                        f'topic "{topic}" collides with "{other}" in {other_file}',
+                        "Kafka treats '.' and '_' alike in topic metric names; rename one",
+                    )
+                )
+            colliding.setdefault(key, (topic, spec.path))
+    return out
+
+
+@dataclass
+class Loaded:
+    """The outcome of loading specs: the valid queues, and every problem found."""
+
+    queues: list[QueueSpec]
+    problems: list[Problem]
+    # Every spec that passed the schema (its rules can still fail), for with_bounds.
+    checked: list[tuple[SpecFile, QueueSpec]] = field(default_factory=list, repr=False)
+
+    def raise_if_invalid(self) -> list[QueueSpec]:
+        if self.problems:
+            raise SpecInvalid(self.problems)
+        return self.queues
+
+    def with_bounds(self, bounds: ShareBounds) -> Loaded:
+        """Add the broker-bound rules without parsing or schema-checking the files again."""
+        found = [p for spec, queue in self.checked for p in bound_problems(spec, queue, bounds)]
+        failed = {p.file for p in found}
+        return Loaded([q for q in self.queues if q.source not in failed], _sorted(self.problems + found), self.checked)
+
+
+def _sorted(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.file, p.line or 0, p.pointer))
+
+
+def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None) -> Loaded:
+    """Check parsed files; ``bounds`` None leaves out the rules that need a broker's limits."""
+    problems: list[Problem] = []
+    built: list[tuple[SpecFile, QueueSpec]] = []
+    valid: list[tuple[SpecFile, QueueSpec]] = []
+    for spec in files:
+        problems.extend(spec.problems)
+        if spec.data is None or spec.problems:
+            continue
+        if not spec.rules_passed:
+            found = schema_problems(spec)
+            if found:
+                problems.extend(found)
+                continue
+        queue = build(spec.data, spec.path)
+        built.append((spec, queue))
+        found = [] if spec.rules_passed else semantic_problems(spec, queue)
+        problems.extend(found)
+        if not found:
+            spec.rules_passed = True
+            valid.append((spec, queue))
+    problems.extend(cross_spec_problems(valid))
+    loaded = Loaded([q for _, q in valid], _sorted(problems), built)
+    return loaded.with_bounds(bounds) if bounds is not None else loaded
+
+
+def load_specs(paths: list[str], bounds: ShareBounds | None = ShareBounds()) -> Loaded:
+    """Read and check every spec under ``paths`` (files or directories)."""
+    return check_files([read_spec_file(p) for p in expand_paths(paths)], bounds)
+
+
+def check_text(text: str, source: str = "spec.yaml", bounds: ShareBounds | None = ShareBounds()) -> Loaded:
+    """Check one spec given as YAML text (tests, and the Airflow DAG factory's import errors)."""
+    return check_files([parse_text(text, source)], bounds)
