@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine (Python >= 3.11, Java 17, Maven, Go):
-#   make demo   local Kafka up, example specs validated, planned, applied, re-applied (no changes)
+#   make demo   local Kafka up, example specs validated, planned, applied, re-applied (no changes),
+#               then each example queue loaded and run on Spark
 #   make test   lint + the whole test suite against real parts
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -17,7 +18,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Everything the project downloads or builds (Kafka and connector jars, helm, the Kubernetes
+# API schemas) is fetched here, with progress, so no demo step or timed test waits on it.
 setup: $(STAMP)
+	$(QP) local fetch
 
 demo: setup
 	@echo "== 1. start the local Kafka broker (jars from Maven Central, cached)"
@@ -40,6 +44,11 @@ demo: setup
 	@echo "== 9. the dead-letter queue, with Kafka's own console consumer"
 	$(QP) local kafka console-consumer --topic cafe.coffee-orders.v1.dlq --from-beginning --max-messages 3 \
 	  --timeout-ms 5000 --property print.headers=true || true
+	@echo "== 10. a consumer-group queue (ordered per key, exactly once) and a kmq queue, briefly"
+	$(QP) load specs/examples/payment-events.yaml --count 500 --poison-rate 0.01
+	$(QP) run specs/examples/payment-events.yaml --until-idle 5s
+	$(QP) load specs/examples/email-jobs.yaml --count 500 --poison-rate 0.01 --slow-rate 0.02
+	$(QP) run specs/examples/email-jobs.yaml --until-idle 5s
 	@echo "== done. The broker keeps running: 'queueplane local status', stop it with 'make local-down'."
 
 lint: setup

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "specs" / "examples"
@@ -23,3 +27,37 @@ def run_cli(
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def tagged_examples(directory: Path, tag: str) -> dict[str, Path]:
+    """The example specs under ``directory``/<team>/, with topics and group ids made unique by ``tag``.
+
+    DAG ids stay those of the examples; the Kafka names cannot clash with other tests' on the
+    shared broker. Each spec's handler package is copied beside it, as it sits beside the
+    example. Returns the spec files by dag_id.
+    """
+    out: dict[str, Path] = {}
+    for source in sorted(EXAMPLES.glob("*.yaml")):
+        doc = yaml.safe_load(source.read_text())
+        spec = doc["spec"]
+        spec["topic"]["name"] = f"{tag}.{spec['topic']['name']}"
+        spec["group"]["id"] = f"{tag}-{spec['group']['id']}"
+        for section, key in (("deadLetter", "topic"), ("markers", "topic")):
+            if key in spec.get(section, {}):
+                spec[section][key] = f"{tag}.{spec[section][key]}"
+        output = spec.get("processing", {}).get("output")
+        if output:
+            output["topic"] = f"{tag}.{output['topic']}"
+        meta = doc["metadata"]
+        path = directory / meta["team"] / source.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        package = spec["processing"]["handler"].split(".")[0]
+        if (EXAMPLES / package).is_dir() and not (path.parent / package).exists():
+            shutil.copytree(EXAMPLES / package, path.parent / package, ignore=shutil.ignore_patterns("__pycache__"))
+        out[f"queue__{meta['team']}__{meta['name']}"] = path
+    return out
+
+
+def unique_tag() -> str:
+    return f"af{uuid.uuid4().hex[:8]}"

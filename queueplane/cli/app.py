@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from queueplane import __version__
-from queueplane.cli import local_commands, ops_commands, run_commands, spec_commands
+from queueplane.cli import deploy_commands, local_commands, ops_commands, run_commands, spec_commands
 from queueplane.cli.common import EPILOG, err, print_problems
 from queueplane.errors import EXIT_FAILED, QueueplaneError, SpecInvalid
 
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"queueplane {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for group in (spec_commands, run_commands, ops_commands, local_commands):
+    for group in (spec_commands, deploy_commands, run_commands, ops_commands, local_commands):
         group.register(commands)
     return parser
 

@@ -19,6 +19,10 @@ def register(commands: Any) -> None:
         "enabled; state and logs under .queueplane/local/.",
     )
     local_cmds = local.add_subparsers(dest="local_command", metavar="ACTION", required=True)
+    local_cmds.add_parser(
+        "fetch",
+        help="fetch and build everything queueplane needs ahead of time (Kafka and connector jars, helm, API schemas)",
+    )
     local_cmds.add_parser("up", help="fetch the jars if needed, start the broker, print bootstrap.servers")
     down = local_cmds.add_parser("down", help="stop the broker")
     down.add_argument("--purge", action="store_true", help="also delete its data and logs")
@@ -42,6 +46,11 @@ def register(commands: Any) -> None:
 def cmd_local(args: argparse.Namespace) -> int:
     from queueplane.local.stack import LocalStack
 
+    if args.local_command == "fetch":
+        from queueplane.prefetch import fetch_all
+
+        fetch_all(lambda line: err.print(line, markup=False))
+        return EXIT_OK
     stack = LocalStack.default()
     if args.local_command == "up":
         with err.status("local Kafka") as status:

@@ -1,4 +1,4 @@
-"""Commands on specs and the cluster: validate, plan, apply, render."""
+"""Commands on specs and the Kafka cluster: validate, plan, apply."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from queueplane.cli.common import cluster_flags, command, err, one_spec, out, output_flag, resolve_target
+from queueplane.cli.common import cluster_flags, command, err, out, output_flag, resolve_target
 from queueplane.errors import EXIT_OK, EXIT_REFUSED, UsageError
 from queueplane.kafka.target import named_target
 from queueplane.provision import steps
@@ -50,18 +50,6 @@ def register(commands: Any) -> None:
     cluster_flags(p)
     output_flag(p)
     p.set_defaults(handler=cmd_apply)
-
-    p = command(
-        commands,
-        "render",
-        "render a queue's Helm release (values and Kubernetes manifests)",
-        "Helm values from the spec, then `helm template` of charts/queue-worker; every object is checked "
-        "against the Kubernetes API schema and the platform policy. Prints the manifests, or writes "
-        "values.yaml and manifests.yaml to --output-dir.",
-    )
-    p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
-    p.set_defaults(handler=cmd_render)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -136,26 +124,4 @@ def cmd_apply(args: argparse.Namespace) -> int:
     else:
         counts = plan.counts()
         out.print(f"Apply complete: {counts['create']} created, {counts['change']} changed.")
-    return EXIT_OK
-
-
-def cmd_render(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from queueplane.deploy.render import render
-
-    queue = one_spec(args.spec)
-    with err.status(f"rendering {queue.name}"):
-        rendered = render(queue, output_dir=Path(args.output_dir) if args.output_dir else None)
-    if args.output_dir is None:
-        out.print(rendered.manifests, markup=False, end="")
-        return EXIT_OK
-    kinds = ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in rendered.objects)
-    out.print(f"release {rendered.release} in namespace {rendered.namespace}: {kinds}", markup=False)
-    out.print(f"wrote {rendered.values_file} and {rendered.values_file.with_name('manifests.yaml')}", markup=False)
-    out.print(
-        f"install: helm upgrade --install {rendered.release} {rendered.chart} --namespace {rendered.namespace} "
-        f"--create-namespace --values {rendered.values_file}",
-        markup=False,
-    )
     return EXIT_OK

@@ -28,7 +28,6 @@ from queueplane.spec.schema import load_schema
 CHART_NAME = "queue-worker"
 EXECUTOR_TEMPLATE_KEY = "executor-pod-template.yaml"
 SPEC_KEY = "spec.yaml"
-DEFAULT_IMAGE = "registry.example.com/queueplane/worker:0.1.0"
 # PySpark on Kubernetes: Python workers live outside the JVM heap, so Spark's default for
 # non-JVM jobs reserves 40% of the heap (at least 384 MiB) on top of it.
 MEMORY_OVERHEAD_FACTOR = 0.4
@@ -88,8 +87,14 @@ def _pod(queue: QueueSpec, role: str, resources: dict[str, Any]) -> dict[str, in
     }
 
 
+def default_image() -> str:
+    """The chart's own image (values.yaml), for specs that name none: the chart is the one place for it."""
+    image = yaml.safe_load((chart_path() / "values.yaml").read_text(encoding="utf-8"))["image"]
+    return f"{image['repository']}:{image['tag']}"
+
+
 def _image(queue: QueueSpec) -> dict[str, str]:
-    reference = queue.image or DEFAULT_IMAGE
+    reference = queue.image or default_image()
     pattern = _schema_pattern("properties", "spec", "properties", "deployment", "properties", "image")
     _checked(queue, "/spec/deployment/image", reference, pattern)
     name, _, digest = reference.partition("@")

@@ -11,10 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -27,6 +24,7 @@ from queueplane.kafka import clients
 from queueplane.kafka import names as kn
 from queueplane.kafka.protocol import api_versions
 from queueplane.local.maven import COMPLETE, copy_dependencies
+from queueplane.local.processes import free_port, pid_alive, port_open, terminate
 from queueplane.paths import cache_dir, home_dir
 
 # Newest Kafka 4.x whose full dependency set Maven Central serves (4.4.0's kafka_2.13
@@ -193,7 +191,7 @@ class LocalStack:
         """Start the broker unless it already runs; return once it serves requests."""
         with self._lock():
             state = self.running_state()
-            if state is not None and _port_open(state.port):
+            if state is not None and port_open(HOST, state.port):
                 say("already running")
                 return state
             self.fetch(say)
@@ -216,7 +214,7 @@ class LocalStack:
             was_running = False
             if state is not None and _is_our_broker(state.pid, self.properties_file):
                 was_running = True
-                _terminate(state.pid)
+                terminate(state.pid)
             self.state_file.unlink(missing_ok=True)
             if purge:
                 for child in ("data", "logs", "server.properties", "log4j2.yaml", "tools-log4j2.yaml", "ports.json"):
@@ -246,13 +244,13 @@ class LocalStack:
         """Reuse the recorded ports so clients' bootstrap setting survives a restart."""
         if self.ports_file.is_file() and (self.data_dir / "meta.properties").is_file():
             port, controller_port = json.loads(self.ports_file.read_text())
-            if not _port_open(port) and not _port_open(controller_port):
+            if not port_open(HOST, port) and not port_open(HOST, controller_port):
                 return port, controller_port
             raise LocalStackError(
                 f"port {port} or {controller_port} of the stopped local broker is taken by another "
                 f"process; free it, or start afresh with `queueplane local down --purge`"
             )
-        ports = _free_port(), _free_port()
+        ports = free_port(HOST), free_port(HOST)
         self.ports_file.write_text(json.dumps(ports))
         return ports
 
@@ -347,7 +345,7 @@ class LocalStack:
         deadline = time.monotonic() + READY_TIMEOUT_S
         last_error = "no answer yet"
         while time.monotonic() < deadline:
-            if not _pid_alive(state.pid):
+            if not pid_alive(state.pid):
                 raise LocalStackError(
                     f"Kafka exited during start-up; see {self.log_file} and {self.log_file.parent / 'stdout.log'}"
                 )
@@ -359,7 +357,7 @@ class LocalStack:
                 continue
             level = versions.finalized_features.get(kn.SHARE_FEATURE, 0)
             if level < 1:
-                _terminate(state.pid)
+                terminate(state.pid)
                 raise LocalStackError(
                     f"the broker reports feature {kn.SHARE_FEATURE}={level}; share groups need >= 1. "
                     f"Start afresh with `queueplane local down --purge` then `queueplane local up`."
@@ -368,7 +366,7 @@ class LocalStack:
                 say(f"ready, {kn.SHARE_FEATURE}={level}")
                 return
             time.sleep(0.2)
-        _terminate(state.pid)
+        terminate(state.pid)
         raise LocalStackError(
             f"Kafka did not become ready within {READY_TIMEOUT_S:.0f}s ({last_error}); see {self.log_file}"
         )
@@ -391,55 +389,12 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((HOST, port)) == 0
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return True
-
-
 def _is_our_broker(pid: int, properties: Path) -> bool:
     """The pid is alive and runs kafka.Kafka with our properties file (guards against pid reuse)."""
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     return b"kafka.Kafka" in cmdline and str(properties).encode() in cmdline
-
-
-def _terminate(pid: int, grace_s: float = 20.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _pid_alive(pid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    while _pid_alive(pid):
-        time.sleep(0.05)

@@ -24,6 +24,7 @@ from queueplane.operators import (
     QueueReadySensor,
     ValidateSpecOperator,
 )
+from queueplane.operators.hooks import KAFKA_CONN_ID
 from queueplane.provision.steps import check_specs
 from queueplane.spec.model import QueueSpec
 from queueplane.spec.rules import ShareBounds
@@ -80,7 +81,7 @@ def _doc_md(queue: QueueSpec) -> str:
     )
 
 
-def queue_dag(queue: QueueSpec, kafka_conn_id: str = "kafka_default") -> DAG:
+def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
     """validate → plan → apply topics → apply group configs → deploy → wait until ready."""
     spec = str(Path(queue.source).resolve())
     with DAG(
@@ -128,7 +129,7 @@ def reconcile_dag(root: Path) -> DAG:
         dag_id=RECONCILE_DAG_ID,
         description="Plan every queue spec against the cluster; fail on drift",
         doc_md=(
-            f"Plans every spec under `{root}` against `kafka_default`. Fails, listing each difference, when "
+            f"Plans every spec under `{root}` against `{KAFKA_CONN_ID}`. Fails, listing each difference, when "
             "the cluster no longer matches the specs (someone changed a topic or group config by hand, or a "
             "spec was merged but not applied). Trigger the queue's DAG to converge."
         ),

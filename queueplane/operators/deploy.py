@@ -17,23 +17,15 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, KubeAccess, kafka_target, kube_access
+from queueplane.deploy import release
+from queueplane.deploy.release import HELM_TIMEOUT_S
+from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access
 from queueplane.operators.provision import task_errors
 from queueplane.provision import steps
-
-HELM_TIMEOUT_S = 600
 
 
 def _is_true(value: bool | str) -> bool:
     return str(value).lower() == "true"
-
-
-def _worker_deployment(objects: list[dict[str, Any]]) -> str:
-    """The name of the worker's (driver's) Deployment among the rendered objects."""
-    names = [obj["metadata"]["name"] for obj in objects if obj.get("kind") == "Deployment"]
-    if len(names) != 1:
-        raise ValueError(f"the rendered chart holds {len(names)} Deployments, expected the driver's one")
-    return str(names[0])
 
 
 class HelmDeployOperator(BaseOperator):
@@ -62,7 +54,6 @@ class HelmDeployOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, str]:
         if not _is_true(self.deploy):
             raise AirflowSkipException("deploy is off for this run (param deploy): nothing rendered or deployed")
-        from queueplane.deploy.helm import run_helm
         from queueplane.deploy.render import render, validate_manifests
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
@@ -86,53 +77,16 @@ class HelmDeployOperator(BaseOperator):
                         "and validated (manifests above) but not deployed. Create the connection (type kubernetes, "
                         "with a kubeconfig path or content, or in-cluster) to deploy."
                     )
-                args = [
-                    "upgrade",
-                    "--install",
-                    rendered.release,
-                    str(rendered.chart),
-                    "--namespace",
-                    rendered.namespace,
-                    "--create-namespace",
-                    "--values",
-                    str(rendered.values_file),
-                    "--rollback-on-failure",  # Helm 4's name for --atomic: a failed upgrade rolls back
-                    "--wait",
-                    "--timeout",
-                    f"{self.helm_timeout_s}s",
-                ]
-                if access.context:
-                    args += ["--kube-context", access.context]
-                result = run_helm(args, kubeconfig=access.kubeconfig, timeout=self.helm_timeout_s + 60)
-                self.log.info("helm upgrade --install %s:\n%s", rendered.release, result.stdout)
+                output = release.upgrade(rendered, access, self.helm_timeout_s)
+                self.log.info("helm upgrade --install %s:\n%s", rendered.release, output)
         return {"release": rendered.release, "namespace": rendered.namespace}
-
-
-def _deployment_available(access: KubeAccess, namespace: str, name: str) -> tuple[bool, str]:
-    from kubernetes import client, config
-
-    if access.in_cluster:
-        config.load_incluster_config()
-        api = client.ApiClient()
-    else:
-        api = config.new_client_from_config(config_file=access.kubeconfig, context=access.context)
-    with api:
-        try:
-            status = client.AppsV1Api(api).read_namespaced_deployment_status(name, namespace).status
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return False, f"deployment {namespace}/{name} does not exist yet"
-            raise
-    available = any(c.type == "Available" and c.status == "True" for c in status.conditions or [])
-    ready = status.ready_replicas or 0
-    return available and ready > 0, f"deployment {namespace}/{name}: {ready} ready, available={available}"
 
 
 class QueueReadySensor(BaseSensorOperator):
     """Waits until the worker's Deployment is available and the queue's lag is under the spec's target.
 
     Lag is the age of the oldest record the group has not finished (see
-    queueplane.backlog_age), compared with `autoscaling.targetLagSeconds`. Runs in
+    queueplane.ops.backlog_age), compared with `autoscaling.targetLagSeconds`. Runs in
     reschedule mode: between checks the task gives its worker slot back.
     """
 
@@ -161,11 +115,11 @@ class QueueReadySensor(BaseSensorOperator):
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
             (queue,) = steps.validate([self.spec_path])
             rendered = render(queue, output_dir=Path(out))
-            name = _worker_deployment(rendered.objects)
+            name = release.worker_deployment(rendered.objects)
             with kube_access(self.kubernetes_conn_id) as access:
                 if access is None:
                     raise AirflowSkipException(f"no connection {self.kubernetes_conn_id!r}: no worker to wait for")
-                ready, status = _deployment_available(access, rendered.namespace, name)
+                ready, status = release.deployment_available(access, rendered.namespace, name)
             self.log.info(status)
             if not ready:
                 return False

@@ -14,12 +14,12 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from queueplane.deploy.release import KubeAccess
 from queueplane.errors import UsageError
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import config_value
@@ -45,15 +45,6 @@ def kafka_target(conn_id: str = KAFKA_CONN_ID) -> KafkaTarget:
             "librdkafka client config, as for the Apache Kafka provider"
         )
     return KafkaTarget(settings, f"{settings['bootstrap.servers']} (connection {conn_id})")
-
-
-@dataclass(frozen=True)
-class KubeAccess:
-    """How helm and the Kubernetes client reach the cluster: a kubeconfig file, or the pod's own account."""
-
-    kubeconfig: str | None
-    context: str | None
-    in_cluster: bool
 
 
 def _field(extra: dict[str, Any], name: str) -> Any:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from queueplane.local.stack import _free_port
+from queueplane.local.processes import free_port
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 COMPONENTS = ("api-server", "scheduler", "dag-processor")
@@ -38,7 +38,7 @@ class AirflowStack:
 
     @classmethod
     def create(cls, home: Path, extra_env: dict[str, str]) -> AirflowStack:
-        port = _free_port()
+        port = free_port("127.0.0.1")
         base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
         env = {
             **base,

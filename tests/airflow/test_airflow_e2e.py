@@ -14,8 +14,8 @@ from urllib.parse import unquote
 
 import pytest
 from airflow_stack import AirflowStack
-from airflow_support import kafka_connection, tagged_examples, unique_tag
-from helpers import REPO
+from airflow_support import kafka_connection
+from helpers import REPO, tagged_examples, unique_tag
 
 from queueplane.kafka import clients
 

@@ -9,8 +9,9 @@ import pytest
 from airflow.models.xcom import XComModel
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.utils.session import create_session
-from airflow_support import kafka_connection, tagged_examples, unique_tag
+from airflow_support import kafka_connection
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from helpers import tagged_examples, unique_tag
 
 from queueplane.kafka import clients
 from queueplane.operators.dag_factory import queue_dags, reconcile_dag

@@ -1,0 +1,84 @@
+"""Commands on a queue's Helm release: render (values and manifests, checked) and deploy (helm upgrade)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from queueplane.cli.common import command, duration_flag, err, one_spec, out
+from queueplane.errors import EXIT_OK
+
+
+def register(commands: Any) -> None:
+    p = command(
+        commands,
+        "render",
+        "render a queue's Helm release (values and Kubernetes manifests)",
+        "Helm values from the spec, then `helm template` of charts/queue-worker; every object is checked "
+        "against the Kubernetes API schema and the platform policy. Prints the manifests, or writes "
+        "values.yaml and manifests.yaml to --output-dir.",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
+    p.set_defaults(handler=cmd_render)
+
+    p = command(
+        commands,
+        "deploy",
+        "install or upgrade a queue's worker with Helm",
+        "Render the release as `render` does (every object checked), then `helm upgrade --install "
+        "--rollback-on-failure --wait`: a failed upgrade rolls back and the old worker keeps running. The "
+        "cluster is --kubeconfig (else $KUBECONFIG, else ~/.kube/config); the Airflow deploy task does the same.",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig of the cluster")
+    p.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    p.add_argument("--timeout", default="10m", metavar="DURATION", help="how long helm waits for the worker (10m)")
+    p.add_argument("--dry-run", action="store_true", help="render and check, print the helm command, change nothing")
+    p.set_defaults(handler=cmd_deploy)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from queueplane.deploy.render import render
+
+    queue = one_spec(args.spec)
+    with err.status(f"rendering {queue.name}"):
+        rendered = render(queue, output_dir=Path(args.output_dir) if args.output_dir else None)
+    if args.output_dir is None:
+        out.print(rendered.manifests, markup=False, end="")
+        return EXIT_OK
+    kinds = ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in rendered.objects)
+    out.print(f"release {rendered.release} in namespace {rendered.namespace}: {kinds}", markup=False)
+    out.print(f"wrote {rendered.values_file} and {rendered.values_file.with_name('manifests.yaml')}", markup=False)
+    out.print(
+        f"install: helm upgrade --install {rendered.release} {rendered.chart} --namespace {rendered.namespace} "
+        f"--create-namespace --values {rendered.values_file}",
+        markup=False,
+    )
+    return EXIT_OK
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from queueplane.deploy import release
+    from queueplane.deploy.render import render
+
+    queue = one_spec(args.spec)
+    timeout_s = int(duration_flag(args.timeout, "--timeout") or release.HELM_TIMEOUT_S)
+    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    access = release.KubeAccess(kubeconfig, args.context, in_cluster=False)
+    with tempfile.TemporaryDirectory(prefix="queueplane-deploy-") as folder:
+        with err.status(f"rendering {queue.name}"):
+            rendered = render(queue, output_dir=Path(folder))
+        if args.dry_run:
+            argv = " ".join(["helm", *release.upgrade_args(rendered, access, timeout_s)])
+            out.print(f"dry run: release {rendered.release} rendered and checked; would run: {argv}", markup=False)
+            return EXIT_OK
+        with err.status(f"helm upgrade --install {rendered.release} (namespace {rendered.namespace})"):
+            output = release.upgrade(rendered, access, timeout_s)
+    out.print(output, markup=False, end="")
+    return EXIT_OK

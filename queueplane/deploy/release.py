@@ -1,0 +1,81 @@
+"""A queue's Helm release on a cluster: install or upgrade it, and ask whether its worker is up.
+
+The command line (`queueplane deploy`) and the Airflow deploy task and readiness sensor all
+come here, so the helm invocation and the readiness rule exist once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from queueplane.deploy.helm import run_helm
+from queueplane.deploy.render import Rendered
+
+HELM_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class KubeAccess:
+    """How helm and the Kubernetes client reach the cluster: a kubeconfig file, or the pod's own account."""
+
+    kubeconfig: str | None
+    context: str | None
+    in_cluster: bool
+
+
+def worker_deployment(objects: list[dict[str, Any]]) -> str:
+    """The name of the worker's (driver's) Deployment among the rendered objects."""
+    names = [obj["metadata"]["name"] for obj in objects if obj.get("kind") == "Deployment"]
+    if len(names) != 1:
+        raise ValueError(f"the rendered chart holds {len(names)} Deployments, expected the driver's one")
+    return str(names[0])
+
+
+def upgrade_args(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> list[str]:
+    """`helm upgrade --install --rollback-on-failure --wait` of the rendered release (Helm 4's --atomic)."""
+    args = [
+        "upgrade",
+        "--install",
+        rendered.release,
+        str(rendered.chart),
+        "--namespace",
+        rendered.namespace,
+        "--create-namespace",
+        "--values",
+        str(rendered.values_file),
+        "--rollback-on-failure",  # a failed upgrade rolls back: the old worker keeps running
+        "--wait",
+        "--timeout",
+        f"{timeout_s}s",
+    ]
+    if access.context:
+        args += ["--kube-context", access.context]
+    return args
+
+
+def upgrade(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> str:
+    """Install or upgrade the release and wait for it; returns helm's output."""
+    result = run_helm(upgrade_args(rendered, access, timeout_s), kubeconfig=access.kubeconfig, timeout=timeout_s + 60)
+    return result.stdout
+
+
+def deployment_available(access: KubeAccess, namespace: str, name: str) -> tuple[bool, str]:
+    """Whether the worker's Deployment is available with a ready replica, and a line saying so."""
+    from kubernetes import client, config
+
+    if access.in_cluster:
+        config.load_incluster_config()
+        api = client.ApiClient()
+    else:
+        api = config.new_client_from_config(config_file=access.kubeconfig, context=access.context)
+    with api:
+        try:
+            status = client.AppsV1Api(api).read_namespaced_deployment_status(name, namespace).status
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return False, f"deployment {namespace}/{name} does not exist yet"
+            raise
+    available = any(c.type == "Available" and c.status == "True" for c in status.conditions or [])
+    ready = status.ready_replicas or 0
+    return available and ready > 0, f"deployment {namespace}/{name}: {ready} ready, available={available}"

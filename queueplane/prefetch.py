@@ -1,0 +1,80 @@
+"""Everything queueplane downloads or builds, fetched ahead of time with progress shown.
+
+`make demo` and `make test` run this first (`queueplane local fetch`), so no timed test, demo
+step or Airflow task waits on a first download or build. Each item checks its own cache
+(``~/.cache/queueplane`` or ``$QUEUEPLANE_CACHE``) and returns at once when it is there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.util import find_spec
+
+from queueplane.deploy.helm import HELM_VERSION, helm_binary
+from queueplane.deploy.kube_schema import KUBERNETES_VERSION, openapi_dir
+from queueplane.local.stack import KAFKA_VERSION, LocalStack
+
+HEARTBEAT_S = 15.0
+
+
+@dataclass(frozen=True)
+class Item:
+    label: str
+    first_time: str  # what a cold fetch does and roughly how long it takes
+    fetch: Callable[[], object]
+    wanted: Callable[[], bool] = lambda: True
+
+
+def _spark_connector() -> object:
+    from queueplane.run.kafka_input import SPARK_VERSION, connector_jars
+
+    jars = connector_jars()
+    return f"{len(jars)} jars for Spark {SPARK_VERSION}"
+
+
+ITEMS = (
+    Item(f"Apache Kafka {KAFKA_VERSION} jars", "Maven Central, about a minute", lambda: LocalStack.default().fetch()),
+    Item(
+        "Spark's Kafka connector jars",
+        "Maven Central, under a minute",
+        _spark_connector,
+        wanted=lambda: find_spec("pyspark") is not None,  # only where the worker extra is installed
+    ),
+    Item(f"helm {HELM_VERSION}", "go install from the Go module proxy, a few minutes", helm_binary),
+    Item(f"Kubernetes {KUBERNETES_VERSION} API schemas", "go mod download, a minute or two", openapi_dir),
+)
+
+
+@contextmanager
+def _heartbeat(say: Callable[[str], None], label: str, started: float) -> Iterator[None]:
+    """A line every HEARTBEAT_S while a step runs, so a cold build never looks hung."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            say(f"  ... {label}: still working ({time.monotonic() - started:.0f}s)")
+
+    thread = threading.Thread(target=beat, name="qp-fetch-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def fetch_all(say: Callable[[str], None] = print) -> None:
+    """Fetch or build every item not yet cached, one line per item."""
+    for item in ITEMS:
+        if not item.wanted():
+            say(f"{item.label}: skipped (not needed by this installation)")
+            continue
+        started = time.monotonic()
+        say(f"{item.label}: checking the cache (first time: {item.first_time})")
+        with _heartbeat(say, item.label, started):
+            item.fetch()
+        say(f"{item.label}: ready ({time.monotonic() - started:.1f}s)")

@@ -1,0 +1,1 @@
+"""The messaging team's handlers (examples beside email-jobs.yaml)."""

@@ -1,0 +1,1 @@
+"""The payments team's handlers (examples beside payment-events.yaml)."""
