@@ -21,9 +21,9 @@ from queueplane.kafka import clients
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
 # Handler threads mostly wait (I/O, sleeps) and then need the GIL back for a few microseconds.
-# CPython lets a busy thread keep the GIL 5 ms before it must hand over; with 1 ms the slowest
-# 10 ms bench calls returned sooner (p99 41 ms -> 28-34 ms, the mean 11.8 -> 11.5 ms), at the
-# cost of more frequent switches, which I/O-bound pools barely notice.
+# CPython lets a busy thread keep the GIL 5 ms before it must hand over; at 1 ms a waiting call
+# gets it back sooner (the tail latency of a 10 ms handler fell, docs/benchmarks.md), at the cost
+# of more frequent switches, which I/O-bound pools barely notice.
 GIL_SWITCH_INTERVAL_S = 0.001
 
 

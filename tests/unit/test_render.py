@@ -188,3 +188,16 @@ def test_cli_render(tmp_path, cli_env):
     bad.write_text((EXAMPLES / "email-jobs.yaml").read_text().replace("name: email-jobs", "name: Email_Jobs"))
     failed = run_cli(["render", str(bad)], cli_env)
     assert failed.returncode == 2 and "/metadata/name" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_cli_deploy_dry_run_renders_and_names_the_upgrade_the_airflow_task_runs(tmp_path, cli_env):
+    kubeconfig = tmp_path / "kubeconfig"
+    result = run_cli(
+        ["deploy", str(EXAMPLES / "coffee-orders.yaml"), "--dry-run", "--kubeconfig", str(kubeconfig)], cli_env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "helm upgrade --install coffee-orders" in result.stdout
+    assert "--namespace cafe" in result.stdout and "--rollback-on-failure --wait" in result.stdout
+    unreachable = run_cli(["deploy", str(EXAMPLES / "coffee-orders.yaml"), "--kubeconfig", str(kubeconfig)], cli_env)
+    assert unreachable.returncode == 1 and "Traceback" not in unreachable.stderr
+    assert unreachable.stderr.startswith("error: "), unreachable.stderr

@@ -25,9 +25,9 @@ CHUNK_S = 0.002
 # so one slow or hung record holds up no other record for longer than this.
 STUCK_S = 0.05
 # A micro-batch's time slice. Each batch costs Spark a fixed amount of driver and executor work
-# (planning, the task round trip, the sink): on an idle queue, 0.13 s of JVM CPU a second at
-# 1 s slices against 0.04 s at 3 s, and a trivial handler's busy run spent 4-5 us of JVM per record
-# at 1 s against 2-3 us at 3 s. Acknowledgements do not wait for it; only the outcome rows do.
+# (planning, the task round trip, the sink), so longer slices cost less per record and per idle
+# second (docs/benchmarks.md has the figures). Acknowledgements do not wait for it; only the
+# outcome rows do.
 SLICE_MS = 3000
 # Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
 # before the next batch; without a renewal they stop and only settle what they hold.
