@@ -3,28 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import QueueSpec
-
-
-def common_settings(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
-    """The fields every runtime's settings share, from the spec and the cluster."""
-    return {
-        "kafka": dict(target.settings),
-        "queue": queue.name,
-        "group_id": queue.group.id,
-        "dlq_topic": queue.dead_letter.name,
-        "output_topic": queue.output_topic,
-        "lock_ms": queue.group.lock_duration_ms,
-        "delivery_limit": queue.group.delivery_limit,
-        "handler": queue.handler,
-        # The handler module sits next to the spec in local mode.
-        "search_paths": [str(Path(queue.source).resolve().parent)],
-    }
 
 
 class JsonSettings:
@@ -36,3 +20,34 @@ class JsonSettings:
     @classmethod
     def from_json(cls, text: str) -> Self:
         return cls(**json.loads(text))
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueSettings(JsonSettings):
+    """The fields every runtime's settings share; each group type's settings add their own."""
+
+    kafka: dict[str, str]
+    queue: str
+    group_id: str
+    dlq_topic: str
+    output_topic: str | None
+    lock_ms: int
+    delivery_limit: int
+    handler: str
+    search_paths: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def common(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
+        """The shared fields' values, from the spec and the cluster."""
+        return {
+            "kafka": dict(target.settings),
+            "queue": queue.name,
+            "group_id": queue.group.id,
+            "dlq_topic": queue.dead_letter.name,
+            "output_topic": queue.output_topic,
+            "lock_ms": queue.group.lock_duration_ms,
+            "delivery_limit": queue.group.delivery_limit,
+            "handler": queue.handler,
+            # The handler module sits next to the spec in local mode.
+            "search_paths": [str(Path(queue.source).resolve().parent)],
+        }

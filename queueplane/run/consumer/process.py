@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -21,25 +21,17 @@ from queueplane.run.outcomes import (
     produce,
 )
 from queueplane.run.processes import ServedProducer
-from queueplane.run.settings import JsonSettings
+from queueplane.run.settings import QueueSettings
 
 log = logging.getLogger("queueplane.worker")
 
 TXN_TIMEOUT_S = 60.0
 
 
-@dataclass(frozen=True)
-class ConsumerSettings(JsonSettings):
+@dataclass(frozen=True, kw_only=True)
+class ConsumerSettings(QueueSettings):
     """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
 
-    kafka: dict[str, str]
-    queue: str
-    group_id: str
-    dlq_topic: str
-    output_topic: str | None
-    lock_ms: int
-    delivery_limit: int
-    handler: str
     ordering: str
     slots: int
     slot_queue: int
@@ -47,7 +39,6 @@ class ConsumerSettings(JsonSettings):
     max_backoff_ms: int
     exactly_once: bool
     commit_interval_ms: int = 1000
-    search_paths: list[str] = field(default_factory=list)
 
     def transactional_id(self, topic: str, partition: int) -> str:
         """Stable per input partition: a new task's producer fences the one a dead task left behind."""

@@ -19,7 +19,7 @@ from queueplane.run.consumer.process import ConsumerSettings, transactional_prod
 from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_source, starting_offsets, with_kafka_connector
 from queueplane.run.outcomes import OUTCOME_SCHEMA
 from queueplane.run.runtime import QueueRuntime
-from queueplane.run.settings import common_settings
+from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec
 
 # Records per micro-batch. Each batch costs Spark a fixed 0.5-1 s (offsets, planning, checkpoint
@@ -30,7 +30,7 @@ DEFAULT_BATCH_RECORDS = 50_000
 def consumer_settings(queue: QueueSpec, target: KafkaTarget) -> ConsumerSettings:
     slots = 1 if queue.group.ordering == "partition" else queue.concurrency
     return ConsumerSettings(
-        **common_settings(queue, target),
+        **QueueSettings.common(queue, target),
         ordering=queue.group.ordering,
         slots=slots,
         # maxInFlight bounds the records a partition has taken but not finished: split over its slots.

@@ -38,7 +38,7 @@ from queueplane.run.kmq.tracker import (
 from queueplane.run.options import RunOptions
 from queueplane.run.outcomes import DEAD_LETTERED, OUTCOME_SCHEMA, REDELIVERED, key_text
 from queueplane.run.runtime import QueueRuntime
-from queueplane.run.settings import common_settings
+from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec
 
 log = logging.getLogger("queueplane.worker")
@@ -48,7 +48,7 @@ def kmq_settings(queue: QueueSpec, target: KafkaTarget, tasks: int) -> KmqSettin
     """``processing.concurrency`` is per executor; its ``tasks`` Python processes split it."""
     assert queue.markers is not None
     return KmqSettings(
-        **common_settings(queue, target),
+        **QueueSettings.common(queue, target),
         markers_topic=queue.markers.name,
         threads=max(1, -(-queue.concurrency // max(1, tasks))),
         backoff_ms=queue.retry_backoff_ms,

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
@@ -42,29 +42,20 @@ from queueplane.run.outcomes import (
 )
 from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.retry import retry_delay_ms
-from queueplane.run.settings import JsonSettings
+from queueplane.run.settings import QueueSettings
 
 log = logging.getLogger("queueplane.worker")
 WAIT_STEP_S = 0.05
 
 
-@dataclass(frozen=True)
-class KmqSettings(JsonSettings):
+@dataclass(frozen=True, kw_only=True)
+class KmqSettings(QueueSettings):
     """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
 
-    kafka: dict[str, str]
-    queue: str
-    group_id: str
     markers_topic: str
-    dlq_topic: str
-    output_topic: str | None
-    lock_ms: int
-    delivery_limit: int
-    handler: str
     threads: int
     backoff_ms: int
     max_backoff_ms: int
-    search_paths: list[str] = field(default_factory=list)
 
 
 class HandlerThreads:

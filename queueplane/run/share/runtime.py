@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from queueplane.run.runtime import QueueRuntime
-from queueplane.run.settings import common_settings
+from queueplane.run.settings import QueueSettings
 from queueplane.run.share.settings import POLL_ROUNDS, SLICE_MS, ShareSettings
 
 
@@ -26,7 +26,7 @@ class ShareRuntime(QueueRuntime):
         queue = self.queue
         slots = max(1, -(-queue.concurrency // max(1, tasks)))
         return ShareSettings(
-            **common_settings(queue, self.target),
+            **QueueSettings.common(queue, self.target),
             topic=queue.topic.name,
             slots=slots,
             # Enough for POLL_ROUNDS rounds of the process's threads, never more than the partition's lock cap.

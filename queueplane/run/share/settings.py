@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from queueplane.run.dead_letters import Failure
 from queueplane.run.outcomes import (
     ACCEPTED,
 )
-from queueplane.run.settings import JsonSettings
+from queueplane.run.settings import QueueSettings
 
 HANDLER_SHARE_OF_LOCK = 0.7  # a handler gets 70% of the lock; the rest is for outputs and the ack
 FETCHER_SHARE = 4  # one ShareConsumer per this many handler threads (at least two a process)
@@ -34,20 +34,11 @@ SLICE_MS = 3000
 LEASE_GRACE_S = 3.0
 
 
-@dataclass(frozen=True)
-class ShareSettings(JsonSettings):
+@dataclass(frozen=True, kw_only=True)
+class ShareSettings(QueueSettings):
     """Everything an executor needs, sent from the driver as JSON (no spec parsing on executors)."""
 
-    kafka: dict[str, str]
-    queue: str
     topic: str
-    group_id: str
-    dlq_topic: str
-    output_topic: str | None
-    lock_ms: int
-    delivery_limit: int
-    handler: str
-    search_paths: list[str] = field(default_factory=list)
     slots: int = 8
     max_poll_records: int = 5
     batch_ms: int = SLICE_MS
