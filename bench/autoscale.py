@@ -1,6 +1,6 @@
 """Autoscaling policy benchmark: a step load (x4 for five minutes) through the policy.
 
-Simulated second by second (queueplane.autoscale_sim) with executors that take 15 s to
+Simulated second by second (queueplane.run.scaling.simulation) with executors that take 15 s to
 start, against a fixed fleet sized for the base load and one sized for the peak, side by
 side: how late the scale-out comes, the worst lag in seconds of work, executor-seconds used
 compared with the peak-sized fleet, and how often the count changed.

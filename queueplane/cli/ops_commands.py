@@ -143,7 +143,7 @@ def cmd_lag(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from queueplane.ops import dlq as dlq_tools
+    from queueplane.ops import dlq
 
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
     queue = one_spec(args.spec, target)
@@ -151,7 +151,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         if args.limit < 1:
             raise UsageError("--limit must be at least 1")
         with err.status(f"reading {queue.dead_letter.name}"):
-            rows, pending = dlq_tools.list_dead_letters(target, queue, args.limit, args.all)
+            rows, pending = dlq.list_dead_letters(target, queue, args.limit, args.all)
         if args.output == "json":
             out.print_json(
                 json.dumps(
@@ -163,7 +163,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.rate is not None and args.rate <= 0:
         raise UsageError("--rate must be a positive number of records a second")
-    where = dlq_tools.parse_where(args.where)
+    where = dlq.parse_where(args.where)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -179,7 +179,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         def on_progress(report: Any, total: int) -> None:
             progress.update(task, total=total, completed=report.moved + report.kept)
 
-        report = dlq_tools.redrive(target, queue, args.rate, where, on_progress)
+        report = dlq.redrive(target, queue, args.rate, where, on_progress)
     if args.output == "json":
         out.print_json(json.dumps(report.as_dict()))
     else:

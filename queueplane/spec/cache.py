@@ -17,9 +17,7 @@ from functools import cache
 from pathlib import Path
 
 from queueplane.paths import home_dir
-from queueplane.spec import durations, model, schema
-from queueplane.spec import files as specfile
-from queueplane.spec import rules as validate
+from queueplane.spec import durations, files, model, rules, schema
 from queueplane.spec.files import SpecFile
 
 FORMAT = 1
@@ -29,7 +27,7 @@ FORMAT = 1
 def code_fingerprint() -> str:
     """Hash of the schema and of every module whose logic decides a spec's per-file verdict."""
     digest = hashlib.sha256(str(FORMAT).encode())
-    for module in (durations, model, schema, specfile, validate):
+    for module in (durations, model, schema, files, rules):
         digest.update(Path(module.__file__ or "").read_bytes())
     digest.update(schema.schema_path().read_bytes())
     return digest.hexdigest()

@@ -136,7 +136,7 @@ def parse_text(text: str, path: str) -> SpecFile:
 
 
 def read_spec_file(path: Path, known: Callable[[str, str], SpecFile | None] = lambda _p, _h: None) -> SpecFile:
-    """Read and parse one spec; ``known`` may answer for bytes checked before (see spec_cache)."""
+    """Read and parse one spec; ``known`` may answer for bytes checked before (see cache.py)."""
     try:
         raw = path.read_bytes()
         digest = hashlib.sha256(raw).hexdigest()

@@ -3,7 +3,7 @@
 Spark has no share-group source. This one has no offsets to track: the share-partition
 state lives on the broker, so each micro-batch is just "the next time slice", and its
 tasks renew the lease on their process's long-lived fetchers for that slice (see
-share_runtime). When the driver wants to stop or to scale down, it creates the drain file;
+process.py). When the driver wants to stop or to scale down, it creates the drain file;
 the next batch's tasks then drain their processes. The driver stops the query after that batch, or kills
 the executors it scales away (a killed process takes its unreported outcomes with it).
 """
