@@ -1,5 +1,5 @@
-# The queue worker image: Python 3.11, Java 17, Spark 4.2.0 (from the pinned pyspark), the
-# Kafka connector jars, and queueplane. charts/queue-worker runs
+# The queue worker image: Python 3.11, Java 17, Spark 4.2.0 (from pyspark, pinned in constraints.txt), the
+# Kafka connector jars, and queueplane[worker]. charts/queue-worker runs
 #   /opt/spark/bin/spark-submit ... /opt/queueplane/spark_apps/queue_worker.py --spec ...
 # in it, the same command tests/integration/test_chart_contract.py runs locally.
 # Teams add their handler package on top:  FROM <this image>  +  COPY kitchen /opt/queueplane/handlers/kitchen
@@ -15,11 +15,11 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps tini \
  && rm -rf /var/lib/apt/lists/*
 ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE constraints.txt /src/
 COPY specs/queue-v1.schema.json /src/specs/
 COPY charts /src/charts
 COPY queueplane /src/queueplane
-RUN pip install --no-cache-dir /src && rm -rf /src \
+RUN pip install --no-cache-dir -c /src/constraints.txt '/src[worker]' && rm -rf /src \
  && ln -s "$(python -c 'import pyspark, os; print(os.path.dirname(pyspark.__file__))')" /opt/spark
 COPY --from=jars /jars/ /opt/spark/jars/
 COPY spark_apps /opt/queueplane/spark_apps

@@ -12,10 +12,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench clean local-down chromium
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queueplane needs Python >= 3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # Everything the project downloads or builds (Kafka and connector jars, helm, the Kubernetes
