@@ -76,7 +76,12 @@ def register(commands: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from queueplane.cli.run_progress import run_with_progress
+    try:
+        from queueplane.cli.run_progress import run_with_progress
+    except ImportError as exc:  # the core install has no Spark runtime
+        raise UsageError(
+            f"queueplane run needs the worker extra ({exc.name} is not installed): pip install 'queueplane[worker]'"
+        ) from None
 
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
     queue = one_spec(args.spec, target)

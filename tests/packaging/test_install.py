@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -56,6 +57,18 @@ def test_core_alone_runs_validate(wheel: Path, venv: Venv):
     for name in examples:
         assert f"ok  {EXAMPLES / name}" in result.stdout, result.stdout
     assert f"{len(examples)} spec(s) valid" in result.stdout
+
+    # The worker is an extra: without it, `run` says which install it needs, in one line.
+    run = subprocess.run(
+        [venv.bin("queueplane"), "run", EXAMPLES / "coffee-orders.yaml", "--bootstrap-servers", "127.0.0.1:9"],
+        cwd=venv.work,
+        env=venv.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "pip install 'queueplane[worker]'" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_airflow_extra_imports_operators_beside_another_airflow_patch(wheel: Path, venv: Venv):
