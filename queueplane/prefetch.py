@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 
 from queueplane.deploy.helm import HELM_VERSION, helm_binary
-from queueplane.deploy.kube_schema import KUBERNETES_VERSION, openapi_dir
 from queueplane.local.stack import KAFKA_VERSION, LocalStack
 
 HEARTBEAT_S = 15.0
@@ -44,8 +43,9 @@ ITEMS = (
         _spark_connector,
         wanted=lambda: find_spec("pyspark") is not None,  # only where the worker extra is installed
     ),
-    Item(f"helm {HELM_VERSION}", "go install from the Go module proxy, a few minutes", helm_binary),
-    Item(f"Kubernetes {KUBERNETES_VERSION} API schemas", "go mod download, a minute or two", openapi_dir),
+    Item(
+        f"helm {HELM_VERSION}", "a Helm 4 on PATH, else go install from the Go module proxy, a few minutes", helm_binary
+    ),
 )
 
 

@@ -1,8 +1,10 @@
-"""The real helm binary, built from a pinned release with `go install` and cached.
+"""The real helm binary: the one the user names, else a Helm 4 on PATH, else one built and cached.
 
-Helm publishes no Python package, and its release archives come from a host this
-project does not depend on; the Go module proxy serves its source, so the binary is
-built once per version into the cache and reused by every command and test.
+A cluster's deploy host has helm already; `$HELM` names it, or a `helm` on PATH of the major
+version the chart and the deploy flags are written for (4) is used. Elsewhere (this project's
+own machines) Helm publishes no Python package and its release archives come from a host this
+project does not depend on; the Go module proxy serves its source, so the pinned release is
+built once into the cache (`queueplane local fetch`) and reused by every command and test.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from queueplane.errors import QueueplaneError
 from queueplane.paths import cache_dir
 
 HELM_VERSION = "v4.3.1"
+HELM_MAJOR = HELM_VERSION.split(".")[0]
 HELM_PACKAGE = "helm.sh/helm/v4/cmd/helm"
 BUILD_TIMEOUT_S = 1800
 
@@ -31,6 +34,27 @@ def helm_dir() -> Path:
 
 
 def helm_binary() -> Path:
+    """The helm to run: $HELM, else a Helm 4 on PATH, else the pinned one (built on first use, once)."""
+    named = os.environ.get("HELM")
+    if named:
+        return Path(named)
+    on_path = shutil.which("helm")
+    if on_path and _major_version(on_path) == HELM_MAJOR:
+        return Path(on_path)
+    return built_helm()
+
+
+def _major_version(binary: str) -> str | None:
+    try:
+        result = subprocess.run(
+            [binary, "version", "--template", "{{.Version}}"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip().split(".")[0] if result.returncode == 0 else None
+
+
+def built_helm() -> Path:
     """Path of the pinned helm, built with `go install` on first use (a few minutes, once)."""
     binary = helm_dir() / "helm"
     if os.access(binary, os.X_OK):

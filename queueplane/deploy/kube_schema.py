@@ -1,72 +1,52 @@
 """Offline, strict validation of Kubernetes objects against a pinned Kubernetes release's API.
 
-The schemas are the OpenAPI v3 documents Kubernetes publishes in its source tree
-(api/openapi-spec/v3), fetched once through the Go module proxy (`go mod download
-k8s.io/kubernetes@<version>`) and cached. The API server prunes or rejects unknown fields;
-these documents do not say so, so every object schema is closed here (additionalProperties
-false) unless Kubernetes marks it as open. An object with a misspelt field, a wrong type or a
+The schemas come from the OpenAPI v3 documents Kubernetes publishes in its source tree:
+queueplane ships those of the kinds a worker's release may hold (CHECKED_KINDS) in a file
+beside this module, written by kube_schema_refresh.py, so checking needs neither Go nor a
+download. The API server prunes or rejects unknown fields; these documents do not say so, so
+every object schema is closed here (additionalProperties false) unless Kubernetes marks it as
+open. An object with a misspelt field, a wrong type or a
 missing required field fails, as it would on `kubectl apply --validate=strict`.
 """
 
 from __future__ import annotations
 
 import copy
-import fcntl
 import json
-import os
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from queueplane.errors import QueueplaneError
-from queueplane.paths import cache_dir
-
 KUBERNETES_VERSION = "v1.35.4"
-_MODULE = "k8s.io/kubernetes"
-_SPEC_DIR = "api/openapi-spec/v3"
 _REF_PREFIX = "#/components/schemas/"
+# What a worker's release may hold (and Helm chart tests, and what the platform adds around it).
+CHECKED_KINDS = frozenset(
+    {
+        ("v1", "ConfigMap"),
+        ("v1", "Namespace"),
+        ("v1", "PersistentVolumeClaim"),
+        ("v1", "Pod"),
+        ("v1", "Secret"),
+        ("v1", "Service"),
+        ("v1", "ServiceAccount"),
+        ("apps/v1", "Deployment"),
+        ("apps/v1", "StatefulSet"),
+        ("batch/v1", "Job"),
+        ("networking.k8s.io/v1", "NetworkPolicy"),
+        ("policy/v1", "PodDisruptionBudget"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+        ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+    }
+)
 
 
-class KubeSchemaError(QueueplaneError):
-    """The Kubernetes API schemas could not be fetched."""
-
-
-def openapi_dir() -> Path:
-    """The cached OpenAPI v3 documents of the pinned release, fetched on first use."""
-    target = cache_dir() / f"kubernetes-openapi-{KUBERNETES_VERSION}"
-    if (target / ".complete").exists():
-        return target
-    go = shutil.which("go")
-    if go is None:
-        raise KubeSchemaError(f"the Kubernetes {KUBERNETES_VERSION} API schemas are not cached and Go is not on PATH")
-    target.mkdir(parents=True, exist_ok=True)
-    with open(target / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
-            return target
-        with tempfile.TemporaryDirectory() as work:
-            result = subprocess.run(
-                [go, "mod", "download", "-json", f"{_MODULE}@{KUBERNETES_VERSION}"],
-                cwd=work,
-                env={**os.environ, "GOFLAGS": "-mod=mod"},
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            if result.returncode != 0:
-                raise KubeSchemaError(
-                    f"go mod download {_MODULE}@{KUBERNETES_VERSION} failed: {result.stderr.strip()[-1000:]}"
-                )
-            source = Path(json.loads(result.stdout)["Dir"]) / _SPEC_DIR
-        for document in source.glob("*_openapi.json"):
-            shutil.copyfile(document, target / document.name)
-        (target / ".complete").write_text(KUBERNETES_VERSION)
-    return target
+def shipped_schemas_file() -> Path:
+    return Path(__file__).with_name(f"kubernetes-{KUBERNETES_VERSION}.schemas.json")
 
 
 def _close(node: Any) -> Any:
@@ -91,9 +71,7 @@ def _close(node: Any) -> Any:
 @cache
 def _schemas() -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
     """All component schemas (closed), and (apiVersion, kind) → schema name."""
-    schemas: dict[str, Any] = {}
-    for document in sorted(openapi_dir().glob("*_openapi.json")):
-        schemas.update(json.loads(document.read_text(encoding="utf-8")).get("components", {}).get("schemas", {}))
+    schemas: dict[str, Any] = json.loads(shipped_schemas_file().read_text(encoding="utf-8"))
     kinds: dict[tuple[str, str], str] = {}
     for name, schema in schemas.items():
         for gvk in schema.get("x-kubernetes-group-version-kind", []):
@@ -118,7 +96,10 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
     _, kinds = _schemas()
     schema_name = kinds.get((api_version, kind))  # type: ignore[arg-type]
     if schema_name is None:
-        return [f"{label}: apiVersion {api_version!r} kind {kind!r} is not served by Kubernetes {KUBERNETES_VERSION}"]
+        return [
+            f"{label}: apiVersion {api_version!r} kind {kind!r} is not among the kinds checked against "
+            f"Kubernetes {KUBERNETES_VERSION} (deploy/kube_schema.py CHECKED_KINDS)"
+        ]
     problems = []
     for error in sorted(_validator(schema_name).iter_errors(obj), key=lambda e: list(e.absolute_path)):
         pointer = "/" + "/".join(str(p) for p in error.absolute_path)
