@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queueplane needs Python >= 3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # Everything the project downloads or builds (Kafka and connector jars, helm, the Kubernetes

@@ -80,18 +80,23 @@ def queue_lag(target: KafkaTarget, queue: QueueSpec, admin: AdminClient | None =
 
 
 def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> Callable[[], dict[int, int | None] | None]:
-    """The backlog reader a worker polls in the background while it runs: the same numbers `queueplane lag` shows."""
+    """The backlog reader a worker polls in the background while it runs: the same numbers `queueplane lag` shows.
+
+    A failed read raises (the worker counts Kafka as unreachable); None means the backlog
+    cannot be known here (share groups on a listener queueplane's protocol client cannot speak).
+    """
     if queue.group.type == "share":
-        return lambda: share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions)
+        address = target.plaintext_address()
+        if address is None:
+            return lambda: None
+        partitions = list(range(queue.topic.partitions))
+        return lambda: share_partition_lag(address[0], address[1], queue.group.id, queue.topic.name, partitions)
     admin: list[AdminClient] = []
 
     def read() -> dict[int, int | None] | None:
         if not admin:
             admin.append(clients.admin(target))
-        try:
-            return {row.partition: row.lag for row in group_lag(target, admin[0], queue)}
-        except Exception:
-            return None
+        return {row.partition: row.lag for row in group_lag(target, admin[0], queue)}
 
     return read
 

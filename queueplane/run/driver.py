@@ -23,6 +23,7 @@ from queueplane.errors import QueueplaneError
 from queueplane.kafka.lag import total_lag
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.group_types import runtime_class
+from queueplane.run.health import Health, stall_seconds
 from queueplane.run.metrics import WorkerMetrics
 from queueplane.run.options import BatchProgress, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
@@ -60,27 +61,45 @@ class DrainRequests:
 
 
 class BacklogWatcher:
-    """Reads the queue's backlog in the background, so no micro-batch waits for a broker round trip."""
+    """Reads the queue's backlog in the background, so no micro-batch waits for a broker round trip.
+
+    Each read also tells the worker's health whether Kafka answers; a failing read is logged
+    once when it starts failing and once when it answers again.
+    """
 
     INTERVAL_S = 1.0
 
-    def __init__(self, read: Callable[[], dict[int, int | None] | None]):
+    def __init__(self, read: Callable[[], dict[int, int | None] | None], health: Health):
         self.read = read
+        self.health = health
         self.latest: dict[int, int | None] | None = None
+        self._failing = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="qp-backlog", daemon=True)
 
     def start(self) -> None:
-        self.latest = self.read()
+        self.read_now()
         self._thread.start()
+
+    def read_now(self) -> dict[int, int | None] | None:
+        try:
+            self.latest = self.read()
+        except Exception as exc:  # lag is advisory: a failed read must not stop the worker
+            self.latest = None
+            self.health.kafka_failed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            if not self._failing:
+                log.warning("backlog read failed (Kafka does not answer): %s", exc)
+            self._failing = True
+        else:
+            self.health.kafka_answered(time.monotonic())
+            if self._failing:
+                log.info("backlog read: Kafka answers again")
+            self._failing = False
+        return self.latest
 
     def _loop(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
-            try:
-                self.latest = self.read()
-            except Exception as exc:  # lag is advisory: a failed read must not stop the worker
-                log.warning("backlog read failed: %s", exc)
-                self.latest = None
+            self.read_now()
 
     def stop(self) -> None:
         self._stop.set()
@@ -107,17 +126,18 @@ def run_queue(
         drain=drain if runtime.drains else None,
         **options.scaling,
     )
+    health = Health(stall_seconds(queue))
     metrics = WorkerMetrics(queue.name)
     controller.on_executors = metrics.set_executors
     if options.metrics_port is not None:
-        metrics.serve(options.metrics_port, options.metrics_host)
+        metrics.serve(options.metrics_port, options.metrics_host, health)
 
     counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
     dead: list[dict[str, Any]] = []
     state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "draining": False}
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
-    watcher = BacklogWatcher(backlog)
+    watcher = BacklogWatcher(backlog, health)
 
     def sink(frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
@@ -183,11 +203,13 @@ def run_queue(
         .trigger(processingTime="0 seconds")
         .start()
     )
+    health.query_started()
     try:
         last_look = time.monotonic()
         while query.isActive and not stop_requested.is_set():
             if query.awaitTermination(0.25):
                 break
+            health.batch_running(time.monotonic(), bool(query.status["isTriggerActive"]))
             if runtime.failed():
                 break
             # A source that runs no batch while there is nothing new never lets the sink see the
@@ -207,6 +229,7 @@ def run_queue(
             stopper.join()
         error = query.exception() or runtime.failed()
         if error is not None:
+            health.query_stopped(str(error).splitlines()[0])
             raise WorkerFailed(f"the streaming query of {queue.name} failed: {str(error).splitlines()[0]}")
     finally:
         may_return.set()
@@ -216,7 +239,7 @@ def run_queue(
         metrics.stop()
         watcher.stop()
     duration = time.monotonic() - started
-    lag = backlog()
+    lag = watcher.read_now()
     spark.stop()
     final = sum(counts[o] for o in FINAL_OUTCOMES)
     return RunSummary(

@@ -1,17 +1,23 @@
-"""Prometheus metrics of a worker, exported from the driver.
+"""Prometheus metrics of a worker, exported from the driver, and its health endpoints.
 
 The driver sees every outcome row, so counts and histograms there are complete without
-aggregating across executor processes.
+aggregating across executor processes. The same port answers `/livez` and `/readyz` (200 or
+503 with the reason), which the chart's probes call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from queueplane.run.health import Health, Verdict
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DELIVERY_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 20)
@@ -79,8 +85,10 @@ class WorkerMetrics:
         )
         self._server: Any = None
 
-    def serve(self, port: int, host: str) -> None:
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str, health: Health) -> None:
+        self._server = ThreadingHTTPServer((host, port), _handler(self.registry, health))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="qp-metrics", daemon=True).start()
 
     def observe(self, counts: Mapping[str, int], table: Any) -> None:
         """One batch of outcome rows (an Arrow table), added in bulk rather than row by row."""
@@ -103,4 +111,32 @@ class WorkerMetrics:
     def stop(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()
             self._server = None
+
+
+def _handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
+    checks: dict[str, Callable[[float], Verdict]] = {"/livez": health.live, "/readyz": health.ready}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+            elif path in checks:
+                verdict = checks[path](time.monotonic())
+                self._send(200 if verdict.ok else 503, "text/plain; charset=utf-8", f"{verdict.reason}\n".encode())
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found: /metrics, /livez, /readyz\n")
+
+        def _send(self, status: int, content_type: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: no access log
+            return None
+
+    return Handler

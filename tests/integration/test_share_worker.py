@@ -178,6 +178,10 @@ def test_worker_serves_prometheus_metrics_while_it_runs(kafka, tmp_path):
         assert f"queueplane_handler_latency_seconds_count{{{labels}}}" in text
         assert f'queueplane_delivery_count_bucket{{le="1.0",{labels}}}' in text
         assert "queueplane_inflight" in text
+        # The probes: the query runs and Kafka answers the backlog reads.
+        for path, reason in (("/livez", "the streaming query runs"), ("/readyz", "the query runs and Kafka answers")):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as answer:
+                assert answer.status == 200 and answer.read().decode().strip() == reason
     finally:
         worker.wait(180)
     summary = json.loads(worker.stdout.read())

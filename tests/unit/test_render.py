@@ -85,6 +85,27 @@ def test_checkpoint_claim_and_kafka_secrets_come_from_values(tmp_path):
     assert "Secret" not in {o["kind"] for o in rendered.objects}, "secrets are referenced, never rendered"
 
 
+def test_probes_ask_the_worker_its_health_and_the_driver_uses_the_refreshing_in_cluster_token(tmp_path):
+    rendered = render(_queue(), output_dir=tmp_path)
+    driver = _find(rendered.objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert driver["livenessProbe"]["httpGet"]["path"] == "/livez" == driver["startupProbe"]["httpGet"]["path"]
+    assert driver["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    args = driver["args"]
+    assert not [a for a in args if "oauthTokenFile" in a], "Spark reads a token file once; bound tokens expire"
+    assert "spark.ui.killEnabled=false" in args and "spark.ui.port=4040" in args
+    service = _find(rendered.objects, "Service")
+    assert {"name": "spark-ui", "port": 4040, "targetPort": "spark-ui"} in service["spec"]["ports"]
+
+
+def test_the_chart_works_as_a_subchart_with_global_values(tmp_path):
+    values = yaml.safe_load((chart_path() / "values.yaml").read_text())
+    values["global"] = {"imageRegistry": "registry.example.com", "storageClass": "fast"}
+    file = tmp_path / "values.yaml"
+    file.write_text(yaml.safe_dump(values))
+    result = run_helm(["template", "q", str(chart_path()), "--values", str(file)], check=False)
+    assert result.returncode == 0, result.stderr
+
+
 def test_values_schema_is_strict():
     chart = str(chart_path())
     for bad in ("unknown=1", "image.tag=latest", "driver.cores=two", "kafka.configSecret.extra=x"):

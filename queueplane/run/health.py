@@ -1,0 +1,92 @@
+"""Whether a worker is alive and ready, from what the driver sees; the chart's probes ask this.
+
+A worker that answers its metrics endpoint but cannot work must look broken. Live: the
+streaming query runs and no micro-batch has been running for longer than a stall bound (a
+hung batch holds every record behind it). Ready: live, the query has started, and Kafka
+answered the last backlog read within ``kafka_stale_s``. Pure state with the clock passed in,
+so the rules are tested without Spark or a broker.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from queueplane.spec.model import QueueSpec
+
+KAFKA_STALE_S = 30.0
+MIN_STALL_S = 600.0
+
+
+def stall_seconds(queue: QueueSpec) -> float:
+    """How long one micro-batch may run before the worker counts as stuck.
+
+    A batch legitimately runs while a record goes through every delivery with its backoff;
+    four times that, and never under ten minutes, so a slow queue is not restarted for being slow.
+    """
+    attempt_s = (queue.group.lock_duration_ms + queue.retry_max_backoff_ms) / 1000
+    return max(MIN_STALL_S, 4 * queue.group.delivery_limit * attempt_s)
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    reason: str
+
+
+class Health:
+    def __init__(self, stall_s: float, kafka_stale_s: float = KAFKA_STALE_S):
+        self.stall_s = stall_s
+        self.kafka_stale_s = kafka_stale_s
+        self._lock = threading.Lock()
+        self._started = False
+        self._stopped: str | None = None
+        self._batch_since: float | None = None
+        self._kafka_ok_at: float | None = None
+        self._kafka_error: str | None = None
+
+    def query_started(self) -> None:
+        with self._lock:
+            self._started = True
+
+    def query_stopped(self, why: str) -> None:
+        with self._lock:
+            self._stopped = why
+
+    def batch_running(self, now: float, running: bool) -> None:
+        """The query's trigger is (or is not) running a micro-batch at ``now``."""
+        with self._lock:
+            if not running:
+                self._batch_since = None
+            elif self._batch_since is None:
+                self._batch_since = now
+
+    def kafka_answered(self, now: float) -> None:
+        with self._lock:
+            self._kafka_ok_at, self._kafka_error = now, None
+
+    def kafka_failed(self, error: str) -> None:
+        with self._lock:
+            self._kafka_error = error
+
+    def live(self, now: float) -> Verdict:
+        with self._lock:
+            if self._stopped is not None:
+                return Verdict(False, f"the streaming query stopped: {self._stopped}")
+            if self._batch_since is not None and now - self._batch_since > self.stall_s:
+                return Verdict(
+                    False, f"a micro-batch has run {now - self._batch_since:.0f}s (stall bound {self.stall_s:.0f}s)"
+                )
+            return Verdict(True, "the streaming query runs")
+
+    def ready(self, now: float) -> Verdict:
+        live = self.live(now)
+        if not live.ok:
+            return live
+        with self._lock:
+            if not self._started:
+                return Verdict(False, "the streaming query has not started yet")
+            if self._kafka_ok_at is None or now - self._kafka_ok_at > self.kafka_stale_s:
+                since = "never" if self._kafka_ok_at is None else f"{now - self._kafka_ok_at:.0f}s ago"
+                return Verdict(False, f"Kafka last answered {since}: {self._kafka_error or 'no answer yet'}")
+            return Verdict(True, "the query runs and Kafka answers")

@@ -1,0 +1,55 @@
+"""The worker's liveness and readiness rules (what the chart's probes ask), without Spark or a broker."""
+
+from __future__ import annotations
+
+import yaml
+from helpers import EXAMPLES
+
+from queueplane.provision import steps
+from queueplane.run.health import MIN_STALL_S, Health, stall_seconds
+
+
+def test_ready_needs_a_started_query_and_a_recent_kafka_answer():
+    health = Health(stall_s=600, kafka_stale_s=30)
+    assert health.live(0).ok and not health.ready(0).ok  # nothing started yet
+    health.query_started()
+    assert "no answer yet" in health.ready(1).reason
+    health.kafka_answered(10)
+    assert health.ready(39).ok
+    health.kafka_failed("Failed to resolve 'broker:9092'")
+    verdict = health.ready(41)
+    assert not verdict.ok and "31s ago" in verdict.reason and "Failed to resolve" in verdict.reason
+    assert health.live(41).ok, "Kafka being away makes the worker unready, not dead"
+    health.kafka_answered(42)
+    assert health.ready(42).ok
+
+
+def test_a_micro_batch_running_past_the_stall_bound_is_not_live():
+    health = Health(stall_s=600)
+    health.query_started()
+    health.kafka_answered(0)
+    health.batch_running(100, True)
+    health.batch_running(650, True)  # still the same batch: its start counts
+    assert health.live(699).ok
+    assert not health.live(701).ok and not health.ready(701).ok
+    health.batch_running(702, False)
+    assert health.live(703).ok
+
+
+def test_a_stopped_query_is_not_live():
+    health = Health(stall_s=600)
+    health.query_started()
+    health.query_stopped("Kafka topic authorization failed")
+    verdict = health.live(1)
+    assert not verdict.ok and "authorization failed" in verdict.reason
+
+
+def test_the_stall_bound_covers_every_delivery_with_its_backoff_and_is_never_short(tmp_path):
+    payments = steps.validate([str(EXAMPLES / "payment-events.yaml")], None)[0]  # 20s lock, 30s backoff, 8 deliveries
+    assert stall_seconds(payments) == 4 * 8 * (20 + 30)
+    doc = yaml.safe_load((EXAMPLES / "payment-events.yaml").read_text())
+    doc["spec"]["group"].update(lockDuration="1s", deliveryLimit=2)
+    doc["spec"]["retry"] = {"backoff": "100ms", "maxBackoff": "1s"}
+    quick = tmp_path / "quick.yaml"
+    quick.write_text(yaml.safe_dump(doc))
+    assert stall_seconds(steps.validate([str(quick)], None)[0]) == MIN_STALL_S
