@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from queueplane.cli.common import command, duration_flag, err, one_spec, out
+from queueplane.deploy.cluster_values import from_files
 from queueplane.errors import EXIT_OK
 
 
@@ -23,6 +24,13 @@ def register(commands: Any) -> None:
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
+    p.add_argument(
+        "--values",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="cluster values (YAML) over the spec's: kafka secrets, checkpoint volume, pull secrets, image; repeatable",
+    )
     p.set_defaults(handler=cmd_render)
 
     p = command(
@@ -35,6 +43,13 @@ def register(commands: Any) -> None:
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig of the cluster")
+    p.add_argument(
+        "--values",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="cluster values (YAML) over the spec's: kafka secrets, checkpoint volume, pull secrets, image; repeatable",
+    )
     p.add_argument("--context", metavar="NAME", help="kubeconfig context")
     p.add_argument("--timeout", default="10m", metavar="DURATION", help="how long helm waits for the worker (10m)")
     p.add_argument("--dry-run", action="store_true", help="render and check, print the helm command, change nothing")
@@ -48,7 +63,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     queue = one_spec(args.spec)
     with err.status(f"rendering {queue.name}"):
-        rendered = render(queue, output_dir=Path(args.output_dir) if args.output_dir else None)
+        rendered = render(
+            queue, output_dir=Path(args.output_dir) if args.output_dir else None, overrides=from_files(args.values)
+        )
     if args.output_dir is None:
         out.print(rendered.manifests, markup=False, end="")
         return EXIT_OK
@@ -73,7 +90,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     access = release.KubeAccess(kubeconfig, args.context, in_cluster=False)
     with tempfile.TemporaryDirectory(prefix="queueplane-deploy-") as folder:
         with err.status(f"rendering {queue.name}"):
-            rendered = render(queue, output_dir=Path(folder))
+            rendered = render(queue, output_dir=Path(folder), overrides=from_files(args.values))
         if args.dry_run:
             argv = " ".join(["helm", *release.upgrade_args(rendered, access, timeout_s)])
             out.print(f"dry run: release {rendered.release} rendered and checked; would run: {argv}", markup=False)

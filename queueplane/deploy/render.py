@@ -7,7 +7,6 @@ which runs the real `helm template` and validates what comes out.
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import tempfile
@@ -17,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from queueplane.deploy.cluster_values import merge_values
 from queueplane.deploy.helm import run_helm
 from queueplane.deploy.kube_schema import KUBERNETES_VERSION, object_problems
 from queueplane.deploy.policy import policy_problems
@@ -137,16 +137,6 @@ def helm_values(queue: QueueSpec) -> dict:
     }
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    merged = copy.deepcopy(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
 def render(queue: QueueSpec, *, output_dir: Path | None = None, overrides: dict | None = None) -> Rendered:
     """`helm template` of the queue's release, validated; files go to output_dir (else a temporary folder).
 
@@ -154,7 +144,7 @@ def render(queue: QueueSpec, *, output_dir: Path | None = None, overrides: dict 
     merged over the spec's values.
     """
     namespace = _checked(queue, "/spec/deployment/namespace", queue.namespace, _schema_pattern("$defs", "dnsLabel"))
-    values = _merge(helm_values(queue), overrides or {})
+    values = merge_values(helm_values(queue), overrides or {})
     folder = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-"))
     folder.mkdir(parents=True, exist_ok=True)
     values_file = folder / "values.yaml"

@@ -96,6 +96,12 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
         params={
             "dry_run": Param(False, type="boolean", description="Show the plan, change nothing."),
             "deploy": Param(True, type="boolean", description="Deploy the worker with Helm after Kafka."),
+            "cluster_values": Param(
+                {},
+                type="object",
+                description="Chart values for this run over the Variable queueplane_cluster_values "
+                "(e.g. an image override); never the spec's own values.",
+            ),
         },
         render_template_as_native_obj=True,
         max_active_runs=1,
@@ -110,6 +116,7 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
             spec_path=spec,
             deploy="{{ params.deploy }}",
             dry_run="{{ params.dry_run }}",
+            cluster_values="{{ params.cluster_values }}",
             trigger_rule=TriggerRule.NONE_FAILED,  # a dry run skips the applies but still renders
         )
         ready = QueueReadySensor(task_id="wait_until_ready", **common)

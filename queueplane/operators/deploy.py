@@ -8,16 +8,18 @@ valid use, and the log shows the manifests that would have been applied.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator, BaseSensorOperator
+from airflow.sdk import BaseOperator, BaseSensorOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
 from queueplane.deploy import release
+from queueplane.deploy.cluster_values import AIRFLOW_VARIABLE, checked, merge_values
 from queueplane.deploy.release import HELM_TIMEOUT_S
 from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access
 from queueplane.operators.provision import task_errors
@@ -31,7 +33,7 @@ def _is_true(value: bool | str) -> bool:
 class HelmDeployOperator(BaseOperator):
     """`helm upgrade --install --rollback-on-failure --wait` (Helm 4's --atomic) of the queue's release."""
 
-    template_fields: Sequence[str] = ("spec_path", "kubernetes_conn_id", "deploy", "dry_run")
+    template_fields: Sequence[str] = ("spec_path", "kubernetes_conn_id", "deploy", "dry_run", "cluster_values")
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -41,10 +43,14 @@ class HelmDeployOperator(BaseOperator):
         kubernetes_conn_id: str = KUBERNETES_CONN_ID,
         deploy: bool | str = True,
         dry_run: bool | str = False,
+        cluster_values: dict[str, Any] | str | None = None,
+        cluster_values_variable: str = AIRFLOW_VARIABLE,
         helm_timeout_s: int = HELM_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.cluster_values = cluster_values
+        self.cluster_values_variable = cluster_values_variable
         self.spec_path = spec_path
         self.kubernetes_conn_id = kubernetes_conn_id
         self.deploy = deploy
@@ -58,7 +64,7 @@ class HelmDeployOperator(BaseOperator):
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
             (queue,) = steps.validate([self.spec_path])
-            rendered = render(queue, output_dir=Path(out))
+            rendered = render(queue, output_dir=Path(out), overrides=self._cluster_values())
             validate_manifests(rendered.objects)
             self.log.info(
                 "Rendered release %s (namespace %s, chart %s): %d object(s), all valid.\n%s",
@@ -80,6 +86,15 @@ class HelmDeployOperator(BaseOperator):
                 output = release.upgrade(rendered, access, self.helm_timeout_s)
                 self.log.info("helm upgrade --install %s:\n%s", rendered.release, output)
         return {"release": rendered.release, "namespace": rendered.namespace}
+
+    def _cluster_values(self) -> dict[str, Any]:
+        """The Variable's values for every release, then this run's (the trigger form's) on top."""
+        shared = Variable.get(self.cluster_values_variable, default=None, deserialize_json=True)
+        run = json.loads(self.cluster_values) if isinstance(self.cluster_values, str) else self.cluster_values
+        return merge_values(
+            checked(shared, f"Airflow Variable {self.cluster_values_variable}"),
+            checked(run, "the run's cluster_values"),
+        )
 
 
 class QueueReadySensor(BaseSensorOperator):

@@ -52,3 +52,23 @@ def test_with_a_kubernetes_connection_helm_upgrade_runs_against_its_cluster(airf
     monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(connection))
     with pytest.raises(AirflowException, match=r"helm upgrade --install failed: .*127\.0\.0\.1:1"):
         _deploy(helm_timeout_s=20).execute(context={})
+
+
+def test_cluster_values_come_from_the_variable_with_the_run_on_top(airflow_db, monkeypatch, capsys):
+    monkeypatch.delenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", raising=False)
+    shared = {"kafka": {"configSecret": {"name": "cafe-kafka"}}, "imagePullSecrets": ["pull-secret"]}
+    monkeypatch.setenv("AIRFLOW_VAR_QUEUEPLANE_CLUSTER_VALUES", json.dumps(shared))
+    run = {"image": {"repository": "registry.example.com/queueplane/worker", "tag": "0.1.1-rc1"}}
+    with pytest.raises(AirflowSkipException, match="no Airflow connection"):
+        _deploy(cluster_values=run).execute(context={})
+    logged = capsys.readouterr().out
+    assert 'secretName: "cafe-kafka"' in logged or "secretName: cafe-kafka" in logged
+    assert "- name: pull-secret" in logged or "- name: \"pull-secret\"" in logged
+    assert "registry.example.com/queueplane/worker:0.1.1-rc1" in logged, "the run's image overrides the spec's"
+    assert "QUEUEPLANE_BOOTSTRAP_SERVERS" not in logged, "a Kafka config Secret replaces the placeholder address"
+
+
+def test_cluster_values_cannot_change_what_the_spec_owns(airflow_db, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_VAR_QUEUEPLANE_CLUSTER_VALUES", json.dumps({"autoscaling": {"maxExecutors": 500}}))
+    with pytest.raises(AirflowException, match=r"Variable queueplane_cluster_values: /autoscaling comes from the"):
+        _deploy().execute(context={})

@@ -222,3 +222,15 @@ def test_cli_deploy_dry_run_renders_and_names_the_upgrade_the_airflow_task_runs(
     unreachable = run_cli(["deploy", str(EXAMPLES / "coffee-orders.yaml"), "--kubeconfig", str(kubeconfig)], cli_env)
     assert unreachable.returncode == 1 and "Traceback" not in unreachable.stderr
     assert unreachable.stderr.startswith("error: "), unreachable.stderr
+
+
+def test_cli_render_takes_cluster_values_from_files_but_not_the_specs_own(tmp_path, cli_env):
+    values = tmp_path / "cluster.yaml"
+    values.write_text("kafka: {configSecret: {name: cafe-kafka}}\ncheckpoint: {persistentVolumeClaim: {enabled: true}}\n")
+    result = run_cli(["render", str(EXAMPLES / "coffee-orders.yaml"), "--values", str(values)], cli_env)
+    assert result.returncode == 0, result.stderr
+    assert "cafe-kafka" in result.stdout and "kind: PersistentVolumeClaim" in result.stdout
+    owned = tmp_path / "owned.yaml"
+    owned.write_text("executor: {cores: 64}\n")
+    refused = run_cli(["render", str(EXAMPLES / "coffee-orders.yaml"), "--values", str(owned)], cli_env)
+    assert refused.returncode == 2 and f"{owned}: /executor comes from the queue's spec" in refused.stderr

@@ -1,0 +1,62 @@
+"""Chart values that describe the cluster, not the queue: given by whoever deploys, never by a spec.
+
+A spec says what the queue is (its sizes, autoscaling, image). The cluster says where the
+worker's Kafka credentials, TLS files and checkpoint volume are, how images are pulled, and
+may pin another image for one rollout. Those come from the deployer: `--values FILE` on the
+command line; in Airflow, the Variable ``queueplane_cluster_values`` (JSON, every release) with
+the trigger form's ``cluster_values`` on top (one run). The spec's own values are refused here,
+so a deployer cannot resize or rename a team's queue behind its spec.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from queueplane.errors import UsageError
+
+AIRFLOW_VARIABLE = "queueplane_cluster_values"
+SPEC_OWNED = ("queue", "driver", "executor", "autoscaling")
+
+
+def merge_values(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` over ``base``, mappings merged key by key, anything else replaced."""
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_values(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def checked(values: Any, source: str) -> dict[str, Any]:
+    """Cluster values from ``source`` (named in the error), or UsageError saying what is wrong."""
+    if values in (None, ""):
+        return {}
+    if not isinstance(values, dict):
+        raise UsageError(f"{source}: cluster values must be a mapping of chart values, got {type(values).__name__}")
+    owned = [key for key in SPEC_OWNED if key in values]
+    if owned:
+        raise UsageError(
+            f"{source}: /{owned[0]} comes from the queue's spec and cannot be set by the deployer "
+            f"(cluster values may set kafka, checkpoint, image, imagePullSecrets, metrics, spark and pod placement)"
+        )
+    return values
+
+
+def from_files(paths: list[str]) -> dict[str, Any]:
+    """`--values FILE` ... merged in order, each checked."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        try:
+            document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(f"--values {path}: cannot read the file: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise UsageError(f"--values {path}: not YAML: {str(exc).splitlines()[0]}") from None
+        merged = merge_values(merged, checked(document, path))
+    return merged
