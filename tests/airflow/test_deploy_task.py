@@ -63,7 +63,7 @@ def test_cluster_values_come_from_the_variable_with_the_run_on_top(airflow_db, m
         _deploy(cluster_values=run).execute(context={})
     logged = capsys.readouterr().out
     assert 'secretName: "cafe-kafka"' in logged or "secretName: cafe-kafka" in logged
-    assert "- name: pull-secret" in logged or "- name: \"pull-secret\"" in logged
+    assert "- name: pull-secret" in logged or '- name: "pull-secret"' in logged
     assert "registry.example.com/queueplane/worker:0.1.1-rc1" in logged, "the run's image overrides the spec's"
     assert "QUEUEPLANE_BOOTSTRAP_SERVERS" not in logged, "a Kafka config Secret replaces the placeholder address"
 

@@ -226,7 +226,9 @@ def test_cli_deploy_dry_run_renders_and_names_the_upgrade_the_airflow_task_runs(
 
 def test_cli_render_takes_cluster_values_from_files_but_not_the_specs_own(tmp_path, cli_env):
     values = tmp_path / "cluster.yaml"
-    values.write_text("kafka: {configSecret: {name: cafe-kafka}}\ncheckpoint: {persistentVolumeClaim: {enabled: true}}\n")
+    values.write_text(
+        "kafka: {configSecret: {name: cafe-kafka}}\ncheckpoint: {persistentVolumeClaim: {enabled: true}}\n"
+    )
     result = run_cli(["render", str(EXAMPLES / "coffee-orders.yaml"), "--values", str(values)], cli_env)
     assert result.returncode == 0, result.stderr
     assert "cafe-kafka" in result.stdout and "kind: PersistentVolumeClaim" in result.stdout
