@@ -18,6 +18,11 @@ import yaml
 from queueplane.errors import Problem, UsageError
 
 SPEC_SUFFIXES = (".yaml", ".yml")
+# A spec is a page of YAML. Files far larger, or whose aliases expand to far more nodes than
+# they spell out (a "billion laughs"), would stall validate, CI and the DAG parse of every
+# team's DAGs: they are refused before anything walks their data.
+MAX_SPEC_BYTES = 256 * 1024
+MAX_EXPANDED_NODES = 20_000
 
 
 def pointer(path: list[str | int] | tuple[str | int, ...]) -> str:
@@ -91,6 +96,44 @@ def _walk(node: yaml.Node, path: list[str | int], spec: SpecFile) -> None:
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def expanded_size(root: yaml.Node, limit: int = MAX_EXPANDED_NODES) -> int:
+    """Nodes the document holds once every alias is expanded, counted up to ``limit + 1``.
+
+    Aliases are shared node objects, so each distinct node is sized once (linear in the file);
+    a node that contains itself (a recursive alias) counts as over the limit.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        kids = _children(node)
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(limit + 1, 1 + sum(sizes[id(k)] for k in kids))
+            continue
+        if id(node) in open_nodes:
+            return limit + 1
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        for kid in kids:
+            if id(kid) in open_nodes:
+                return limit + 1
+            if id(kid) not in sizes:
+                stack.append((kid, False))
+    return sizes[id(root)]
+
+
 def parse_text(text: str, path: str) -> SpecFile:
     """Parse once: compose nodes (for lines and duplicate keys), then construct the data from them."""
     spec = SpecFile(path)
@@ -113,7 +156,20 @@ def parse_text(text: str, path: str) -> SpecFile:
         if not nodes:
             spec.problems.append(Problem(path, "", "the file is empty; expected one Queue spec"))
             return spec
+        if expanded_size(nodes[0]) > MAX_EXPANDED_NODES:
+            spec.problems.append(
+                Problem(
+                    path,
+                    "",
+                    f"its YAML aliases expand to more than {MAX_EXPANDED_NODES} nodes (or refer to themselves)",
+                    "a queue spec needs no alias that large: write the values out",
+                )
+            )
+            return spec
         data = loader.construct_document(nodes[0])
+    except RecursionError:
+        spec.problems.append(Problem(path, "", "the YAML is nested too deeply to be a queue spec"))
+        return spec
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -130,7 +186,12 @@ def parse_text(text: str, path: str) -> SpecFile:
         return spec
     finally:
         loader.dispose()
-    _walk(nodes[0], [], spec)
+    try:
+        _walk(nodes[0], [], spec)
+    except RecursionError:
+        spec.lines.clear()
+        spec.problems.append(Problem(path, "", "the YAML is nested too deeply to be a queue spec"))
+        return spec
     spec.data = data
     return spec
 
@@ -138,6 +199,11 @@ def parse_text(text: str, path: str) -> SpecFile:
 def read_spec_file(path: Path, known: Callable[[str, str], SpecFile | None] = lambda _p, _h: None) -> SpecFile:
     """Read and parse one spec; ``known`` may answer for bytes checked before (see cache.py)."""
     try:
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            spec = SpecFile(str(path))
+            size = path.stat().st_size
+            spec.problems.append(Problem(str(path), "", f"the file has {size} bytes; a spec may have {MAX_SPEC_BYTES}"))
+            return spec
         raw = path.read_bytes()
         digest = hashlib.sha256(raw).hexdigest()
         hit = known(str(path), digest)

@@ -4,6 +4,7 @@ a team can act on; nothing else about the run changes."""
 from __future__ import annotations
 
 import pytest
+from helpers import run_cli
 from specs_factory import DELETE, dump, set_path, spec
 
 from queueplane.spec.rules import check_text
@@ -202,3 +203,43 @@ def test_problem_carries_the_line_of_the_field():
     (problem,) = check_text(text, "a.yaml").problems
     assert problem.line == expected_line
     assert f"(line {expected_line})" in problem.render()
+
+
+BILLION_LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]\n" for prev, name in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def test_an_alias_bomb_is_refused_at_once_with_the_file_named(tmp_path, cli_env):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    assert len(BILLION_LAUGHS) < 500  # expands to 9^9 strings
+    result = run_cli(["validate", str(bomb)], cli_env, timeout=30)  # hung for good before the limit
+    assert result.returncode == 2
+    assert f"{bomb}: /: its YAML aliases expand to more than" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a: &a [*a]\n", "refer to themselves"),
+        ("spec: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ],
+)
+def test_recursive_and_deeply_nested_yaml_is_refused(text, message):
+    (problem,) = check_text(text).problems
+    assert message in problem.message
+
+
+def test_a_file_far_larger_than_a_spec_is_refused_unread(tmp_path, cli_env):
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# padding\n" * 40_000)
+    result = run_cli(["validate", str(huge)], cli_env)
+    assert result.returncode == 2 and f"{huge}: /: the file has 400000 bytes" in result.stderr
+
+
+def test_anchors_of_ordinary_size_still_work():
+    ok = spec("share")
+    text = dump(ok).replace("spec:\n", "x-shared: &cores 2\nspec:\n", 1)
+    assert all("alias" not in p.message for p in check_text(text).problems)
