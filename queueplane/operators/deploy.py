@@ -33,7 +33,7 @@ def _is_true(value: bool | str) -> bool:
 class HelmDeployOperator(BaseOperator):
     """`helm upgrade --install --rollback-on-failure --wait` (Helm 4's --atomic) of the queue's release."""
 
-    template_fields: Sequence[str] = ("spec_path", "kubernetes_conn_id", "deploy", "dry_run", "cluster_values")
+    template_fields: Sequence[str] = ("kubernetes_conn_id", "deploy", "dry_run", "cluster_values")
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -105,7 +105,7 @@ class QueueReadySensor(BaseSensorOperator):
     reschedule mode: between checks the task gives its worker slot back.
     """
 
-    template_fields: Sequence[str] = ("spec_path", "kafka_conn_id", "kubernetes_conn_id")
+    template_fields: Sequence[str] = ("kafka_conn_id", "kubernetes_conn_id")
 
     def __init__(
         self,

@@ -46,9 +46,13 @@ def plan_text(plan: Plan) -> str:
 
 
 class _SpecOperator(BaseOperator):
-    """A task about the specs under ``spec_path`` (a file or a directory) and one Kafka connection."""
+    """A task about the specs under ``spec_path`` (a file or a directory) and one Kafka connection.
 
-    template_fields: Sequence[str] = ("spec_path", "kafka_conn_id")
+    ``spec_path`` is not a templated field: a team's file or folder name is data, and Jinja
+    would run whatever ``{{ ... }}`` it holds.
+    """
+
+    template_fields: Sequence[str] = ("kafka_conn_id",)
     ui_color = "#e8f1fb"
 
     def __init__(self, *, spec_path: str, kafka_conn_id: str = KAFKA_CONN_ID, **kwargs: Any) -> None:
