@@ -20,8 +20,10 @@ exit codes: {EXIT_OK} ok, {EXIT_FAILED} the cluster or a tool failed, {EXIT_INVA
 cluster: --bootstrap-servers / --kafka-config, else ${ENV_BOOTSTRAP} / ${ENV_KAFKA_CONFIG}, \
 else the running local stack (queueplane local up)."""
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# No emoji codes and no highlighting: specs, topic names and error messages are quoted as they
+# are (rich would print ":x:" in a file's text as an emoji).
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def cluster_flags(parser: argparse.ArgumentParser) -> None:

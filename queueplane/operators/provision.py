@@ -41,7 +41,7 @@ def plan_text(plan: Plan) -> str:
     from queueplane.provision.plan_text import render_plan
 
     buffer = io.StringIO()
-    render_plan(plan, Console(file=buffer, width=160, color_system=None, highlight=False))
+    render_plan(plan, Console(file=buffer, width=160, color_system=None, highlight=False, emoji=False))
     return buffer.getvalue()
 
 

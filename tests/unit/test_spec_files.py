@@ -88,3 +88,13 @@ def test_directories_are_searched_and_missing_paths_are_usage_errors(tmp_path: P
     assert [q.name for q in loaded.queues] == ["brew-orders"]
     with pytest.raises(UsageError, match="no such file"):
         load_specs([str(tmp_path / "missing")])
+
+
+def test_a_files_text_is_quoted_as_it_is_never_read_as_console_markup(tmp_path, cli_env):
+    from helpers import run_cli
+
+    odd = tmp_path / "passwd.yaml"
+    odd.write_text("root:x:0:[b]0[/b]:thumbs_up:\n")  # a plain scalar, as /etc/passwd's lines are
+    result = run_cli(["validate", str(odd)], cli_env)
+    assert result.returncode == 2
+    assert 'must be a mapping; got "root:x:0:[b]0[/b]:thumbs_up:"' in result.stderr, result.stderr
