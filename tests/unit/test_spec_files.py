@@ -94,7 +94,7 @@ def test_a_files_text_is_quoted_as_it_is_never_read_as_console_markup(tmp_path, 
     from helpers import run_cli
 
     odd = tmp_path / "passwd.yaml"
-    odd.write_text("root:x:0:[b]0[/b]:thumbs_up:\n")  # a plain scalar, as /etc/passwd's lines are
+    odd.write_text("root:x:0:[b]0[/b]:thumbs_up:/root\n")  # a plain scalar, as /etc/passwd's lines are
     result = run_cli(["validate", str(odd)], cli_env)
     assert result.returncode == 2
-    assert 'must be a mapping; got "root:x:0:[b]0[/b]:thumbs_up:"' in result.stderr, result.stderr
+    assert 'must be a mapping; got "root:x:0:[b]0[/b]:thumbs_up:/root"' in result.stderr, result.stderr
