@@ -106,20 +106,24 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
     driver = subprocess.Popen(
         [*command, *args], env=process_env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
-    probe = container["readinessProbe"]["httpGet"]
-    probe_url = f"http://127.0.0.1:{metrics_port}{probe['path']}"
+    probes = {kind: container[kind]["httpGet"] for kind in ("readinessProbe", "livenessProbe")}
+    assert {probe["port"] for probe in probes.values()} == {"metrics"}
+    base = f"http://127.0.0.1:{metrics_port}"
     try:
-        # Done when the driver (through the probes' endpoint) counts every record accepted.
+        # Done when the driver counts every record accepted, on the port the probes ask.
         accepted_line = f'queueplane_records_total{{outcome="accepted",queue="{queue.name}"}} {float(total)}'
-        deadline, probed = time.monotonic() + 300, ""
-        while time.monotonic() < deadline and driver.poll() is None and accepted_line not in probed:
+        deadline, scraped = time.monotonic() + 300, ""
+        while time.monotonic() < deadline and driver.poll() is None and accepted_line not in scraped:
             time.sleep(1)
             try:
-                probed = urllib.request.urlopen(probe_url, timeout=5).read().decode()
+                scraped = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
             except OSError:
                 continue
         assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-4000:]
-        assert accepted_line in probed, probed[-2000:]
+        assert accepted_line in scraped, scraped[-2000:]
+        for kind, probe in probes.items():
+            with urllib.request.urlopen(f"{base}{probe['path']}", timeout=5) as answer:
+                assert answer.status == 200, (kind, answer.read())
         handled = {e["id"] for e in queue_dir.events() if e.get("result") == "ok"}
         assert len(handled) == total
     finally:
