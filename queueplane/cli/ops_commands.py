@@ -20,6 +20,7 @@ from queueplane.cli.common import (
     resolve_target,
 )
 from queueplane.errors import EXIT_OK, UsageError
+from queueplane.kafka.offsets import require_topics
 from queueplane.spec.model import QueueSpec
 
 
@@ -118,6 +119,7 @@ def cmd_lag(args: argparse.Namespace) -> int:
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
     queue = one_spec(args.spec, target)
     interval = duration_flag(args.interval, "--interval") or 2.0
+    require_topics(target, args.spec, {queue.topic.name: "queue topic"})
     admin = clients.admin(target)
 
     def read() -> list[Any]:
@@ -147,6 +149,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
     queue = one_spec(args.spec, target)
+    wanted = {queue.dead_letter.name: "dead-letter topic"}
+    if args.dlq_command == "redrive":
+        wanted[queue.topic.name] = "queue topic"
+    require_topics(target, args.spec, wanted)
     if args.dlq_command == "list":
         if args.limit < 1:
             raise UsageError("--limit must be at least 1")

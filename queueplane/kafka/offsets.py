@@ -14,10 +14,16 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from queueplane.errors import QueueplaneError
 from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
 
 REQUEST_TIMEOUT_S = 15.0
+
+
+class QueueMissing(QueueplaneError):
+    """A command reads a queue whose topics were never applied, or were deleted."""
+
 
 _COORDINATOR_MOVING = {
     KafkaError.NOT_COORDINATOR,
@@ -67,3 +73,14 @@ def fetch_committed(consumer: Any, topic: str, partitions: Iterable[int]) -> dic
             if not (error.retriable() or error.code() in _COORDINATOR_MOVING) or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def require_topics(target: KafkaTarget, spec: str, topics: dict[str, str]) -> None:
+    """Raise a one-line error naming the first missing topic (``topics``: name -> what it is) and what to run."""
+    metadata = clients.admin(target).list_topics(timeout=REQUEST_TIMEOUT_S)
+    for name, what in topics.items():
+        if name not in metadata.topics or metadata.topics[name].error is not None:
+            raise QueueMissing(
+                f"{spec}: the {what} {name} does not exist on {target.label}; "
+                f"create the queue's topics with `queueplane apply {spec}`"
+            )

@@ -10,10 +10,12 @@ import sys
 import time
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
-from helpers import REPO, run_cli
+from helpers import REPO, run_cli, tagged_examples, unique_tag
 from worker_support import make_queue, order, read_all
 
+from queueplane.kafka import clients
 from queueplane.kafka.offsets import committed_offsets
 from queueplane.run import dead_letters as dlq
 from queueplane.run.dead_letters import Failure
@@ -204,3 +206,22 @@ def test_redrive_where_moves_only_matching_records_and_keeps_the_rest_pending(ka
         ["dlq", "redrive", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "--where", "oops"], cli_env
     )
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_commands_on_a_queue_that_is_not_there_say_what_is_missing_and_what_to_run(kafka, tmp_path, cli_env):
+    spec = tagged_examples(tmp_path, unique_tag())["queue__cafe__coffee-orders"]  # never applied
+    cluster = ["--bootstrap-servers", kafka.bootstrap]
+    for command in (["lag"], ["dlq", "list"], ["dlq", "redrive"]):
+        result = run_cli([*command, str(spec), *cluster], cli_env)
+        assert result.returncode == 1, (command, result.stderr)
+        (line,) = result.stderr.strip().splitlines()
+        assert "does not exist" in line and f"queueplane apply {spec}" in line, line
+        assert "internal error" not in line
+
+    assert run_cli(["apply", str(spec), "--yes", *cluster], cli_env).returncode == 0
+    dlq_topic = yaml.safe_load(spec.read_text())["spec"]["topic"]["name"] + ".dlq"
+    admin = clients.admin(kafka)  # held until the deletion is done: a dropped client aborts its requests
+    admin.delete_topics([dlq_topic])[dlq_topic].result(30)
+    deleted = run_cli(["dlq", "list", str(spec), *cluster], cli_env)
+    assert deleted.returncode == 1 and f"the dead-letter topic {dlq_topic} does not exist" in deleted.stderr
+    assert run_cli(["lag", str(spec), *cluster], cli_env).returncode == 0, "the queue topic itself is there"
