@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,7 @@ def register(commands: Any) -> None:
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
-    p.add_argument(
-        "--values",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="cluster values (YAML) over the spec's: kafka secrets, checkpoint volume, pull secrets, image; repeatable",
-    )
+    _values_flag(p)
     p.set_defaults(handler=cmd_render)
 
     p = command(
@@ -43,17 +36,21 @@ def register(commands: Any) -> None:
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig of the cluster")
-    p.add_argument(
+    _values_flag(p)
+    p.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    p.add_argument("--timeout", default="10m", metavar="DURATION", help="how long helm waits for the worker (10m)")
+    p.add_argument("--dry-run", action="store_true", help="render and check, print the helm command, change nothing")
+    p.set_defaults(handler=cmd_deploy)
+
+
+def _values_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--values",
         action="append",
         default=[],
         metavar="FILE",
         help="cluster values (YAML) over the spec's: kafka secrets, checkpoint volume, pull secrets, image; repeatable",
     )
-    p.add_argument("--context", metavar="NAME", help="kubeconfig context")
-    p.add_argument("--timeout", default="10m", metavar="DURATION", help="how long helm waits for the worker (10m)")
-    p.add_argument("--dry-run", action="store_true", help="render and check, print the helm command, change nothing")
-    p.set_defaults(handler=cmd_deploy)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -86,8 +83,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     queue = one_spec(args.spec)
     timeout_s = int(duration_flag(args.timeout, "--timeout") or release.HELM_TIMEOUT_S)
-    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    access = release.KubeAccess(kubeconfig, args.context, in_cluster=False)
+    access = release.KubeAccess(args.kubeconfig or release.default_kubeconfig(), args.context, in_cluster=False)
     with tempfile.TemporaryDirectory(prefix="queueplane-deploy-") as folder:
         with err.status(f"rendering {queue.name}"):
             rendered = render(queue, output_dir=Path(folder), overrides=from_files(args.values))

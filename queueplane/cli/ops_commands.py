@@ -20,6 +20,7 @@ from queueplane.cli.common import (
     resolve_target,
 )
 from queueplane.errors import EXIT_OK, UsageError
+from queueplane.kafka import clients
 from queueplane.kafka.offsets import require_topics
 from queueplane.spec.model import QueueSpec
 
@@ -112,15 +113,14 @@ def cmd_lag(args: argparse.Namespace) -> int:
 
     from rich.live import Live
 
-    from queueplane.kafka import clients
     from queueplane.kafka.lag import queue_lag, total_lag
     from queueplane.ops.lag import flag_skew, key_sampler
 
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
     queue = one_spec(args.spec, target)
     interval = duration_flag(args.interval, "--interval") or 2.0
-    require_topics(target, args.spec, {queue.topic.name: "queue topic"})
     admin = clients.admin(target)
+    require_topics(admin, target, args.spec, {queue.topic.name: "queue topic"})
 
     def read() -> list[Any]:
         rows = queue_lag(target, queue, admin)
@@ -152,7 +152,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     wanted = {queue.dead_letter.name: "dead-letter topic"}
     if args.dlq_command == "redrive":
         wanted[queue.topic.name] = "queue topic"
-    require_topics(target, args.spec, wanted)
+    require_topics(clients.admin(target), target, args.spec, wanted)
     if args.dlq_command == "list":
         if args.limit < 1:
             raise UsageError("--limit must be at least 1")

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from functools import cache
 from pathlib import Path
 
 from queueplane.errors import QueueplaneError
@@ -44,7 +45,9 @@ def helm_binary() -> Path:
     return built_helm()
 
 
+@cache
 def _major_version(binary: str) -> str | None:
+    """`helm version` of a binary, asked once per process: helm_binary runs before every helm command."""
     try:
         result = subprocess.run(
             [binary, "version", "--template", "{{.Version}}"], capture_output=True, text=True, timeout=30

@@ -6,6 +6,7 @@ come here, so the helm invocation and the readiness rule exist once.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,11 @@ class KubeAccess:
     kubeconfig: str | None
     context: str | None
     in_cluster: bool
+
+
+def default_kubeconfig() -> str:
+    """The kubeconfig kubectl would read: $KUBECONFIG, else ~/.kube/config."""
+    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
 
 
 def worker_deployment(objects: list[dict[str, Any]]) -> str:

@@ -75,9 +75,9 @@ def fetch_committed(consumer: Any, topic: str, partitions: Iterable[int]) -> dic
             time.sleep(0.2)
 
 
-def require_topics(target: KafkaTarget, spec: str, topics: dict[str, str]) -> None:
+def require_topics(admin: AdminClient, target: KafkaTarget, spec: str, topics: dict[str, str]) -> None:
     """Raise a one-line error naming the first missing topic (``topics``: name -> what it is) and what to run."""
-    metadata = clients.admin(target).list_topics(timeout=REQUEST_TIMEOUT_S)
+    metadata = admin.list_topics(timeout=REQUEST_TIMEOUT_S)
     for name, what in topics.items():
         if name not in metadata.topics or metadata.topics[name].error is not None:
             raise QueueMissing(

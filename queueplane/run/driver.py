@@ -209,14 +209,15 @@ def run_queue(
         while query.isActive and not stop_requested.is_set():
             if query.awaitTermination(0.25):
                 break
-            health.batch_running(time.monotonic(), bool(query.status["isTriggerActive"]))
+            in_batch = bool(query.status["isTriggerActive"])
+            health.batch_running(time.monotonic(), in_batch)
             if runtime.failed():
                 break
             # A source that runs no batch while there is nothing new never lets the sink see the
             # queue idle: look between batches here.
             if runtime.batches_only_on_input and time.monotonic() - last_look >= 1.0:
                 last_look = time.monotonic()
-                if not query.status["isTriggerActive"]:
+                if not in_batch:
                     lag = watcher.latest
                     metrics.set_backlog(lag)
                     if should_stop(lag):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from pathlib import Path
@@ -74,16 +73,6 @@ def _pyspark_jars() -> Path:
 def connector_in_pyspark() -> bool:
     """Whether the connector is baked into pyspark's own jars (the worker image), so nothing is fetched."""
     return any(_pyspark_jars().glob(f"spark-sql-kafka-0-10_{SCALA_BINARY}-{SPARK_VERSION}.jar"))
-
-
-def bake_connector() -> list[Path]:
-    """Copy the connector's jars into pyspark's jars folder (image builds): no Maven at run time."""
-    jars = _pyspark_jars()
-    copied = []
-    for jar in map(Path, connector_jars()):
-        shutil.copyfile(jar, jars / jar.name)
-        copied.append(jars / jar.name)
-    return copied
 
 
 def with_kafka_connector(builder: Any) -> Any:

@@ -38,5 +38,6 @@ def test_an_example_processes_a_load_with_its_own_handler(example, kafka, cli_en
     output = yaml.safe_load(spec.read_text())["spec"]["processing"].get("output")
     if output:
         written = read_all(kafka, output["topic"], expect_at_least=COUNT - poison)
-        ids = [json.loads(m.value()).get("id") or json.loads(m.value())["order"] for m in written]
+        values = [json.loads(m.value()) for m in written]
+        ids = [value.get("id") or value["order"] for value in values]
         assert len(ids) == len(set(ids)) == COUNT - poison, "each accepted record's output once"
