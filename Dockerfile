@@ -1,32 +1,41 @@
-# The queue worker image: Python 3.11, Java 17, Spark 4.2.0 (from pyspark, pinned in constraints.txt), the
-# Kafka connector jars, and queueplane[worker]. charts/queue-worker runs
-#   /opt/spark/bin/spark-submit ... /opt/queueplane/spark_apps/queue_worker.py --spec ...
-# in it, the same command tests/integration/test_chart_contract.py runs locally.
+# The queue worker image for clusters with a registry. The local Kubernetes builds the same image
+# without one (queueplane/local/kubernetes/images.py): both start from Debian bookworm with the
+# packages in docker/debian-packages, install queueplane[worker] with constraints.txt into
+# /opt/queueplane/venv, bake Spark's Kafka connector (queueplane/run/spark-kafka-pom.xml) into
+# pyspark's jars, and start through docker/entrypoint.sh under tini as uid 185.
+# tests/kubernetes/test_worker_image.py holds the two to the same facts.
 # Teams add their handler package on top:  FROM <this image>  +  COPY kitchen /opt/queueplane/handlers/kitchen
 
-FROM maven:3.9.9-eclipse-temurin-17 AS jars
-COPY docker/kafka-connector-pom.xml /build/pom.xml
-# Only what Spark does not ship already: the connector, its token provider, the Kafka client, commons-pool2.
-RUN mvn -q -f /build/pom.xml dependency:copy-dependencies -DoutputDirectory=/jars \
-      -DincludeArtifactIds=spark-sql-kafka-0-10_2.13,spark-token-provider-kafka-0-10_2.13,kafka-clients,commons-pool2
-
-FROM python:3.11.14-slim-bookworm
+FROM debian:bookworm-slim AS jars
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps tini \
+ && apt-get install -y --no-install-recommends maven openjdk-17-jdk-headless \
  && rm -rf /var/lib/apt/lists/*
-ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
+COPY queueplane/run/spark-kafka-pom.xml /build/pom.xml
+# The versions' one home is queueplane/run/kafka_input.py (SPARK_VERSION, SCALA_BINARY, TOKEN_PROVIDER_VERSION).
+RUN mvn -B -q -f /build/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/jars \
+      -Dspark.version=4.2.0 -Dscala.binary=2.13 -Dtoken.provider.version=4.0.0
+
+FROM debian:bookworm-slim
+COPY docker/debian-packages /tmp/debian-packages
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends $(sed 's/#.*//' /tmp/debian-packages) \
+ && rm -rf /var/lib/apt/lists/* /tmp/debian-packages
 COPY pyproject.toml README.md LICENSE constraints.txt /src/
 COPY specs/queue-v1.schema.json /src/specs/
 COPY charts /src/charts
 COPY queueplane /src/queueplane
-RUN pip install --no-cache-dir -c /src/constraints.txt '/src[worker]' && rm -rf /src \
- && ln -s "$(python -c 'import pyspark, os; print(os.path.dirname(pyspark.__file__))')" /opt/spark
-COPY --from=jars /jars/ /opt/spark/jars/
-COPY spark_apps /opt/queueplane/spark_apps
+COPY spark_apps /src/spark_apps
+COPY --from=jars /jars /tmp/connector
+RUN python3 -m venv /opt/queueplane/venv \
+ && /opt/queueplane/venv/bin/pip install --no-cache-dir -c /src/constraints.txt '/src[worker]' \
+ && ln -s /opt/queueplane/venv/lib/python3.11/site-packages/pyspark /opt/spark \
+ && /opt/queueplane/venv/bin/python -c "import shutil, pathlib; from queueplane.run.kafka_input import jars_pyspark_lacks; [shutil.copy2(j, '/opt/spark/jars/') for j in jars_pyspark_lacks(pathlib.Path('/tmp/connector'))]" \
+ && mkdir -p /opt/queueplane/handlers && cp -r /src/spark_apps /opt/queueplane/spark_apps \
+ && rm -rf /src /tmp/connector
 COPY docker/entrypoint.sh /opt/entrypoint.sh
-RUN useradd --uid 185 --gid 0 --home-dir /tmp --no-create-home spark \
- && mkdir -p /opt/queueplane/handlers
-ENV SPARK_HOME=/opt/spark \
+RUN echo 'spark:x:185:0:spark:/tmp:/usr/sbin/nologin' >> /etc/passwd
+ENV PATH=/opt/queueplane/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    SPARK_HOME=/opt/spark \
     PYSPARK_PYTHON=python3 \
     PYTHONPATH=/opt/queueplane/handlers \
     HOME=/tmp

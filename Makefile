@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 QP := $(BIN)/queueplane
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean local-down chromium
+.PHONY: setup demo test lint bench clean local-down chromium kubernetes-host
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queueplane needs Python >= 3.11")'
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Everything the project downloads or builds (Kafka and connector jars, helm, the Kubernetes
 # API schemas) is fetched here, with progress, so no demo step or timed test waits on it.
-setup: $(STAMP)
+setup: $(STAMP) kubernetes-host
 	$(QP) local fetch
 
 demo: setup
@@ -54,6 +54,15 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check queueplane tests bench spark_apps specs dags
+
+# The local Kubernetes runs containerd, runc and the CNI plugins from Debian, and builds images with
+# mmdebstrap and buildah (queueplane/local/kubernetes). Root only: elsewhere the cluster is not built.
+KUBE_HOST_PACKAGES := containerd runc containernetworking-plugins mmdebstrap buildah iptables openssl
+kubernetes-host:
+	@[ "$$(id -u)" != 0 ] || [ "$$(dpkg-query -W -f='$${Status}\n' $(KUBE_HOST_PACKAGES) 2>/dev/null | \
+	  grep -c 'install ok installed')" = "$(words $(KUBE_HOST_PACKAGES))" ] || { \
+	  echo "== installing the local Kubernetes' host packages (apt): $(KUBE_HOST_PACKAGES)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(KUBE_HOST_PACKAGES); }
 
 # The Airflow UI test drives Debian's chromium with Playwright (no browser download from a CDN).
 chromium:

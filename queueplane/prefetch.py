@@ -7,6 +7,8 @@ step or Airflow task waits on a first download or build. Each item checks its ow
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 
 from queueplane.deploy.helm import HELM_VERSION, helm_binary
+from queueplane.local.kubernetes import build as kube_build
 from queueplane.local.stack import KAFKA_VERSION, LocalStack
 
 HEARTBEAT_S = 15.0
@@ -35,6 +38,18 @@ def _spark_connector() -> object:
     return f"{len(jars)} jars for Spark {SPARK_VERSION}"
 
 
+def _kubernetes_wanted() -> bool:
+    """The local cluster runs on Linux as root (containerd, a kubelet); elsewhere it is not built."""
+    return sys.platform == "linux" and os.geteuid() == 0
+
+
+def _worker_image() -> object:
+    from queueplane.local.kubernetes import images
+
+    images.pause_image()
+    return images.worker_image().reference
+
+
 ITEMS = (
     Item(f"Apache Kafka {KAFKA_VERSION} jars", "Maven Central, about a minute", lambda: LocalStack.default().fetch()),
     Item(
@@ -45,6 +60,18 @@ ITEMS = (
     ),
     Item(
         f"helm {HELM_VERSION}", "a Helm 4 on PATH, else go install from the Go module proxy, a few minutes", helm_binary
+    ),
+    Item(
+        f"local Kubernetes {kube_build.KUBERNETES_VERSION} binaries",
+        "go build from the Go module proxy, about 6 minutes on 2 cores",
+        kube_build.build_binaries,
+        wanted=_kubernetes_wanted,
+    ),
+    Item(
+        "the worker image for the local Kubernetes",
+        "Debian packages, wheels and jars made into an OCI image, a few minutes; again after each code change",
+        _worker_image,
+        wanted=lambda: _kubernetes_wanted() and find_spec("pyspark") is not None,
     ),
 )
 

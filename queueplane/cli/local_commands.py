@@ -40,7 +40,24 @@ def register(commands: Any) -> None:
         "console-consumer, console-share-consumer, console-producer",
     )
     kafka.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the tool")
+    _register_kubernetes(local_cmds)
     local.set_defaults(handler=cmd_local)
+
+
+def _register_kubernetes(local_cmds: Any) -> None:
+    kube = local_cmds.add_parser(
+        "kubernetes",
+        help="a real single-node Kubernetes on this machine, to deploy workers to with Helm",
+        description="Kubernetes built from Go modules, containerd and runc from Debian, the worker "
+        "image built here; the admin kubeconfig is written to .queueplane/local/kubeconfig.",
+    )
+    actions = kube.add_subparsers(dest="kubernetes_command", metavar="ACTION", required=True)
+    up = actions.add_parser("up", help="start the cluster (and import the worker image), print the kubeconfig path")
+    up.add_argument("--no-worker-image", action="store_true", help="do not build or import the queue worker image")
+    down = actions.add_parser("down", help="stop the cluster and every pod")
+    down.add_argument("--purge", action="store_true", help="also delete its state, certificates and network rules")
+    status = actions.add_parser("status", help="show whether the cluster runs, its daemons and memory")
+    output_flag(status)
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -51,6 +68,8 @@ def cmd_local(args: argparse.Namespace) -> int:
 
         fetch_all(lambda line: err.print(line, markup=False))
         return EXIT_OK
+    if args.local_command == "kubernetes":
+        return _cmd_kubernetes(args)
     stack = LocalStack.default()
     if args.local_command == "up":
         with err.status("local Kafka") as status:
@@ -71,3 +90,38 @@ def cmd_local(args: argparse.Namespace) -> int:
         return EXIT_OK if info["running"] else EXIT_FAILED
     command = stack.tool_command(args.tool, args.args)
     return subprocess.run(command).returncode
+
+
+def _cmd_kubernetes(args: argparse.Namespace) -> int:
+    from queueplane.local.kubernetes.cluster import LocalKubernetes
+
+    cluster = LocalKubernetes()
+    action = args.kubernetes_command
+    if action == "up":
+        from queueplane.local.kubernetes import images
+        from queueplane.local.kubernetes.values import write_local_values
+        from queueplane.local.stack import LocalStack
+
+        with err.status("local Kubernetes") as status:
+            info = cluster.up(
+                say=lambda message: status.update(f"local Kubernetes: {message}"),
+                worker_image=not args.no_worker_image,
+            )
+            # The broker listens on the node address too once the cluster's bridge exists.
+            kafka = LocalStack.default().up(say=lambda message: status.update(f"local Kafka: {message}"))
+        out.print(f"KUBECONFIG={info['kubeconfig']}", markup=False)
+        if not args.no_worker_image and kafka.pod_bootstrap:
+            path = write_local_values(cluster.home / "cluster-values.yaml", images.worker_image(), kafka.pod_bootstrap)
+            out.print(f"cluster values for `queueplane deploy --values`: {path}", markup=False)
+        return EXIT_OK
+    if action == "down":
+        stopped = cluster.down(purge=args.purge)
+        out.print("stopped" if stopped else "not running", markup=False)
+        return EXIT_OK
+    info = cluster.status()
+    if args.output == "json":
+        out.print_json(json.dumps(info))
+    else:
+        for key, value in info.items():
+            out.print(f"{key}: {value}", markup=False)
+    return EXIT_OK if info["running"] else EXIT_FAILED

@@ -43,7 +43,8 @@ def checked(values: Any, source: str) -> dict[str, Any]:
     if owned:
         raise UsageError(
             f"{source}: /{owned[0]} comes from the queue's spec and cannot be set by the deployer "
-            f"(cluster values may set kafka, checkpoint, image, imagePullSecrets, metrics, spark and pod placement)"
+            "(cluster values may set kafka, checkpoint, image, imagePullSecrets, cpuRequests, metrics, spark "
+            "and pod placement)"
         )
     return values
 

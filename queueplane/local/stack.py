@@ -23,6 +23,8 @@ from queueplane.errors import LocalStackError
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
 from queueplane.kafka.protocol import api_versions
+from queueplane.local.kubernetes.host import node_address_present
+from queueplane.local.kubernetes.layout import NODE_IP
 from queueplane.local.maven import COMPLETE, copy_dependencies
 from queueplane.local.processes import free_port, pid_alive, port_open, terminate
 from queueplane.paths import cache_dir, home_dir
@@ -84,10 +86,17 @@ class StackState:
     version: str
     directory: str
     started_at: float
+    # A listener on the local Kubernetes' node address, for pods (their 127.0.0.1 is their own).
+    pod_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def pod_bootstrap(self) -> str | None:
+        """bootstrap.servers for pods of the local Kubernetes, when the broker listens for them."""
+        return f"{NODE_IP}:{self.pod_port}" if self.pod_port else None
 
 
 @dataclass
@@ -191,18 +200,25 @@ class LocalStack:
         """Start the broker unless it already runs; return once it serves requests."""
         with self._lock():
             state = self.running_state()
+            pods = node_address_present()
             if state is not None and port_open(HOST, state.port):
-                say("already running")
-                return state
+                if pods == (state.pod_port is not None):
+                    say("already running")
+                    return state
+                # The local Kubernetes came up (or went) since the broker started: restart it, on
+                # the same data and ports, with or without the listener pods reach it at.
+                say("restarting to " + ("add" if pods else "drop") + " the listener for Kubernetes pods")
+                terminate(state.pid)
             self.fetch(say)
             port, controller_port = self._ports()
-            self._write_configs(port, controller_port)
+            pod_port = self._pod_port() if pods else None
+            self._write_configs(port, controller_port, pod_port)
             if not (self.data_dir / "meta.properties").is_file():
                 say("formatting KRaft storage")
                 self._format()
             say(f"starting Kafka {self.version} on {HOST}:{port}")
             pid = self._start()
-            state = StackState(pid, port, controller_port, self.version, str(self.directory), time.time())
+            state = StackState(pid, port, controller_port, self.version, str(self.directory), time.time(), pod_port)
             self.state_file.write_text(json.dumps(asdict(state), indent=2))
             self._wait_ready(state, say)
             return state
@@ -217,7 +233,8 @@ class LocalStack:
                 terminate(state.pid)
             self.state_file.unlink(missing_ok=True)
             if purge:
-                for child in ("data", "logs", "server.properties", "log4j2.yaml", "tools-log4j2.yaml", "ports.json"):
+                files = ("server.properties", "log4j2.yaml", "tools-log4j2.yaml", "ports.json", "pod-port.json")
+                for child in ("data", "logs", *files):
                     path = self.directory / child
                     if path.is_dir():
                         shutil.rmtree(path)
@@ -229,9 +246,11 @@ class LocalStack:
         state = self.running_state()
         if state is None:
             return {"running": False, "directory": str(self.directory), "version": self.version}
+        pods = {"bootstrap.servers for pods": state.pod_bootstrap} if state.pod_bootstrap else {}
         return {
             "running": True,
             "bootstrap.servers": state.bootstrap,
+            **pods,
             "pid": state.pid,
             "version": state.version,
             "directory": str(self.directory),
@@ -253,6 +272,17 @@ class LocalStack:
         ports = free_port(HOST), free_port(HOST)
         self.ports_file.write_text(json.dumps(ports))
         return ports
+
+    def _pod_port(self) -> int:
+        """The pod listener's port, kept across restarts like the others."""
+        path = self.directory / "pod-port.json"
+        if path.is_file():
+            port = int(json.loads(path.read_text()))
+            if not port_open(NODE_IP, port):
+                return port
+        port = free_port(NODE_IP)
+        path.write_text(json.dumps(port))
+        return port
 
     def _log4j_file(self, tools: bool = False) -> Path:
         path = self.directory / ("tools-log4j2.yaml" if tools else "log4j2.yaml")
@@ -277,16 +307,18 @@ class LocalStack:
         path.write_text(body)
         return path
 
-    def _write_configs(self, port: int, controller_port: int) -> None:
+    def _write_configs(self, port: int, controller_port: int, pod_port: int | None = None) -> None:
+        # Each listener advertises itself, so a client is sent back to the address it came in on.
+        advertised = f"PLAINTEXT://{HOST}:{port}" + (f",PODS://{NODE_IP}:{pod_port}" if pod_port else "")
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{HOST}:{controller_port}",
-            "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+            "listeners": f"{advertised},CONTROLLER://{HOST}:{controller_port}",
+            "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.data_dir),
             **LOCAL_BROKER_SETTINGS,
         }

@@ -54,10 +54,18 @@ def connector_jars() -> list[str]:
         "token.provider.version": TOKEN_PROVIDER_VERSION,
     }
     folder = copy_dependencies(POM, target, props, f"Spark's Kafka connector {SPARK_VERSION}", ConnectorUnavailable)
-    # Maven's nearest-wins picks older copies of libraries pyspark ships (Scala, slf4j, lz4,
-    # snappy); pyspark's own must win, so only artifacts it lacks are added.
+    return [str(p) for p in jars_pyspark_lacks(folder)]
+
+
+def jars_pyspark_lacks(folder: Path) -> list[Path]:
+    """The jars in ``folder`` whose artifacts pyspark does not ship.
+
+    Maven's nearest-wins picks older copies of libraries pyspark ships (Scala, slf4j, lz4,
+    snappy); pyspark's own must win, so only artifacts it lacks are added. The worker images
+    (the Dockerfile's and the local one) bake in exactly this set.
+    """
     present = {_artifact(p.name) for p in _pyspark_jars().glob("*.jar")}
-    return sorted(str(p) for p in folder.glob("*.jar") if _artifact(p.name) not in present)
+    return sorted(p for p in folder.glob("*.jar") if _artifact(p.name) not in present)
 
 
 def _artifact(jar_name: str) -> str:
