@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,8 +33,8 @@ class LoadReport:
     ids: list[str]
 
 
-def make_order(index: int, keys: int, rng: random.Random, slow: bool) -> tuple[str, bytes, bytes]:
-    order_id = f"ord-{index:07d}"
+def make_order(index: int, keys: int, rng: random.Random, slow: bool, batch: str = "") -> tuple[str, bytes, bytes]:
+    order_id = f"ord-{batch}{index:07d}"
     body = {
         "id": order_id,
         "customer": f"cust-{index % keys:05d}",
@@ -57,6 +58,8 @@ def produce_load(
 ) -> LoadReport:
     """Produce ``count`` orders and wait until the broker has them all."""
     rng = random.Random(seed)
+    # Ids name the load too, so a second load adds new orders rather than repeating the first's ids.
+    batch = f"{uuid.uuid4().hex[:6]}-"
     producer = clients.producer(target.settings, {**QUEUE_PRODUCER, "enable.idempotence": True})
     report = LoadReport(topic, count, 0, 0, [])
     failures: list[str] = []
@@ -67,7 +70,7 @@ def produce_load(
 
     for index in range(count):
         slow = rng.random() < slow_rate
-        order_id, key, value = make_order(index, keys, rng, slow)
+        order_id, key, value = make_order(index, keys, rng, slow, batch)
         if rng.random() < poison_rate:
             value = value[: len(value) // 2]  # cut in half: not JSON any more
             report.poison += 1

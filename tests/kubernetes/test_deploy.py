@@ -62,6 +62,13 @@ def _restricted_namespace(cluster, name: str) -> None:
     cluster.kubectl("label", "namespace", name, *(f"{k}={v}" for k, v in RESTRICTED.items()))
 
 
+def _show(cluster, namespace: str) -> None:
+    """The pods and the driver's log, for a failed run's report (pytest prints captured output)."""
+    print(cluster.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False))
+    log = cluster.kubectl("-n", namespace, "logs", "-l", DRIVER, "--tail=80", check=False)
+    print("\n".join(line for line in log.splitlines() if "py4j" not in line))
+
+
 def _load(spec: str, count: int, host: list[str], env: dict[str, str]) -> int:
     """Produce ``count`` records, 2% poison; returns how many are poison."""
     loaded = run_cli(["load", spec, "--count", str(count), "--poison-rate", "0.02", "-o", "json", *host], env)
@@ -78,6 +85,7 @@ def _outcomes(kafka, doc: dict, accepted: int, dead: int) -> tuple[set[str], int
     return {v.get("id") or v.get("order") for v in values}, len(read_all(kafka, dlq, expect_at_least=dead, timeout_s=5))
 
 
+@pytest.mark.timeout(900)  # a driver, its executors and two loads on a two-core node
 @pytest.mark.parametrize("example", ["coffee-orders.yaml", "payment-events.yaml"])
 def test_a_deployed_queue_processes_a_load_in_pods_and_survives_a_killed_executor(
     example, local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
@@ -117,5 +125,8 @@ def test_a_deployed_queue_processes_a_load_in_pods_and_survives_a_killed_executo
         ids, dead = _wait_for("both loads to settle", settled, 420)
         assert len(ids) == 800 - poison, "every accepted record has its output"
         assert dead == poison, "only the poison is dead-lettered"
+    except BaseException:
+        _show(local_kubernetes, namespace)
+        raise
     finally:
         local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
