@@ -9,6 +9,7 @@ queueplane's download cache, so only the first run on a machine goes to the netw
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterable
 from itertools import repeat
@@ -73,6 +74,14 @@ def _artifact(jar_name: str) -> str:
 
 
 def _pyspark_jars() -> Path:
+    """The jars Spark runs with: SPARK_HOME's when it is set, else those of the pip package.
+
+    SPARK_HOME first, because spark-submit puts ``$SPARK_HOME/python/lib/pyspark.zip`` on the
+    driver's path: pyspark is then imported from the zip, and no jars sit beside its file.
+    """
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        return Path(home) / "jars"
     import pyspark
 
     return Path(pyspark.__file__).parent / "jars"

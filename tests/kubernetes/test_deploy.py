@@ -1,9 +1,11 @@
-"""A queue deployed with Helm to the local Kubernetes processes records in pods.
+"""A queue deployed from its Airflow DAG to the local Kubernetes processes records in pods.
 
-`queueplane deploy` runs `helm upgrade --install --wait` with the local cluster's values; the
-driver pod then asks the API server, through its Role, for executor pods, which run the
-handlers. Records loaded from the host end accepted (outputs) or in the DLQ, also when an
-executor pod is force-deleted mid-run.
+A real Airflow triggers the queue's DAG: validate, plan, apply on the real broker, then the
+`deploy` task runs `helm upgrade --install --wait` against the local cluster through the
+`kubernetes_default` connection, with the cluster values from the `queueplane_cluster_values`
+Variable, and `wait_until_ready` waits for the worker. The driver pod then asks the API server,
+through its Role, for executor pods, which run the handlers. Records loaded from the host end
+accepted (outputs) or in the DLQ, also when an executor pod is force-deleted mid-run.
 """
 
 from __future__ import annotations
@@ -11,14 +13,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
+from airflow_stack import AirflowStack
+from airflow_support import kafka_connection
 from helpers import run_cli, tagged_examples, unique_tag
 from worker_support import read_all
 
 from queueplane.local.kubernetes import images
-from queueplane.local.kubernetes.values import write_local_values
+from queueplane.local.kubernetes.values import local_values
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
@@ -28,18 +34,53 @@ RESTRICTED = {
 }
 EXECUTOR = "app.kubernetes.io/component=executor"
 DRIVER = "app.kubernetes.io/component=driver"
+# One queue of each kind the chart runs differently: a share group and a consumer group
+# (ordered per key, exactly once).
+QUEUES = {"share": "queue__cafe__coffee-orders", "consumer": "queue__payments__payment-events"}
 
 
-def _spec(tmp_path, example: str) -> tuple[dict, str]:
-    """An example spec with unique Kafka names, sized for a two-core node, in its own namespace."""
-    path = next(p for p in tagged_examples(tmp_path, unique_tag()).values() if p.name == example)
+def _sized_for_the_node(path: Path) -> dict:
+    """The spec in its own namespace, sized for a two-core node (one executor of one core)."""
     doc = yaml.safe_load(path.read_text())
     namespace = f"{doc['metadata']['team']}-{uuid.uuid4().hex[:6]}"
     doc["spec"]["deployment"] = {**doc["spec"]["deployment"], "namespace": namespace}
     doc["spec"]["deployment"]["executor"] = {"cores": 1, "memory": "1g"}
     doc["spec"]["autoscaling"] = {"minExecutors": 1, "maxExecutors": 1, "targetLagSeconds": 30}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return doc, str(path)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory, local_kubernetes, pod_kafka, kafka) -> Iterator[tuple[AirflowStack, dict]]:
+    """A real Airflow whose queue DAGs deploy to the local cluster; namespaces made `restricted` first."""
+    home = tmp_path_factory.mktemp("airflow-kubernetes")
+    specs = tagged_examples(home / "specs", unique_tag())
+    queues = {dag_id: (_sized_for_the_node(specs[dag_id]), specs[dag_id]) for dag_id in QUEUES.values()}
+    for doc, _path in queues.values():
+        _restricted_namespace(local_kubernetes, doc["spec"]["deployment"]["namespace"])
+    kubernetes = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(local_kubernetes.kubeconfig)}}
+    stack = AirflowStack.create(
+        home,
+        {
+            "QUEUEPLANE_SPECS_DIR": str(home / "specs"),
+            "QUEUEPLANE_HOME": str(home / "queueplane"),
+            "AIRFLOW_CONN_KAFKA_DEFAULT": kafka_connection(kafka),
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(kubernetes),
+            "AIRFLOW_VAR_QUEUEPLANE_CLUSTER_VALUES": json.dumps(
+                local_values(images.worker_image(), pod_kafka.pod_bootstrap)
+            ),
+        },
+    )
+    try:
+        stack.start()
+        for dag_id in QUEUES.values():
+            stack.wait_for(lambda d=dag_id: stack.api("GET", f"/dags/{d}")[0] == 200, f"the DAG {dag_id}", 240)
+        yield stack, queues
+    finally:
+        stack.stop()
+        for doc, _path in queues.values():
+            namespace = doc["spec"]["deployment"]["namespace"]
+            local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def _pods(cluster, namespace: str, selector: str) -> list[dict]:
@@ -86,21 +127,22 @@ def _outcomes(kafka, doc: dict, accepted: int, dead: int) -> tuple[set[str], int
 
 
 @pytest.mark.timeout(900)  # a driver, its executors and two loads on a two-core node
-@pytest.mark.parametrize("example", ["coffee-orders.yaml", "payment-events.yaml"])
-def test_a_deployed_queue_processes_a_load_in_pods_and_survives_a_killed_executor(
-    example, local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+@pytest.mark.parametrize("kind", sorted(QUEUES))
+def test_a_queue_deployed_from_airflow_processes_a_load_in_pods_and_survives_a_killed_executor(
+    kind, airflow, local_kubernetes, kafka, cli_env
 ):
-    doc, spec = _spec(tmp_path, example)
-    namespace = doc["spec"]["deployment"]["namespace"]
-    values = write_local_values(tmp_path / "cluster-values.yaml", images.worker_image(), pod_kafka.pod_bootstrap)
+    stack, queues = airflow
+    dag_id = QUEUES[kind]
+    doc, path = queues[dag_id]
+    spec, namespace = str(path), doc["spec"]["deployment"]["namespace"]
     host = ["--bootstrap-servers", kafka.bootstrap]
-    applied = run_cli(["apply", spec, "--yes", *host], cli_env)
-    assert applied.returncode == 0, applied.stderr
-    _restricted_namespace(local_kubernetes, namespace)
     try:
-        deploy = ["deploy", spec, "--kubeconfig", str(local_kubernetes.kubeconfig), "--values", str(values)]
-        deployed = run_cli([*deploy, "--timeout", "5m"], cli_env, timeout=420)
-        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        status, run = stack.api("POST", f"/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": {}})
+        assert status == 200, run
+        finished = stack.wait_for_run(dag_id, run["dag_run_id"], timeout=480)
+        states = stack.task_states(dag_id, run["dag_run_id"])
+        assert finished["state"] == "success", (states, stack.log_tail("scheduler"))
+        assert states["deploy"] == "success" and states["wait_until_ready"] == "success", states
         (driver,) = _pods(local_kubernetes, namespace, DRIVER)
         assert driver["status"]["phase"] == "Running"
         _wait_for("an executor pod created by the driver", lambda: _pods(local_kubernetes, namespace, EXECUTOR), 180)
@@ -129,4 +171,5 @@ def test_a_deployed_queue_processes_a_load_in_pods_and_survives_a_killed_executo
         _show(local_kubernetes, namespace)
         raise
     finally:
+        # Frees the node for the next queue; the fixture's own delete then finds nothing.
         local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -54,3 +54,18 @@ def test_both_start_the_same_way_as_the_same_user():
     assert _instructions("USER") == [str(images.WORKER_UID)]
     (env,) = _instructions("ENV")
     assert dict(pair.split("=", 1) for pair in shlex.split(env)) == images.WORKER_ENV
+
+
+def test_a_worker_under_spark_submit_finds_the_baked_connector_in_spark_home(tmp_path, monkeypatch):
+    """spark-submit imports pyspark from SPARK_HOME's zip, so the jars are looked for in SPARK_HOME.
+
+    Looked for beside pyspark's file, they would not be found, and the worker would try to fetch
+    them with Maven, which the image does not have.
+    """
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    assert not kafka_input.connector_in_pyspark(), "the development venv's pyspark has no connector"
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / f"spark-sql-kafka-0-10_{kafka_input.SCALA_BINARY}-{kafka_input.SPARK_VERSION}.jar").touch()
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
+    assert kafka_input.connector_in_pyspark()

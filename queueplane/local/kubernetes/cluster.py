@@ -73,6 +73,7 @@ class LocalKubernetes:
         with self._lock():
             for folder in (self.layout.logs, self.layout.run, self.layout.state):
                 folder.mkdir(parents=True, exist_ok=True)
+            self._forget_stale_pids()
             host.prepare()
             ensure_pki(self.layout.pki, NODE_NAME, NODE_IP, SERVICE_IP)
             configs.write_all(self.layout)
@@ -219,9 +220,21 @@ class LocalKubernetes:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             return None
-        # Until `nice` has exec'd the daemon, the daemon's path is an argument rather than argv[0].
+        if not pid_alive(pid):
+            return None
+        # While `nice` execs the daemon the kernel shows an empty command line for a moment;
+        # before that the daemon's path is an argument of `nice` rather than argv[0].
         expected = os.path.basename(self._argv(name)[0]).encode()
-        return pid if pid_alive(pid) and expected in {os.path.basename(part) for part in cmdline[:4]} else None
+        return pid if cmdline == [b""] or expected in {os.path.basename(part) for part in cmdline[:4]} else None
+
+    def _forget_stale_pids(self) -> None:
+        """Drop pid files whose daemon is gone (a reboot, a killed session), so `up` starts it again.
+
+        A pid file left behind would otherwise read as a daemon that died during this start-up.
+        """
+        for name in START_ORDER:
+            if not self._pid(name):
+                self.layout.pid_file(name).unlink(missing_ok=True)
 
     def _start(self, name: str, say: Say) -> None:
         if self._pid(name):
@@ -250,7 +263,8 @@ class LocalKubernetes:
             for name in START_ORDER:
                 pid_file = self.layout.pid_file(name)
                 if pid_file.is_file() and not self._pid(name):
-                    raise LocalStackError(f"{name} exited during start-up; see {self.layout.log_file(name)}")
+                    log = self.layout.log_file(name)
+                    raise LocalStackError(f"{name} exited during start-up; the end of {log}:\n{_tail(log)}")
             time.sleep(0.2)
         raise LocalStackError(f"timed out after {timeout_s:.0f}s waiting for {what}; logs in {self.layout.logs}")
 
@@ -329,6 +343,13 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
             return answer.status == 200
     except OSError:
         return False
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a daemon's log, for an error that has to be read where it happened (CI)."""
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "(no log)"
 
 
 def _pids_with(text: str) -> list[int]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from queueplane.local.processes import free_port
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
+DAGS = Path(__file__).resolve().parents[1] / "dags"
 COMPONENTS = ("api-server", "scheduler", "dag-processor")
 
 
