@@ -2,6 +2,8 @@
 #   make demo   local Kafka up, example specs validated, planned, applied, re-applied (no changes),
 #               then each example queue loaded and run on Spark
 #   make test   lint + the whole test suite against real parts
+# and, as root on Linux, the Kubernetes half:
+#   make demo-kubernetes   the local cluster up, a queue deployed with Helm, processing in pods
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -10,7 +12,7 @@ BIN := $(VENV)/bin
 QP := $(BIN)/queueplane
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean local-down chromium kubernetes-host
+.PHONY: setup demo demo-kubernetes test lint bench clean local-down chromium kubernetes-host
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queueplane needs Python >= 3.11")'
@@ -51,6 +53,31 @@ demo: setup
 	$(QP) run specs/examples/email-jobs.yaml --until-idle 5s
 	@echo "== done. The broker keeps running: 'queueplane local status', stop it with 'make local-down'."
 
+# The Kubernetes half: the same coffee-orders queue deployed to the local cluster with Helm.
+KUBECTL := $(QP) local kubernetes kubectl
+# The spec's deployment.namespace.
+DEMO_NS := cafe
+demo-kubernetes: setup
+	@echo "== 1. the local Kubernetes (and Kafka, listening for pods too); the worker image built and imported"
+	$(QP) local kubernetes up
+	$(QP) local kubernetes status
+	@echo "== 2. the queue's topics on Kafka"
+	$(QP) apply specs/examples/coffee-orders.yaml --yes
+	@echo "== 3. a namespace that admits only pods meeting Pod Security 'restricted'"
+	$(KUBECTL) create namespace $(DEMO_NS) --dry-run=client -o yaml | $(KUBECTL) apply -f -
+	$(KUBECTL) label --overwrite namespace $(DEMO_NS) pod-security.kubernetes.io/enforce=restricted
+	@echo "== 4. deploy with Helm: the spec's values and the local cluster's (image, Kafka for pods)"
+	$(QP) deploy specs/examples/coffee-orders.yaml --kubeconfig .queueplane/local/kubeconfig \
+	  --values .queueplane/local/cluster-values.yaml --timeout 5m
+	$(KUBECTL) -n $(DEMO_NS) get pods -L app.kubernetes.io/component
+	@echo "== 5. 1000 orders, some poison; the pods handle them"
+	$(QP) load specs/examples/coffee-orders.yaml --count 1000 --poison-rate 0.01
+	@for _ in $$(seq 60); do sleep 5; \
+	  total=$$($(QP) lag specs/examples/coffee-orders.yaml -o json | $(BIN)/python -c 'import json, sys; print(json.load(sys.stdin)["total"])'); \
+	  echo "backlog: $$total"; [ "$$total" != 0 ] || break; done
+	$(KUBECTL) -n $(DEMO_NS) logs deployment/coffee-orders --tail 5
+	@echo "== done. 'queueplane local kubernetes kubectl -n $(DEMO_NS) get pods'; stop it with 'make local-down'."
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check queueplane tests bench spark_apps specs dags
@@ -81,6 +108,7 @@ bench: setup
 	$(BIN)/python bench/kmq.py
 
 local-down: setup
+	[ "$$(id -u)" != 0 ] || $(QP) local kubernetes down
 	$(QP) local down
 
 clean:

@@ -31,8 +31,9 @@ def register(commands: Any) -> None:
         "deploy",
         "install or upgrade a queue's worker with Helm",
         "Render the release as `render` does (every object checked), then `helm upgrade --install "
-        "--rollback-on-failure --wait`: a failed upgrade rolls back and the old worker keeps running. The "
-        "cluster is --kubeconfig (else $KUBECONFIG, else ~/.kube/config); the Airflow deploy task does the same.",
+        "--rollback-on-failure --wait`: a failed upgrade rolls back (a share queue's old worker runs on "
+        "meanwhile). The cluster is --kubeconfig (else $KUBECONFIG, else ~/.kube/config); the Airflow deploy "
+        "task does the same.",
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig of the cluster")

@@ -58,6 +58,11 @@ def _register_kubernetes(local_cmds: Any) -> None:
     down.add_argument("--purge", action="store_true", help="also delete its state, certificates and network rules")
     status = actions.add_parser("status", help="show whether the cluster runs, its daemons and memory")
     output_flag(status)
+    kubectl = actions.add_parser(
+        "kubectl",
+        help="kubectl of the cluster's version with its kubeconfig (queueplane local kubernetes kubectl get pods -A)",
+    )
+    kubectl.add_argument("args", nargs=argparse.REMAINDER, help="arguments for kubectl")
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -118,6 +123,8 @@ def _cmd_kubernetes(args: argparse.Namespace) -> int:
         stopped = cluster.down(purge=args.purge)
         out.print("stopped" if stopped else "not running", markup=False)
         return EXIT_OK
+    if action == "kubectl":
+        return subprocess.run(cluster.kubectl_command(*args.args)).returncode
     info = cluster.status()
     if args.output == "json":
         out.print_json(json.dumps(info))

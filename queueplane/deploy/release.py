@@ -50,7 +50,7 @@ def upgrade_args(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_T
         "--create-namespace",
         "--values",
         str(rendered.values_file),
-        "--rollback-on-failure",  # a failed upgrade rolls back: the old worker keeps running
+        "--rollback-on-failure",  # a failed upgrade rolls back to the release that worked
         "--wait",
         "--timeout",
         f"{timeout_s}s",

@@ -29,6 +29,7 @@ from queueplane.run.options import BatchProgress, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
 from queueplane.run.scaling.controller import ExecutorController
 from queueplane.run.session import ship_handler_modules, spark_session
+from queueplane.run.termination import Termination
 from queueplane.spec.model import QueueSpec
 
 log = logging.getLogger("queueplane.worker")
@@ -138,6 +139,7 @@ def run_queue(
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
     watcher = BacklogWatcher(backlog, health)
+    termination = Termination()
 
     def sink(frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
@@ -183,6 +185,8 @@ def run_queue(
             state["draining"] = True
 
     def should_stop(lag: dict[int, int | None] | None) -> bool:
+        if termination.requested.is_set():
+            return True
         final = sum(counts[o] for o in FINAL_OUTCOMES)
         if options.max_records is not None and final >= options.max_records:
             return True
@@ -204,6 +208,7 @@ def run_queue(
         .start()
     )
     health.query_started()
+    termination.install()
     try:
         last_look = time.monotonic()
         while query.isActive and not stop_requested.is_set():
@@ -239,6 +244,7 @@ def run_queue(
         runtime.stop(counts, dead)
         metrics.stop()
         watcher.stop()
+        termination.restore()
     duration = time.monotonic() - started
     lag = watcher.read_now()
     spark.stop()

@@ -14,6 +14,7 @@ from queueplane.spec.model import QueueSpec
 
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 DAEMON_MODULE = "queueplane.run.spark_daemon"  # forks Python workers with pyspark imported once
+EXECUTOR_PREFIX_MAX = 47  # Spark refuses a longer executor pod name prefix (a pod name is at most 63)
 
 
 def spark_session(runtime: QueueRuntime) -> Any:
@@ -27,6 +28,8 @@ def spark_session(runtime: QueueRuntime) -> Any:
         spec_dir = str(Path(queue.source).resolve().parent)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (spec_dir, os.environ.get("PYTHONPATH")) if p)
         builder = builder.master(f"local[{runtime.local_threads()}]").config("spark.ui.enabled", "false")
+    elif os.environ.get("POD_NAME"):  # the chart's driver pod
+        builder = builder.config("spark.kubernetes.executor.podNamePrefix", executor_prefix(queue.name))
     spark = (
         builder.config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", DAEMON_MODULE)
@@ -37,6 +40,16 @@ def spark_session(runtime: QueueRuntime) -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def executor_prefix(queue_name: str) -> str:
+    """Executor pod names of this driver: the queue's name and the driver pod's random suffix.
+
+    During a rolling update two drivers of a queue run side by side, and Spark numbers each
+    one's executors from 1: a prefix per driver keeps their pod names apart.
+    """
+    suffix = os.environ["POD_NAME"].rsplit("-", 1)[-1]
+    return f"{queue_name[: EXECUTOR_PREFIX_MAX - len(suffix) - 1].rstrip('-')}-{suffix}"
 
 
 def ship_handler_modules(spark: Any, queue: QueueSpec) -> None:

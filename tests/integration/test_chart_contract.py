@@ -3,7 +3,8 @@
 The test takes the driver container's command, args and env from the rendered Deployment
 and runs exactly that here: only the master is switched to local, and paths inside the
 image (and the pod's mounts) are mapped to this checkout and to local folders holding what
-the ConfigMap and the Secret would hold. It must consume and process a load from the broker.
+the ConfigMap and the Secret would hold. It must consume and process a load from the broker,
+then stop cleanly on SIGTERM, as a deleted pod is asked to.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
-from spark_standalone import SPARK_SUBMIT, free_port
+from spark_standalone import free_port
 from worker_support import make_queue, order, produce, read_all
 
 from queueplane.deploy.render import render
@@ -73,7 +74,6 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
 
     mounts = _mounts(pod, container, rendered.objects, f"bootstrap.servers={kafka.bootstrap}\n", tmp_path / "pod")
     image_paths = {
-        "/opt/spark/bin/spark-submit": str(SPARK_SUBMIT),
         "/opt/queueplane/handlers": str(queue_dir.folder),  # the team's handler code in the image
         "/opt/queueplane/": f"{REPO}/",
         **mounts,
@@ -94,10 +94,15 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
         if "valueFrom" in item:
             env[item["name"]] = FIELD_VALUES[item["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
-            env[item["name"]] = sys.executable if item["value"] == "python3" else local(item["value"])
-    command = [local(c) for c in container["command"]]
+            value = _kubelet_expand(item["value"], env)
+            env[item["name"]] = sys.executable if value == "python3" else local(value)
+    master = "'k8s://https://kubernetes.default.svc'"
+    assert master in env["PYSPARK_SUBMIT_ARGS"] and env["PYSPARK_SUBMIT_ARGS"].endswith(" pyspark-shell")
+    env["PYSPARK_SUBMIT_ARGS"] = env["PYSPARK_SUBMIT_ARGS"].replace(master, "'local[2]'")
+    # tini is the image's init, which hands SIGTERM to the worker; here the test is the parent that sends it.
+    assert container["command"] == ["/usr/bin/tini", "--", "python3"]
+    command = [sys.executable]
     args = [local(_kubelet_expand(a, env)) for a in container["args"]]
-    args[args.index("--master") + 1] = "local[2]"
     assert Path(env["QUEUEPLANE_KAFKA_CONFIG"]).read_text().startswith("bootstrap.servers=")
 
     process_env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEUEPLANE_", "PYSPARK_", "SPARK_"))}
@@ -126,6 +131,11 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
                 assert answer.status == 200, (kind, answer.read())
         handled = {e["id"] for e in queue_dir.events() if e.get("result") == "ok"}
         assert len(handled) == total
+
+        # What the kubelet does to a deleted pod: SIGTERM to the worker, which stops cleanly.
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(90) == 0, (tmp_path / "driver.log").read_text()[-4000:]
+        assert "SIGTERM: finishing the batch in hand" in (tmp_path / "driver.log").read_text()
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGTERM)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import shlex
 
 import pytest
 import yaml
@@ -31,6 +32,14 @@ def _find(objects, kind):
     return next(o for o in objects if o["kind"] == kind)
 
 
+def _submit_args(driver: dict) -> list[str]:
+    """The spark-submit options pyspark starts the driver's JVM with, split as pyspark splits them."""
+    env = {e["name"]: e.get("value") for e in driver["env"]}
+    words = shlex.split(env["PYSPARK_SUBMIT_ARGS"])
+    assert words[-1] == "pyspark-shell"
+    return words[:-1]
+
+
 def test_helm_lint_passes_on_the_chart_and_with_every_example(tmp_path):
     run_helm(["lint", str(chart_path()), "--strict"])
     for spec in SPECS:
@@ -51,11 +60,15 @@ def test_every_example_renders_to_valid_labelled_objects(spec, tmp_path):
         assert labels["app.kubernetes.io/instance"] == queue.name and "app.kubernetes.io/managed-by" in labels
         assert obj["metadata"]["namespace"] == queue.namespace
     deployment = _find(rendered.objects, "Deployment")
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    # Two drivers side by side during a rollout suit share groups only.
+    strategy = "RollingUpdate" if queue.group.type == "share" else "Recreate"
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == strategy
     pod = deployment["spec"]["template"]
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     driver = pod["spec"]["containers"][0]
-    args = driver["args"]
+    assert driver["command"] == ["/usr/bin/tini", "--", "python3"], "SIGTERM reaches the worker, not the JVM"
+    assert driver["args"][0] == "/opt/queueplane/spark_apps/queue_worker.py"
+    args = _submit_args(driver)
     assert args[args.index("--master") + 1] == "k8s://https://kubernetes.default.svc"
     assert args[args.index("--deploy-mode") + 1] == "client"
     assert f"spark.executor.cores={queue.executor['cores']}" in args
@@ -80,6 +93,7 @@ def test_checkpoint_claim_and_kafka_secrets_come_from_values(tmp_path):
     env = {e["name"]: e.get("value") for e in driver["env"]}
     assert env["QUEUEPLANE_KAFKA_CONFIG"] == "/etc/queueplane/kafka/client.properties"
     assert driver["args"][-2:] == ["--checkpoint-dir", "/var/queueplane/checkpoints"]
+    assert _find(rendered.objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate", "one checkpoint writer"
     (template,) = executor_pod_templates(rendered.objects)
     assert {v["name"] for v in template["spec"]["volumes"]} >= {"kafka-tls", "spark-local-dir-1", "tmp"}
     assert "Secret" not in {o["kind"] for o in rendered.objects}, "secrets are referenced, never rendered"
@@ -90,7 +104,7 @@ def test_probes_ask_the_worker_its_health_and_the_driver_uses_the_refreshing_in_
     driver = _find(rendered.objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert driver["livenessProbe"]["httpGet"]["path"] == "/livez" == driver["startupProbe"]["httpGet"]["path"]
     assert driver["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    args = driver["args"]
+    args = _submit_args(driver)
     assert not [a for a in args if "oauthTokenFile" in a], "Spark reads a token file once; bound tokens expire"
     assert "spark.ui.killEnabled=false" in args and "spark.ui.port=4040" in args
     service = _find(rendered.objects, "Service")

@@ -312,10 +312,13 @@ class LocalKubernetes:
     def _ca(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.layout.pki / "ca.crt"))
 
+    def kubectl_command(self, *args: str) -> list[str]:
+        """The kubectl built with the cluster (the one on PATH may be too old for it), as admin."""
+        return [str(build.binary("kubectl")), f"--kubeconfig={self.layout.admin_kubeconfig}", *args]
+
     def kubectl(self, *args: str, check: bool = True) -> str:
-        """Run the kubectl built with the cluster (the one on PATH may be too old for it)."""
-        cmd = [str(build.binary("kubectl")), f"--kubeconfig={self.layout.admin_kubeconfig}", *args]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        """Run kubectl and return what it printed; with ``check``, a failure raises LocalStackError."""
+        done = subprocess.run(self.kubectl_command(*args), capture_output=True, text=True)
         if check and done.returncode != 0:
             raise LocalStackError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout

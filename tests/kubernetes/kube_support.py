@@ -1,0 +1,77 @@
+"""What the Kubernetes tests share: specs sized for the node, pods by label, waits, loads, outcomes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+from helpers import run_cli
+from worker_support import read_all
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+EXECUTOR = "app.kubernetes.io/component=executor"
+DRIVER = "app.kubernetes.io/component=driver"
+
+
+def sized_for_the_node(path: Path) -> dict:
+    """The spec in its own namespace, sized for a two-core node (one executor of one core)."""
+    doc = yaml.safe_load(path.read_text())
+    namespace = f"{doc['metadata']['team']}-{uuid.uuid4().hex[:6]}"
+    doc["spec"]["deployment"] = {**doc["spec"]["deployment"], "namespace": namespace}
+    doc["spec"]["deployment"]["executor"] = {"cores": 1, "memory": "1g"}
+    doc["spec"]["autoscaling"] = {"minExecutors": 1, "maxExecutors": 1, "targetLagSeconds": 30}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return doc
+
+
+def pods(cluster, namespace: str, selector: str) -> list[dict]:
+    listing = json.loads(cluster.kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "json"))
+    return listing["items"]
+
+
+def ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def wait_for(what: str, check, timeout_s: float, every_s: float = 2.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def restricted_namespace(cluster, name: str) -> None:
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, *(f"{k}={v}" for k, v in RESTRICTED.items()))
+
+
+def show(cluster, namespace: str) -> None:
+    """The pods and the driver's log, for a failed run's report (pytest prints captured output)."""
+    print(cluster.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False))
+    log = cluster.kubectl("-n", namespace, "logs", "-l", DRIVER, "--tail=80", check=False)
+    print("\n".join(line for line in log.splitlines() if "py4j" not in line))
+
+
+def load(spec: str, count: int, host: list[str], env: dict[str, str]) -> int:
+    """Produce ``count`` records, 2% poison; returns how many are poison."""
+    loaded = run_cli(["load", spec, "--count", str(count), "--poison-rate", "0.02", "-o", "json", *host], env)
+    assert loaded.returncode == 0, loaded.stderr
+    return json.loads(loaded.stdout)["poison"]
+
+
+def outcomes(kafka, doc: dict, accepted: int, dead: int) -> tuple[set[str], int]:
+    """Distinct output ids and the DLQ's record count, once at least the expected numbers are there."""
+    spec = doc["spec"]
+    dlq = spec.get("deadLetter", {}).get("topic", f"{spec['topic']['name']}.dlq")
+    outputs = read_all(kafka, spec["processing"]["output"]["topic"], expect_at_least=accepted, timeout_s=5)
+    values = [json.loads(m.value()) for m in outputs]
+    return {v.get("id") or v.get("order") for v in values}, len(read_all(kafka, dlq, expect_at_least=dead, timeout_s=5))
