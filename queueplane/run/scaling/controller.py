@@ -77,6 +77,8 @@ class ExecutorController:
             self.jsc.killExecutors(self.sc._jvm.PythonUtils.toSeq(ids))
             then()
 
+        if self.drain is not None:
+            log.info("draining before removing executor(s) %s", ", ".join(ids))
         if self.drain is None:
             kill()
             return
@@ -88,6 +90,7 @@ class ExecutorController:
         if self.drain is None or not self._after_drain:
             return
         kills, self._after_drain = self._after_drain, []
+        log.info("drained: removing the executor(s) that waited for it")
         for kill in kills:
             kill()
         self.drain.release(DRAIN_REASON)

@@ -1,0 +1,183 @@
+"""Autoscaling on Kubernetes: a load step x4 turns into executor pods, and back.
+
+A share queue whose executor handles about 10 records/s runs at 4 records/s, then 16 for a
+minute, then 4 again. The driver's controller asks Spark's Kubernetes backend for executors,
+which appear as pods; once the backlog is gone it drains them and they are deleted. Sampled
+every second: the executor pods (kubectl), the driver's `queueplane_executors` and backlog
+metrics. The run is drawn beside the simulation of the same step through the same policy
+(tests/results/autoscale-kubernetes.png).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import REPO, run_cli, tagged_examples, unique_tag
+from kube_support import DRIVER, EXECUTOR, outcomes, pods, ready, restricted_namespace, show, sized_for_the_node
+
+from queueplane.kafka import clients
+from queueplane.local.kubernetes import images
+from queueplane.local.kubernetes.values import write_local_values
+from queueplane.ops.load import make_order
+from queueplane.run.scaling.policy import ScalingPolicy
+from queueplane.run.scaling.simulation import simulate
+
+pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
+
+BASE, FACTOR = 4.0, 4  # records/s, and the step's multiple of it
+WARM_S, STEP_S, TAIL_S = 20, 60, 150  # the tail outlasts the 60 s scale-down cooldown and a drain
+MAX_EXECUTORS, TARGET_LAG_S, INTERVAL_S = 4, 5, 10.0  # the policy's decision interval (its default)
+PER_EXECUTOR = 10.0  # 2 handler slots, 0.2 s per order
+PLOT = REPO / "tests" / "results" / "autoscale-kubernetes.png"
+
+
+def _rate(t: float) -> float:
+    return BASE * FACTOR if WARM_S <= t < WARM_S + STEP_S else BASE
+
+
+def _produce(kafka, topic: str, stop: threading.Event) -> list[str]:
+    """Slow orders at the step's rate, paced against the clock; returns their ids."""
+    producer, rng, ids = clients.producer(kafka.settings), random.Random(7), []
+    started, sent = time.monotonic(), 0.0
+    while not stop.is_set() and (now := time.monotonic() - started) < WARM_S + STEP_S + TAIL_S:
+        sent += _rate(now) * 0.1
+        while len(ids) < int(sent):
+            order_id, key, value = make_order(len(ids), 64, rng, slow=True, batch="as-")
+            producer.produce(topic, key=key, value=value)
+            ids.append(order_id)
+        producer.poll(0)
+        time.sleep(0.1)
+    producer.flush(30)
+    return ids
+
+
+def _metric(text: str, name: str, **labels: str) -> float | None:
+    """The sum of a metric's samples with these labels (the backlog has one per partition)."""
+    found = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items())
+    ]
+    return sum(found) if found else None
+
+
+def _sample(cluster, namespace: str, driver_ip: str, started: float) -> dict:
+    executors = [p for p in pods(cluster, namespace, EXECUTOR) if not p["metadata"].get("deletionTimestamp")]
+    try:
+        with urllib.request.urlopen(f"http://{driver_ip}:9404/metrics", timeout=2) as answer:
+            text = answer.read().decode()
+    except OSError:
+        text = ""
+    return {
+        "t": round(time.monotonic() - started, 1),
+        "pods": len(executors),
+        "pods_ready": sum(1 for p in executors if ready(p)),
+        "running": _metric(text, "queueplane_executors", state="running"),
+        "requested": _metric(text, "queueplane_executors", state="requested"),
+        "backlog": _metric(text, "queueplane_backlog_records"),
+    }
+
+
+def _plot(samples: list[dict]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policy = ScalingPolicy(min_executors=1, max_executors=MAX_EXECUTORS, target_lag_s=TARGET_LAG_S)
+    duration = WARM_S + STEP_S + TAIL_S
+    sim = simulate(policy, _rate, duration_s=duration, rate_per_executor=PER_EXECUTOR)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 6), sharex=True)
+    t = [s["t"] for s in samples]
+    axes[0][0].plot(t, [s["backlog"] or 0 for s in samples], color="tab:red")
+    axes[0][0].set_title("the local cluster: backlog (records)")
+    axes[1][0].step(t, [s["requested"] or 0 for s in samples], where="post", label="requested (metric)")
+    axes[1][0].step(t, [s["running"] or 0 for s in samples], where="post", label="running (metric)")
+    axes[1][0].step(t, [s["pods"] for s in samples], where="post", label="executor pods (kubectl)", linestyle="--")
+    axes[0][1].plot(sim.times, sim.lag, color="tab:red")
+    axes[0][1].set_title("the simulation, same step and policy: backlog (records)")
+    axes[1][1].step(sim.times, sim.requested, where="post", label="requested")
+    axes[1][1].step(sim.times, sim.running, where="post", label="running")
+    for ax in axes[0]:
+        ax.axvspan(WARM_S, WARM_S + STEP_S, color="grey", alpha=0.15)
+    for ax in axes[1]:
+        ax.axvspan(WARM_S, WARM_S + STEP_S, color="grey", alpha=0.15)
+        ax.set_xlabel("seconds (grey: load x4)")
+        ax.set_ylabel("executors")
+        ax.legend(loc="upper right")
+    fig.suptitle(f"Autoscaling a share queue: {BASE:.0f} -> {BASE * FACTOR:.0f} records/s for {STEP_S} s")
+    fig.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT, dpi=100)
+    return PLOT
+
+
+@pytest.mark.timeout(900)
+def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_after(
+    local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+):
+    path = tagged_examples(tmp_path / "specs", unique_tag())["queue__cafe__coffee-orders"]
+    doc = sized_for_the_node(path)
+    doc["spec"]["processing"]["concurrency"] = 2
+    doc["spec"]["autoscaling"] = {"minExecutors": 1, "maxExecutors": MAX_EXECUTORS, "targetLagSeconds": TARGET_LAG_S}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    namespace = doc["spec"]["deployment"]["namespace"]
+    values = write_local_values(tmp_path / "cluster-values.yaml", images.worker_image(), pod_kafka.pod_bootstrap)
+    host = ["--bootstrap-servers", kafka.bootstrap]
+    assert run_cli(["apply", str(path), "--yes", *host], cli_env).returncode == 0
+    restricted_namespace(local_kubernetes, namespace)
+    samples: list[dict] = []
+    try:
+        deploy = ["deploy", str(path), "--kubeconfig", str(local_kubernetes.kubeconfig), "--values", str(values)]
+        deployed = run_cli([*deploy, "--timeout", "5m"], cli_env, timeout=420)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        (driver,) = pods(local_kubernetes, namespace, DRIVER)
+        driver_ip = driver["status"]["podIP"]
+
+        stop, produced = threading.Event(), []
+        producer = threading.Thread(target=lambda: produced.extend(_produce(kafka, doc["spec"]["topic"]["name"], stop)))
+        started = time.monotonic()
+        producer.start()
+        try:
+            while time.monotonic() - started < WARM_S + STEP_S + TAIL_S:
+                samples.append(_sample(local_kubernetes, namespace, driver_ip, started))
+                time.sleep(1.0)
+        finally:
+            stop.set()
+            producer.join(60)
+        (tmp_path / "samples.json").write_text(json.dumps(samples))
+        print(f"plot: {_plot(samples)}")
+
+        # Up: every rise of the requested count is met by executor pods within two decisions.
+        peak = max(s["requested"] or 0 for s in samples)
+        assert peak >= 2, f"the step should have asked for executors: {samples}"
+        for i in range(1, len(samples)):
+            before, now = samples[i - 1]["requested"] or 0, samples[i]["requested"] or 0
+            if now > before:
+                met = next((s["t"] for s in samples[i:] if s["pods"] >= now), None)
+                assert met is not None and met - samples[i]["t"] <= 2 * INTERVAL_S, (now, samples[i:])
+        # The metric agrees with kubectl: a moment with several executors running, and the end.
+        assert any((s["running"] or 0) >= 2 and s["running"] == s["pods_ready"] for s in samples), samples
+        assert samples[-1]["requested"] == samples[-1]["running"] == samples[-1]["pods"] == 1, samples[-10:]
+        # Down: the driver drained before it removed executors, and their pods are gone.
+        log = local_kubernetes.kubectl("-n", namespace, "logs", driver["metadata"]["name"])
+        downs = [m.start() for m in re.finditer(r"executors (\d+) -> (\d+): ", log) if int(m[1]) > int(m[2])]
+        draining = log.find("draining before removing executor(s)")
+        drained = log.find("drained: removing the executor(s)", max(draining, 0))
+        assert downs and 0 <= draining < drained, log[-3000:]
+        # Nothing lost: every order produced has its output.
+        accepted, _ = outcomes(kafka, doc, len(produced), 0)
+        assert accepted >= set(produced), f"{len(set(produced) - accepted)} orders without output"
+    except BaseException:
+        show(local_kubernetes, namespace)
+        raise
+    finally:
+        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
