@@ -2,7 +2,7 @@
 
 Every micro-batch reports how many records ended and the backlog per partition; once per
 decision interval the controller turns that into rates, asks queueplane.autoscale what to
-run, and applies it with Spark's executor-request API (SparkContext.requestExecutors and
+run, and applies it with Spark's executor-request API (SparkContext.requestTotalExecutors and
 killExecutors on the JVM side), which the Kubernetes and standalone schedulers honour.
 In local mode there is nothing to scale; it only measures.
 
@@ -68,6 +68,19 @@ class ExecutorController:
         text = self.jsc.getExecutorIds().mkString(",")
         return [i for i in text.split(",") if i and i != "driver"]
 
+    def _request_total(self, total: int) -> None:
+        """Set Spark's target executor count, absolutely.
+
+        The relative ``requestExecutors(n)`` adds to a target that, on Kubernetes, starts at zero
+        rather than at the initial executors, so one more of one running would be a target of one.
+        """
+        no_locality = self.sc._jvm.PythonUtils.toScalaMap({})
+        self.jsc.requestTotalExecutors(total, 0, no_locality)
+
+    def _restore_target(self) -> None:
+        """After kills, each of which lowered Spark's target by one: back to the requested count."""
+        self._request_total(self.requested)
+
     def _kill(self, ids: list[str], then: Callable[[], None] = lambda: None) -> None:
         """Kill these executors, after a draining batch if there is a drain; ``then`` runs after the kill."""
         if not ids:
@@ -101,13 +114,8 @@ class ExecutorController:
         extra = len(ids) - self.requested
         if extra > 0:
             log.info("trimming %d executor(s) started beyond the initial %d", extra, self.requested)
-            # Each kill lowered Spark's target by one, below the count it never counted them in; restore it.
-            lowered = max(self.requested - extra, 0)
-            restore = self.requested - lowered
-            self._kill(
-                sorted(ids, key=_executor_order)[-extra:],
-                then=lambda: self.jsc.requestExecutors(restore) if restore > 0 else None,
-            )
+            # Each kill lowers Spark's target by one; the target is set back to the requested count after.
+            self._kill(sorted(ids, key=_executor_order)[-extra:], then=self._restore_target)
 
     def on_batch(self, handled: int, lag_by_partition: dict[int, int | None] | None) -> Decision | None:
         if not self.enabled:
@@ -137,9 +145,15 @@ class ExecutorController:
         self.state = decision.state
         self.window_start, self.handled, self.last_lag = now, 0, lag
         if decision.desired > self.requested:
-            self.jsc.requestExecutors(decision.desired - self.requested)
+            self._request_total(decision.desired)
         elif decision.desired < self.requested:
-            self._kill(sorted(ids, key=_executor_order)[-(self.requested - decision.desired) :])
+            # Requested executors that never started are only cancelled; running ones beyond the
+            # new count are drained and removed (the newest first).
+            surplus = len(ids) - decision.desired
+            if surplus > 0:
+                self._kill(sorted(ids, key=_executor_order)[-surplus:], then=self._restore_target)
+            else:
+                self._request_total(decision.desired)
         if decision.desired != self.requested:
             log.info("executors %d -> %d: %s (backlog %d)", self.requested, decision.desired, decision.reason, lag)
         self.decisions.append(

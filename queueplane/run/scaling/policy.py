@@ -79,11 +79,21 @@ def policy_for(queue: QueueSpec, cap: int | None = None, **overrides: float) -> 
     )
 
 
+def _saturated(obs: Observation, lag: int) -> bool:
+    """The executors are the bottleneck: at least a second of work waits and the backlog did not shrink.
+
+    A backlog of a few records in flight (a share group's acquired records) is no sign of it:
+    read as one, it would add executors to an idle queue and take the demand for the capacity.
+    """
+    return lag > 0 and lag >= obs.processing_rate * 1.0 and obs.input_rate >= obs.processing_rate
+
+
 def _learn_rate(policy: ScalingPolicy, obs: Observation, state: ScalerState, lag: int) -> float | None:
-    """One executor's sustained rate, measured only while there is backlog (else the rate shows demand, not
-    capacity) and the executor count held still over the interval (else it blends two counts)."""
+    """One executor's sustained rate, measured only while the executors are the bottleneck (else the
+    rate shows demand, not capacity) and their count held still over the interval (else it blends
+    two counts)."""
     steady = state.last_executors == obs.executors
-    if not steady or obs.executors <= 0 or obs.processing_rate <= 0 or lag <= 0:
+    if not steady or obs.executors <= 0 or obs.processing_rate <= 0 or not _saturated(obs, lag):
         return state.rate_per_executor
     sample = obs.processing_rate / obs.executors
     if state.rate_per_executor is None:
@@ -111,7 +121,7 @@ def decide(policy: ScalingPolicy, obs: Observation, state: ScalerState) -> Decis
     if current < policy.min_executors or current > policy.ceiling:
         return change(min(max(current, policy.min_executors), policy.ceiling), "outside the bounds")
     if rate is None:
-        if lag > 0 and current < policy.ceiling and since_change >= policy.up_cooldown_s:
+        if _saturated(obs, lag) and current < policy.ceiling and since_change >= policy.up_cooldown_s:
             return change(current + 1, "backlog and no measured rate yet: one more executor")
         return hold("no measured rate yet")
     needed_rate = obs.input_rate + lag / policy.target_lag_s
