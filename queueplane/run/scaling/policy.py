@@ -80,12 +80,13 @@ def policy_for(queue: QueueSpec, cap: int | None = None, **overrides: float) -> 
 
 
 def _saturated(obs: Observation, lag: int) -> bool:
-    """The executors are the bottleneck: at least a second of work waits and the backlog did not shrink.
+    """The executors are the bottleneck: at least a second of their work waits.
 
     A backlog of a few records in flight (a share group's acquired records) is no sign of it:
     read as one, it would add executors to an idle queue and take the demand for the capacity.
+    A backlog being worked off is: the executors run flat out, which is their capacity.
     """
-    return lag > 0 and lag >= obs.processing_rate * 1.0 and obs.input_rate >= obs.processing_rate
+    return lag > 0 and lag >= obs.processing_rate * 1.0
 
 
 def _learn_rate(policy: ScalingPolicy, obs: Observation, state: ScalerState, lag: int) -> float | None:
