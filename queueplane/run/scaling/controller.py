@@ -144,9 +144,11 @@ class ExecutorController:
         decision = decide(self.policy, observation, self.state)
         self.state = decision.state
         self.window_start, self.handled, self.last_lag = now, 0, lag
-        if decision.desired > self.requested:
+        # The new count first: a kill without a drain restores Spark's target to it at once.
+        previous, self.requested = self.requested, decision.desired
+        if decision.desired > previous:
             self._request_total(decision.desired)
-        elif decision.desired < self.requested:
+        elif decision.desired < previous:
             # Requested executors that never started are only cancelled; running ones beyond the
             # new count are drained and removed (the newest first).
             surplus = len(ids) - decision.desired
@@ -154,19 +156,18 @@ class ExecutorController:
                 self._kill(sorted(ids, key=_executor_order)[-surplus:], then=self._restore_target)
             else:
                 self._request_total(decision.desired)
-        if decision.desired != self.requested:
-            log.info("executors %d -> %d: %s (backlog %d)", self.requested, decision.desired, decision.reason, lag)
+        if decision.desired != previous:
+            log.info("executors %d -> %d: %s (backlog %d)", previous, decision.desired, decision.reason, lag)
         self.decisions.append(
             {
                 "at_s": round(now, 1),
                 "running": len(ids),
-                "requested": self.requested,
+                "requested": previous,
                 "desired": decision.desired,
                 "lag": lag,
                 "reason": decision.reason,
             }
         )
-        self.requested = decision.desired
         self.on_executors(len(ids), self.requested)
         return decision
 
