@@ -69,14 +69,15 @@ demo-kubernetes: setup
 	@echo "== 4. deploy with Helm: the spec's values and the local cluster's (image, Kafka for pods)"
 	$(QP) deploy specs/examples/coffee-orders.yaml --kubeconfig .queueplane/local/kubeconfig \
 	  --values .queueplane/local/cluster-values.yaml --timeout 5m
-	$(KUBECTL) -n $(DEMO_NS) get pods -L app.kubernetes.io/component
+	$(KUBECTL) get pods -n $(DEMO_NS) -L app.kubernetes.io/component
 	@echo "== 5. 1000 orders, some poison; the pods handle them"
 	$(QP) load specs/examples/coffee-orders.yaml --count 1000 --poison-rate 0.01
 	@for _ in $$(seq 60); do sleep 5; \
 	  total=$$($(QP) lag specs/examples/coffee-orders.yaml -o json | $(BIN)/python -c 'import json, sys; print(json.load(sys.stdin)["total"])'); \
 	  echo "backlog: $$total"; [ "$$total" != 0 ] || break; done
-	$(KUBECTL) -n $(DEMO_NS) logs deployment/coffee-orders --tail 5
-	@echo "== done. 'queueplane local kubernetes kubectl -n $(DEMO_NS) get pods'; stop it with 'make local-down'."
+	$(QP) lag specs/examples/coffee-orders.yaml
+	$(KUBECTL) logs deployment/coffee-orders -n $(DEMO_NS) --tail 5
+	@echo "== done. 'queueplane local kubernetes kubectl get pods -n $(DEMO_NS)'; stop it with 'make local-down'."
 
 lint: setup
 	$(BIN)/ruff check .

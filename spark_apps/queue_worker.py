@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-down-cooldown", help="wait after a change before scaling down (default 60s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    # py4j logs every call between Python and the JVM at INFO: the pod's log would be little else.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         target = named_target()
         if target is None:
