@@ -58,7 +58,9 @@ def handle(record):
     try:
         if mode == "retry":
             raise Retry("always retry")
-        if mode == "hang" and record.delivery_count == 1:
+        if record.delivery_count < order.get("fail_until", 0):
+            raise Retry("not yet")
+        if mode == "hang" and record.delivery_count == order.get("hang_at", 1):
             time.sleep(order.get("hang_s", 10))
         if order.get("sleep_ms"):
             time.sleep(order["sleep_ms"] / 1000)
@@ -210,9 +212,14 @@ def _run_command(queue: TestQueue, kafka: KafkaTarget, args: tuple[str, ...]) ->
 
 def run_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float = 300) -> dict:
     """`queueplane run` in a subprocess, as a user runs it; returns its JSON summary."""
+    return run_worker_logged(queue, kafka, *args, timeout=timeout)[0]
+
+
+def run_worker_logged(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float = 300) -> tuple[dict, str]:
+    """The same, with the worker's log (its standard error) beside the summary."""
     result = subprocess.run(_run_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
-    return json.loads(result.stdout)
+    return json.loads(result.stdout), result.stderr
 
 
 def start_worker(queue: TestQueue, kafka: KafkaTarget, *args: str) -> subprocess.Popen:

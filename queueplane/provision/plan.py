@@ -118,7 +118,7 @@ def share_group_configs(queue: QueueSpec) -> dict[str, str]:
     group = queue.group
     return {
         kn.SHARE_LOCK_DURATION_MS: str(group.lock_duration_ms),
-        kn.SHARE_DELIVERY_COUNT_LIMIT: str(group.delivery_limit),
+        kn.SHARE_DELIVERY_COUNT_LIMIT: str(group.broker_delivery_limit),
         kn.SHARE_MAX_RECORD_LOCKS: str(group.max_in_flight),
         kn.SHARE_AUTO_OFFSET_RESET: group.start_from,
     }

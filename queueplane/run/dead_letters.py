@@ -26,6 +26,9 @@ DLQ_HEADERS = (
     HEADER_FIRST_ATTEMPT_MS,
     HEADER_LAST_ATTEMPT_MS,
 )
+# On a dead letter the DLQ refused, kept in the queue's own topic until the DLQ takes it: its
+# other headers are already the DLQ's, so a worker that meets it writes it to the DLQ as it is.
+HEADER_PARKED = "queueplane.parked"
 # Set by `queueplane dlq redrive` on a record it moves back to the queue topic.
 HEADER_REDRIVE_FROM = "queueplane.redrive.from"  # dlq-topic/partition/offset it was moved from
 HEADER_REDRIVE_COUNT = "queueplane.redrive.count"  # how many times this record has been redriven
@@ -69,3 +72,9 @@ def dlq_headers(
         (HEADER_FIRST_ATTEMPT_MS, str(first_attempt_ms).encode()),
         (HEADER_LAST_ATTEMPT_MS, str(last_attempt_ms).encode()),
     ]
+
+
+def failure_of_headers(headers: list[tuple[str, bytes | None]] | tuple[tuple[str, bytes | None], ...]) -> Failure:
+    """The failure a dead letter's headers record (a parked record's, for its outcome row)."""
+    found = {k: (v or b"").decode("utf-8", "replace") for k, v in headers if k in DLQ_HEADERS}
+    return Failure(found.get(HEADER_ERROR_CLASS, "Unknown"), found.get(HEADER_ERROR_MESSAGE, ""))

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from queueplane.run.health import Health, Verdict
+from queueplane.run.outcomes import DLQ_WRITE_FAILED, RELEASED
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DELIVERY_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 20)
@@ -49,6 +50,12 @@ class WorkerMetrics:
             "queueplane_records",
             "Records handled, by outcome (accepted, released, dlq).",
             ["queue", "outcome"],
+            registry=self.registry,
+        )
+        self.dlq_write_failures = Counter(
+            "queueplane_dead_letter_write_failures",
+            "Dead letters the DLQ refused (each parked in the queue's topic until it takes them).",
+            ["queue"],
             registry=self.registry,
         )
         self.latency = Histogram(
@@ -94,6 +101,10 @@ class WorkerMetrics:
         """One batch of outcome rows (an Arrow table), added in bulk rather than row by row."""
         for outcome, n in counts.items():
             self.records.labels(self.queue, outcome).inc(n)
+        if counts.get(RELEASED):
+            refused = pc.sum(pc.starts_with(table.column("error"), DLQ_WRITE_FAILED)).as_py()
+            if refused:
+                self.dlq_write_failures.labels(self.queue).inc(refused)
         if table.num_rows:
             _observe_many(self.latency.labels(self.queue), table.column("latency_ms").to_numpy() / 1000)
             _observe_many(self.deliveries.labels(self.queue), table.column("delivery_count").to_numpy())

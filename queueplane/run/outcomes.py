@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 from confluent_kafka import Message, Producer
 
-from queueplane.run.dead_letters import Failure, dlq_headers
+from queueplane.run.dead_letters import HEADER_PARKED, Failure, dlq_headers
 from queueplane.run.handler import Output, Record
 
 # Columns of one outcome row: the streaming query's output. Tasks hand Spark Arrow batches of
@@ -45,6 +45,7 @@ SKIPPED = "skipped"
 REDELIVERED = "redelivered"
 FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
 DELIVERY_TIMEOUT_S = 30.0
+DLQ_WRITE_FAILED = "DeadLetterWriteFailed"  # the error class of a delivery whose dead letter the DLQ refused
 
 ProducedRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]  # topic, key, value, headers
 
@@ -219,6 +220,27 @@ def dead_letter_record(
         first_attempt_ms=first_attempt_ms,
         last_attempt_ms=last_attempt_ms,
     )
+    return (dlq_topic, record.key, record.value, headers)
+
+
+def parked_record(dead: ProducedRecord, queue_topic: str) -> ProducedRecord:
+    """A dead letter the DLQ refused, as a record for the queue's own topic.
+
+    Releasing it instead would hand it back to the broker, which archives a record past its
+    delivery limit: gone from both places. Parked, it is delivered again like any record, and
+    the worker that meets it tries the DLQ once more, without another handler call.
+    """
+    _, key, value, headers = dead
+    return (queue_topic, key, value, [*headers, (HEADER_PARKED, b"1")])
+
+
+def is_parked(headers: list[tuple[str, bytes | None]] | tuple[tuple[str, bytes | None], ...] | None) -> bool:
+    return bool(headers) and any(k == HEADER_PARKED for k, _ in headers or ())
+
+
+def unparked_dead_letter(record: Record, dlq_topic: str) -> ProducedRecord:
+    """The DLQ record of a parked record: its headers are the dead letter's already."""
+    headers = [(k, v or b"") for k, v in record.headers if k != HEADER_PARKED]
     return (dlq_topic, record.key, record.value, headers)
 
 

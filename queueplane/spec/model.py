@@ -32,6 +32,10 @@ class TopicSpec:
     config: dict[str, str] = field(default_factory=dict)
 
 
+# Deliveries the broker allows beyond a share spec's deliveryLimit: see GroupSpec.broker_delivery_limit.
+SHARE_RESERVE_DELIVERIES = 1
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     type: GroupType
@@ -41,6 +45,18 @@ class GroupSpec:
     max_in_flight: int
     ordering: Ordering
     start_from: str
+
+    @property
+    def broker_delivery_limit(self) -> int:
+        """The share group's ``share.delivery.count.limit``: one delivery beyond ``deliveryLimit``.
+
+        The broker archives a record whose last allowed delivery ends without an acknowledgement
+        (its lock ran out: the worker was killed) or with a RELEASE (its DLQ write failed), and an
+        archived record is in neither the output nor the DLQ. With one delivery in reserve the
+        broker never decides: the worker runs the handler ``deliveryLimit`` times and sends the
+        record to the DLQ on the reserve delivery at the latest (see run/share/fetcher.py).
+        """
+        return self.delivery_limit + SHARE_RESERVE_DELIVERIES
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from queueplane.errors import Problem, SpecInvalid
 from queueplane.kafka import names as kn
 from queueplane.spec import durations
 from queueplane.spec.files import SpecFile, expand_paths, parse_text, pointer, read_spec_file
-from queueplane.spec.model import QueueSpec, build
+from queueplane.spec.model import SHARE_RESERVE_DELIVERIES, QueueSpec, build
 from queueplane.spec.schema import load_schema, subschema_at
 
 
@@ -235,11 +235,19 @@ def _unpinned(image: str) -> bool:
     return ":" not in last or last.rsplit(":", 1)[1] == "latest"
 
 
+RESERVE_HINT = (
+    f"; the group's share.delivery.count.limit is deliveryLimit + {SHARE_RESERVE_DELIVERIES}, a reserve delivery "
+    "that sends a record to the DLQ when its last delivery ended without an outcome"
+)
+
+
 def bound_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds) -> list[Problem]:
     """Share-group settings inside the range the broker accepts."""
     group = queue.group
     if group.type != "share":
         return []
+    # The group's share.delivery.count.limit is deliveryLimit plus the reserve delivery.
+    low_limit, high_limit = bounds.delivery_limit
     checks = [
         (
             "/spec/group/lockDuration",
@@ -251,7 +259,7 @@ def bound_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds) -> lis
         (
             "/spec/group/deliveryLimit",
             group.delivery_limit,
-            bounds.delivery_limit,
+            (max(1, low_limit - SHARE_RESERVE_DELIVERIES), high_limit - SHARE_RESERVE_DELIVERIES),
             str,
             (kn.BROKER_SHARE_DELIVERY_MIN, kn.BROKER_SHARE_DELIVERY_MAX),
         ),
@@ -267,7 +275,8 @@ def bound_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds) -> lis
         spec.problem(
             ptr,
             f"{show(value)} is outside the share-group range {show(lo)}..{show(hi)} ({bounds.source})",
-            f"the broker bounds are {names[0]} and {names[1]}",
+            f"the broker bounds are {names[0]} and {names[1]}"
+            + (RESERVE_HINT if ptr == "/spec/group/deliveryLimit" else ""),
         )
         for ptr, value, (lo, hi), show, names in checks
         if not lo <= value <= hi

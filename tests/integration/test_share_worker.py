@@ -11,7 +11,17 @@ import urllib.request
 from collections import Counter, defaultdict
 
 import pytest
-from worker_support import make_queue, order, overlap_peak, produce, read_all, run_worker, start_worker
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from worker_support import (
+    make_queue,
+    order,
+    overlap_peak,
+    produce,
+    read_all,
+    run_worker,
+    run_worker_logged,
+    start_worker,
+)
 
 from queueplane.run import dead_letters as dlq
 
@@ -186,3 +196,87 @@ def test_worker_serves_prometheus_metrics_while_it_runs(kafka, tmp_path):
         worker.wait(180)
     summary = json.loads(worker.stdout.read())
     assert summary["counts"]["accepted"] == 300 and summary["counts"]["dlq"] == 1
+
+
+def _set_topic_config(kafka, topic: str, name: str, value: str) -> None:
+    admin = AdminClient(dict(kafka.settings))
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)],
+    )
+    admin.incremental_alter_configs([resource])[resource].result()
+
+
+def _ids(messages) -> list[str]:
+    return [json.loads(m.value())["id"] for m in messages]
+
+
+def test_a_dead_letter_the_dlq_refuses_is_parked_in_the_queue_until_the_dlq_takes_it(kafka, tmp_path):
+    """A DLQ that refuses writes (here: records above its max.message.bytes) must not cost the
+    record: released at its limit, the broker would archive it, in neither place."""
+    queue = make_queue(tmp_path, kafka, delivery_limit=2, concurrency=4)
+    _set_topic_config(kafka, queue.dlq, "max.message.bytes", "1000")
+    big = [order(900 + i, mode="retry", pad="x" * 3000) for i in range(3)]
+    produce(kafka, queue.topic, [*[order(i) for i in range(20)], *big])
+    originals = {json.loads(v)["id"]: i for i, v in enumerate([*[order(i) for i in range(20)], *big])}
+
+    summary, log = run_worker_logged(queue, kafka, "--max-duration", "25s")
+    assert summary["counts"]["accepted"] == 20
+    assert summary["counts"]["dlq"] == 0
+    assert "until the DLQ takes it" in log, log[-3000:]
+    assert read_all(kafka, queue.dlq, timeout_s=4) == []
+    parked = [m for m in read_all(kafka, queue.topic, timeout_s=5) if _header(m, "queueplane.parked") == "1"]
+    assert set(_ids(parked)) == {f"id-{900 + i:06d}" for i in range(3)}
+    handler_calls = Counter(e["id"] for e in queue.events() if e.get("id", "").startswith("id-0009"))
+    assert set(handler_calls.values()) == {2}, "a parked record goes to no handler again"
+
+    _set_topic_config(kafka, queue.dlq, "max.message.bytes", "1048588")  # the DLQ is fixed
+    again = run_worker(queue, kafka, "--until-idle", "5s")
+    assert again["counts"]["dlq"] == 3
+    assert again["lag_at_exit"] == 0
+    dead = read_all(kafka, queue.dlq, expect_at_least=3)
+    assert sorted(_ids(dead)) == sorted(f"id-{900 + i:06d}" for i in range(3))  # each exactly once
+    for message in dead:
+        assert _header(message, "queueplane.parked") is None
+        assert _header(message, dlq.HEADER_ERROR_CLASS) == "Retry"
+        assert _header(message, dlq.HEADER_DELIVERY_COUNT) == "2"
+        # The source is the record as produced, not a parked copy of it.
+        assert int(_header(message, dlq.HEADER_SOURCE_OFFSET)) >= 0
+        assert _header(message, dlq.HEADER_SOURCE_TOPIC) == queue.topic
+    sources = {int(_header(m, dlq.HEADER_SOURCE_OFFSET)) for m in dead}
+    assert len(sources) == 3
+    outputs = _ids(read_all(kafka, queue.output, expect_at_least=20))
+    assert sorted(outputs) == sorted(f"id-{i:06d}" for i in range(20))
+    assert set(outputs) | set(_ids(dead)) == set(originals)
+
+
+def test_a_worker_killed_during_a_records_last_delivery_leaves_it_for_the_dlq(kafka, tmp_path):
+    """The broker keeps one delivery beyond deliveryLimit: when the last one ends without an
+    outcome (kill -9 while the handler runs), the reserve delivery sends the record to the DLQ
+    instead of the broker archiving it."""
+    queue = make_queue(tmp_path, kafka, delivery_limit=2, concurrency=4, lock="5s")
+    produce(
+        kafka,
+        queue.topic,
+        [*[order(i) for i in range(10)], order(777, mode="hang", fail_until=2, hang_at=2, hang_s=120)],
+    )
+
+    worker = start_worker(queue, kafka, "--until-idle", "60s")
+    deadline = time.monotonic() + 120
+    while not any(e.get("id") == "id-000777" and e["dc"] == 2 and e["result"] == "started" for e in queue.events()):
+        assert time.monotonic() < deadline, "the record never reached its last delivery"
+        assert worker.poll() is None, "the worker stopped before the record's last delivery"
+        time.sleep(0.3)
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(30)
+
+    summary = run_worker(queue, kafka, "--until-idle", "8s")
+    assert summary["lag_at_exit"] == 0
+    (dead,) = read_all(kafka, queue.dlq, expect_at_least=1)
+    assert _ids([dead]) == ["id-000777"]
+    assert _header(dead, dlq.HEADER_ERROR_CLASS) == "DeliveryLimitReached"
+    assert _header(dead, dlq.HEADER_DELIVERY_COUNT) == "3"
+    calls = sorted(e["dc"] for e in queue.events() if e.get("id") == "id-000777" and e.get("result") != "started")
+    assert 3 not in calls, "the reserve delivery calls no handler"
+    assert sorted(_ids(read_all(kafka, queue.output, expect_at_least=10))) == [f"id-{i:06d}" for i in range(10)]

@@ -31,7 +31,7 @@ def test_empty_cluster_plans_creates_for_every_owned_and_output_topic():
     groups = {c.field: c.new for c in plan.changes if c.kind == "group-config"}
     assert groups == {
         kn.SHARE_LOCK_DURATION_MS: "30000",
-        kn.SHARE_DELIVERY_COUNT_LIMIT: "5",
+        kn.SHARE_DELIVERY_COUNT_LIMIT: "6",  # deliveryLimit 5 plus the reserve delivery
         kn.SHARE_MAX_RECORD_LOCKS: "2000",
         kn.SHARE_AUTO_OFFSET_RESET: "earliest",
     }
@@ -55,7 +55,7 @@ def test_broker_without_per_group_delivery_limit_refuses_unless_broker_value_mat
     assert "cannot hold share.delivery.count.limit per group" in change.reason
     assert kn.BROKER_SHARE_DELIVERY_DEFAULT in change.reason
     matching = diff(
-        [queue], _state(group_config_names=names_42, broker_configs={kn.BROKER_SHARE_DELIVERY_DEFAULT: "5"}), "t"
+        [queue], _state(group_config_names=names_42, broker_configs={kn.BROKER_SHARE_DELIVERY_DEFAULT: "6"}), "t"
     )
     assert matching.refused == []
     assert kn.SHARE_DELIVERY_COUNT_LIMIT not in {c.field for c in matching.changes}

@@ -73,9 +73,9 @@ CASES = [
     (
         "share",
         "spec/group/deliveryLimit",
-        1,
+        10,
         "/spec/group/deliveryLimit",
-        "1 is outside the share-group range 2..10",
+        "10 is outside the share-group range 1..9",
         None,
     ),
     (

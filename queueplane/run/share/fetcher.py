@@ -7,17 +7,19 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message
 
 from queueplane.kafka import clients
-from queueplane.run.dead_letters import Failure
+from queueplane.run.dead_letters import Failure, failure_of_headers
 from queueplane.run.handler import MessageRecord, Record
 from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
     DELIVERY_TIMEOUT_S,
+    DLQ_WRITE_FAILED,
     RELEASED,
     Outcome,
     OutcomeColumns,
@@ -25,11 +27,19 @@ from queueplane.run.outcomes import (
     accepted_columns,
     columns_of,
     dead_letter_record,
+    is_parked,
+    parked_record,
+    unparked_dead_letter,
 )
 from queueplane.run.share.pool import Chunk, HandlerPool, Poll
 from queueplane.run.share.settings import ACCEPTED_RESULT, HANDLER_SHARE_OF_LOCK, STUCK_S, Result, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
+
+RESERVE_FAILURE = Failure(
+    "DeliveryLimitReached", "its last allowed delivery ended without an outcome (worker stopped or lock ran out)"
+)
+PARK_PAUSE_S = 1.0  # a fetcher's pause after parking: the DLQ refuses writes, retrying at once would spin
 
 
 class FetcherHost(Protocol):
@@ -74,6 +84,7 @@ class ShareFetcher:
         self.consumer.subscribe([s.topic])
         self.busy = False
         self.pending = False  # acknowledgements not yet committed
+        self.parked = False  # this poll parked a dead letter the DLQ refused
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
         self._thread.start()
@@ -121,12 +132,36 @@ class ShareFetcher:
         # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
         poll = Poll(MessageRecord.many(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
         pool = self.runtime.pool
-        chunks = pool.submit(poll, range(len(good)), pool.chunk_size(len(good)))
+        calls = self._calls(good, poll)
+        chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
         self._await(poll, chunks)
+        self.parked = False
         self._acknowledge(good, poll, polled_at, outcomes)
         self.pending = True
-        if time.monotonic() - polled_at > lock_s / 2:
+        if time.monotonic() - polled_at > lock_s / 2 or self.parked:
             self.pending = not self._commit()
+        if self.parked:  # the DLQ refuses writes: parked records must not cycle through at full speed
+            time.sleep(PARK_PAUSE_S)
+
+    def _calls(self, messages: list[Message], poll: Poll) -> Sequence[int]:
+        """The records of a poll that go to the handler; the others get their result here.
+
+        A record past deliveryLimit is on the broker's reserve delivery: its last allowed
+        delivery ended without an outcome (the worker was killed, its lock ran out), and the
+        handler had its deliveries, so it goes to the DLQ. A parked record is a dead letter
+        already: it goes to the DLQ as it is.
+        """
+        limit = self.runtime.settings.delivery_limit
+        decided = [i for i, m in enumerate(messages) if (m.delivery_count() or 1) > limit or is_parked(m.headers())]
+        if not decided:
+            return range(len(messages))
+        for i in decided:
+            headers = messages[i].headers() or []
+            failure = failure_of_headers(headers) if is_parked(headers) else RESERVE_FAILURE
+            poll.results[i] = (DEAD_LETTERED, failure, 0.0)
+        poll.finished(len(decided))
+        skipped = set(decided)
+        return [i for i in range(len(messages)) if i not in skipped]
 
     def _acknowledge(
         self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns]
@@ -198,23 +233,44 @@ class ShareFetcher:
         started = now - (time.monotonic() - (ran_at or polled_at))  # the handler's start, wall clock
         first = self.runtime.first_attempt(record, int(started * 1000))
         if outcome == DEAD_LETTERED:
-            dead = dead_letter_record(
-                record,
-                self.runtime.settings.dlq_topic,
-                record.delivery_count,
-                failure or Failure("Unknown", ""),
-                first,
-                int(now * 1000),
-            )
+            settings = self.runtime.settings
+            if is_parked(record.headers):
+                dead = unparked_dead_letter(record, settings.dlq_topic)
+            else:
+                failure = failure or Failure("Unknown", "")
+                dead = dead_letter_record(
+                    record, settings.dlq_topic, record.delivery_count, failure, first, int(now * 1000)
+                )
             try:
                 self.runtime.produce_and_wait([dead])
             except Exception as exc:
-                # Never REJECT what the DLQ did not take: release it, the broker delivers it again.
-                log.error("DLQ write failed for %s-%d@%d: %s", record.topic, record.partition, record.offset, exc)
-                failed = Failure("DeadLetterWriteFailed", str(exc))
-                return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.RELEASE
+                return self._park(record, dead, Failure(DLQ_WRITE_FAILED, str(exc)), latency_ms, inflight)
             return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight), AcknowledgeType.REJECT
         return Outcome.of(record, RELEASED, failure, latency_ms, inflight), AcknowledgeType.RELEASE
+
+    def _park(
+        self, record: Record, dead: ProducedRecord, failed: Failure, latency_ms: float, inflight: int
+    ) -> tuple[Outcome, int]:
+        """The DLQ refused ``dead``: keep it in the queue's topic (parked) and accept the delivery.
+
+        Never REJECT what the DLQ did not take, and never RELEASE a record the broker may
+        archive. Only when the queue's topic refuses the parked copy too is the record released:
+        the broker delivers it again unless this was its reserve delivery, and then it is lost,
+        which the error line says.
+        """
+        where = f"{record.topic}-{record.partition}@{record.offset}"
+        try:
+            self.runtime.produce_and_wait([parked_record(dead, record.topic)])
+        except Exception as exc:
+            reserve = record.delivery_count > self.runtime.settings.delivery_limit
+            fate = "the broker archives it: LOST" if reserve else "released for another delivery"
+            log.error("DLQ write failed for %s (%s) and parking it failed (%s): %s", where, failed.message, exc, fate)
+            return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.RELEASE
+        log.error(
+            "DLQ write failed for %s (%s): parked in %s until the DLQ takes it", where, failed.message, record.topic
+        )
+        self.parked = True
+        return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.ACCEPT
 
     def _commit(self) -> bool:
         try:
