@@ -24,10 +24,19 @@ from queueplane.provision import steps
 
 HANDLER_SOURCE = '''
 """Test handler: behaviour per record from its JSON value; every call logged."""
-import json, os, random, threading, time
+import json, os, random, sys, threading, time
 from queueplane import Output, Retry
 
 LOG_DIR = "{log_dir}"
+
+
+MISBEHAVIOUR = {  # handlers that break the contract, each in its own way
+    "exit": lambda order: sys.exit(3),
+    "bad_return": lambda order: 42,
+    "bad_header": lambda order: Output({"id": order["id"]}, headers={"h": 5}),
+    "unserialisable": lambda order: {"id": order["id"], "at": object()},
+    "huge": lambda order: Output(b"x" * order["size"]),
+}
 
 
 def _log(event):
@@ -55,6 +64,11 @@ def handle(record):
         return None
     if mode == "hang":
         _log(dict(event, result="started"))
+    misbehaving = MISBEHAVIOUR.get(mode)
+    if misbehaving is not None:
+        event.update(end=time.time(), result=mode)
+        _log(event)
+        return misbehaving(order)
     try:
         if mode == "retry":
             raise Retry("always retry")

@@ -28,6 +28,14 @@ class Reject(Exception):
     """Raise when the record can never succeed (poison): it goes to the dead-letter queue now."""
 
 
+class InvalidOutput(Reject):
+    """What the handler returned cannot be written (a wrong type, or more than the topic takes).
+
+    A Reject: the same record returns the same outputs on every delivery, so another delivery
+    cannot help, and the record goes to the dead-letter queue with this as its error class.
+    """
+
+
 @dataclass(frozen=True)
 class Record:
     """One delivery of one record, as the handler sees it."""
@@ -133,18 +141,36 @@ class Output:
     topic: str | None = None
 
     def encoded(self) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+        """Key, value and headers as bytes; InvalidOutput for anything that is not writable."""
         value = self.value
         if isinstance(value, (dict, list)):
-            value = json.dumps(value, separators=(",", ":"))
-        return (
-            _bytes(self.key),
-            _bytes(value),
-            [(k, _bytes(v) or b"") for k, v in self.headers.items()],
-        )
+            try:
+                value = json.dumps(value, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                raise InvalidOutput(f"the output value is not JSON-serialisable: {exc}") from None
+        if not isinstance(self.headers, dict):
+            raise InvalidOutput(f"output headers are a dict of str to bytes or str, not {type(self.headers).__name__}")
+        headers = []
+        for name, header in self.headers.items():
+            if not isinstance(name, str):
+                raise InvalidOutput(f"an output header name is {type(name).__name__}, not str")
+            headers.append((name, _bytes(header, f"output header {name!r}") or b""))
+        if self.topic is not None and not isinstance(self.topic, str):
+            raise InvalidOutput(f"the output topic is {type(self.topic).__name__}, not str")
+        return (_bytes(self.key, "the output key"), _bytes(value, "the output value"), headers)
 
 
-def _bytes(value: bytes | str | None) -> bytes | None:
-    return value.encode() if isinstance(value, str) else value
+def _bytes(value: object, what: str = "a value") -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            return value.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidOutput(f"{what} is not valid text: {exc}") from None
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidOutput(f"{what} is {type(value).__name__}; outputs take bytes, str, or (values) a dict or list")
 
 
 Handler = Callable[[Record], Any]
@@ -160,7 +186,7 @@ def outputs_of(result: Any) -> list[Output]:
         return [Output(result)]
     if isinstance(result, Iterable):
         return [r if isinstance(r, Output) else Output(r) for r in result]
-    raise TypeError(f"a handler returns None, an Output, a value or a list of them; got {type(result).__name__}")
+    raise InvalidOutput(f"a handler returns None, an Output, a value or a list of them; got {type(result).__name__}")
 
 
 def load_handler(reference: str, search_paths: Iterable[str] = ()) -> Handler:

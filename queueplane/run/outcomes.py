@@ -16,10 +16,10 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 import pyarrow as pa
-from confluent_kafka import Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from queueplane.run.dead_letters import HEADER_PARKED, Failure, dlq_headers
-from queueplane.run.handler import Output, Record
+from queueplane.run.handler import InvalidOutput, Output, Record
 
 # Columns of one outcome row: the streaming query's output. Tasks hand Spark Arrow batches of
 # exactly this schema, so no per-row conversion runs in a Python worker beside the handlers.
@@ -267,6 +267,24 @@ def produce(
                 producer.poll(0.01)
             else:
                 time.sleep(0.005)  # the delivery thread drains it
+        except KafkaException as exc:
+            refused = refused_write(exc.args[0])
+            if refused is None:
+                raise
+            raise refused from None
+        except (TypeError, ValueError) as exc:  # what the client cannot even queue
+            raise InvalidOutput(f"the record cannot be written: {exc}") from None
+
+
+# Errors about the record itself: the same record is refused again however often it is sent.
+_REFUSED = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD})
+
+
+def refused_write(error: object) -> InvalidOutput | None:
+    """A write error as InvalidOutput when the broker or client refuses the record itself, else None."""
+    if isinstance(error, KafkaError) and error.code() in _REFUSED:
+        return InvalidOutput(f"the record was refused: {error.str()} (over the topic's max.message.bytes?)")
+    return None
 
 
 def produce_and_wait(producer: Producer, records: list[ProducedRecord], partitions: list[int] | None = None) -> None:
@@ -282,7 +300,7 @@ def produce_and_wait(producer: Producer, records: list[ProducedRecord], partitio
 
     def delivered(err: Any, _msg: Message) -> None:
         if err is not None:
-            errors.append(str(err))
+            errors.append(err)
         pending.release()
 
     for i, item in enumerate(records):
@@ -292,4 +310,4 @@ def produce_and_wait(producer: Producer, records: list[ProducedRecord], partitio
         if not pending.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise RuntimeError(f"outputs not delivered within {DELIVERY_TIMEOUT_S:.0f}s")
     if errors:
-        raise RuntimeError(f"output delivery failed: {errors[0]}")
+        raise refused_write(errors[0]) or RuntimeError(f"output delivery failed: {errors[0]}")

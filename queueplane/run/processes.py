@@ -65,8 +65,12 @@ class ServedProducer:
     records, release semaphores) run on this thread, so no handler waits on another's poll.
     """
 
-    def __init__(self, kafka: dict[str, Any], linger_ms: int):
-        self.producer = clients.producer(kafka, {"enable.idempotence": True, "acks": "all", "linger.ms": linger_ms})
+    def __init__(self, kafka: dict[str, Any], linger_ms: int, batch_bytes: int | None = None):
+        """``batch_bytes``: batches no larger than the topics take, so a refused batch is one record."""
+        extra: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": linger_ms}
+        if batch_bytes:
+            extra["batch.size"] = min(batch_bytes, 1_000_000)
+        self.producer = clients.producer(kafka, extra)
         self._stop = threading.Event()
         threading.Thread(target=self._serve, name="qp-delivery", daemon=True).start()
 

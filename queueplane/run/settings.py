@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from queueplane.kafka.limits import smallest_record_batch
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import QueueSpec
 
@@ -35,6 +36,8 @@ class QueueSettings(JsonSettings):
     delivery_limit: int
     handler: str
     search_paths: list[str] = field(default_factory=list)
+    # The producer's batch.size: the smallest max.message.bytes of the output and DLQ topics.
+    batch_bytes: int | None = None
 
     @staticmethod
     def common(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
@@ -50,4 +53,5 @@ class QueueSettings(JsonSettings):
             "handler": queue.handler,
             # The handler module sits next to the spec in local mode.
             "search_paths": [str(Path(queue.source).resolve().parent)],
+            "batch_bytes": smallest_record_batch(target, [queue.dead_letter.name, *filter(None, [queue.output_topic])]),
         }

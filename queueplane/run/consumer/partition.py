@@ -32,7 +32,7 @@ from queueplane.run.consumer.ordering import ContiguousOffsets, key_slot
 from queueplane.run.consumer.process import ConsumerSettings, TransactionalWriter, WorkerProcess
 from queueplane.run.consumer.slots import Slot
 from queueplane.run.dead_letters import Failure
-from queueplane.run.handler import Record
+from queueplane.run.handler import InvalidOutput, Record
 from queueplane.run.kafka_input import input_records
 from queueplane.run.outcomes import (
     DEAD_LETTERED,
@@ -42,6 +42,7 @@ from queueplane.run.outcomes import (
     dead_letter_record,
     outcome_batch,
     produce,
+    refused_write,
 )
 from queueplane.run.processes import PerProcess
 
@@ -65,6 +66,7 @@ class PartitionTask:
         self._inflight = 0
         self._error: BaseException | None = None
         self._pending: list[ProducedRecord] = []  # exactly-once: released outputs awaiting the next transaction
+        self._refused: list[tuple[Record, Failure, float, int]] = []  # outputs refused: to the DLQ next
         self.writer = TransactionalWriter(process, topic, partition) if s.exactly_once else None
         self.committed = process.committed(topic, partition)  # after the writer fenced any predecessor
         self.last_commit = self.committed
@@ -137,6 +139,7 @@ class PartitionTask:
         deadline = time.monotonic() + COMMIT_TIMEOUT_S
         while self.tracker.unfinished and time.monotonic() < deadline:  # outputs still being acknowledged
             self.raise_if_failed()
+            self._dead_letter_refused()
             time.sleep(0.005)
         self.raise_if_failed()
         if self.tracker.unfinished:
@@ -165,23 +168,56 @@ class PartitionTask:
         latency_ms: float,
         inflight: int,
     ) -> None:
-        """A record is done: its writes become durable (now, or in the next transaction), then it counts as complete."""
-        self.report(record, outcome, failure, latency_ms, inflight)
+        """A record is done: its writes become durable (now, or in the next transaction), then it counts as complete.
+
+        Without a transaction the outcome row waits for the writes: an output the broker refuses
+        (InvalidOutput: too large, not writable) turns the record into a dead letter instead, on
+        the watcher's thread, while the task goes on. A refused dead letter fails the task: its
+        offset is not committed and the record comes again.
+        """
         if self.writer is not None or not produced:
+            self.report(record, outcome, failure, latency_ms, inflight)
             self.tracker.complete(record.offset, produced)
             return
         remaining = [len(produced)]
+        refused = [False]  # one dead letter per record, however many of its outputs were refused
+
+        def turn_dead(why: InvalidOutput) -> None:
+            if outcome == DEAD_LETTERED:
+                self.fail(RuntimeError(f"DLQ write for {record.topic}[{record.partition}]@{record.offset}: {why}"))
+            elif not refused[0]:
+                refused[0] = True
+                with self._lock:
+                    self._refused.append((record, Failure.of(why), latency_ms, inflight))
 
         def delivered(err: Any, _msg: Any) -> None:
             if err is not None:
-                self.fail(RuntimeError(f"write for {record.topic}[{record.partition}]@{record.offset} failed: {err}"))
+                why = refused_write(err)
+                if why is None:
+                    where = f"{record.topic}[{record.partition}]@{record.offset}"
+                    self.fail(RuntimeError(f"write for {where} failed: {err}"))
+                else:
+                    turn_dead(why)
                 return
             remaining[0] -= 1
-            if remaining[0] == 0:
+            if remaining[0] == 0 and not refused[0]:
+                self.report(record, outcome, failure, latency_ms, inflight)
                 self.tracker.complete(record.offset, None)
 
-        for item in produced:
-            produce(self.process.producer, item, delivered)
+        try:
+            for item in produced:
+                produce(self.process.producer, item, delivered)
+        except InvalidOutput as exc:
+            turn_dead(exc)
+
+    def _dead_letter_refused(self) -> None:
+        """Records whose outputs the broker refused go to the DLQ (on the watcher's thread: never
+        on the producer's delivery thread, which a full producer queue would wait for)."""
+        with self._lock:
+            refused, self._refused = self._refused, []
+        now_ms = int(time.time() * 1000)
+        for record, failure, latency_ms, inflight in refused:
+            self.dead_letter(record, failure, now_ms - int(latency_ms), latency_ms, inflight)
 
     def dead_letter(self, record: Record, failure: Failure, first_ms: int, latency_ms: float, inflight: int) -> None:
         now_ms = int(time.time() * 1000)
@@ -221,6 +257,7 @@ class PartitionTask:
             now = time.monotonic()
             for slot in self.slots:
                 slot.watch(now)
+            self._dead_letter_refused()
             if now - last_commit >= self.settings.commit_interval_ms / 1000:
                 last_commit = now
                 try:

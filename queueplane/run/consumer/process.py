@@ -51,7 +51,7 @@ class WorkerProcess:
     def __init__(self, settings: ConsumerSettings):
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        self.delivery = ServedProducer(settings.kafka, linger_ms=2)
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
         # Never subscribes: it reads and commits the group's offsets, and lends its group metadata
         # to transactions. read_committed makes committed() wait for offsets of open transactions.

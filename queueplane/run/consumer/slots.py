@@ -129,7 +129,7 @@ class Slot:
                 outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
             except Reject as exc:
                 failure, final = Failure.of(exc), True
-            except Exception as exc:  # Retry and any other exception: another attempt, unless this was the last
+            except BaseException as exc:  # Retry, any other exception, sys.exit(): another attempt, unless the last
                 failure = Failure.of(exc)
             finally:
                 self.task.inflight(-1)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 
 from queueplane.run.dead_letters import Failure
-from queueplane.run.handler import Handler, Record, Reject, load_handler, outputs_of
+from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
 from queueplane.run.kafka_input import input_records
 from queueplane.run.kmq import markers as km
 from queueplane.run.outcomes import (
@@ -39,6 +39,7 @@ from queueplane.run.outcomes import (
     outcome_batch,
     output_record,
     produce,
+    refused_write,
 )
 from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.retry import retry_delay_ms
@@ -77,7 +78,10 @@ class HandlerThreads:
     def _loop(self) -> None:
         while True:
             task, index = self.jobs.get()
-            task.run(index)
+            try:
+                task.run(index)
+            except BaseException:  # a bug must not cost the process a handler thread
+                log.exception("a kmq handler thread failed a record; continuing")
             with self._lock:
                 if self._alive > self.size:  # stood in for a stuck call that has now returned
                     self._alive -= 1
@@ -90,7 +94,7 @@ class KmqProcess:
     def __init__(self, settings: KmqSettings):
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        self.delivery = ServedProducer(settings.kafka, linger_ms=2)
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
         self.threads = HandlerThreads(settings.threads)
 
@@ -112,6 +116,8 @@ class KmqTask:
         self._settled = threading.Condition(self._lock)
         self._outcomes: list[Outcome] = []
         self._error: str | None = None
+        self._refused: dict[int, Failure] = {}  # records whose outputs the broker refused: to the DLQ next
+        self._turned: set[int] = set()  # records turned into dead letters that way (once each)
         self.deadline = 0.0
 
     def start(self) -> None:
@@ -129,6 +135,11 @@ class KmqTask:
     def run(self, index: int) -> None:
         record = self.records[index]
         with self._lock:
+            refused = self._refused.pop(index, None)
+        if refused is not None:
+            self._dead_letter(index, refused, 0.0)
+            return
+        with self._lock:
             if self._claimed[index]:
                 return
             if time.monotonic() >= self.deadline:
@@ -145,7 +156,7 @@ class KmqTask:
             outputs = [output_record(o, record, s.output_topic) for o in outputs_of(result)]
         except Reject as exc:
             failure, final = Failure.of(exc), True
-        except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
+        except BaseException as exc:  # Retry, any other exception, sys.exit(): another delivery, unless the last
             failure = Failure.of(exc)
             final = record.delivery_count >= s.delivery_limit
         latency_ms = (time.monotonic() - started) * 1000
@@ -156,18 +167,33 @@ class KmqTask:
             self._claimed[index] = True
         if failure is None:
             self._report(record, ACCEPTED, None, latency_ms)
-            self._write_then_end(index, outputs, km.END)
+            try:
+                self._write_then_end(index, outputs, km.END)
+            except InvalidOutput as exc:  # refused before it was sent: the outputs cannot be written
+                with self._lock:
+                    first = index not in self._turned
+                    self._turned.add(index)
+                if first:
+                    self._dead_letter(index, Failure.of(exc), latency_ms)
         elif final:
-            self._report(record, DEAD_LETTERED, failure, latency_ms)
-            where = km.origin(record.headers, record.topic, record.partition, record.offset)
-            at_origin = replace(record, topic=where.topic, partition=where.partition, offset=where.offset)
-            now_ms = int(time.time() * 1000)
-            first_ms = where.first_attempt_ms or self.first_ms
-            dead = dead_letter_record(at_origin, s.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
-            self._write_then_end(index, [dead], km.END)
+            self._dead_letter(index, failure, latency_ms)
         else:
             self._report(record, RELEASED, failure, latency_ms)
             self._write_then_end(index, [], km.RETRY)
+
+    def _dead_letter(self, index: int, failure: Failure, latency_ms: float) -> None:
+        """The record's DLQ record, durable, then its end marker. A record whose outputs the broker
+        refused was reported accepted already: that row gives way to this one."""
+        record, s = self.records[index], self.settings
+        with self._lock:
+            self._outcomes = [o for o in self._outcomes if (o.partition, o.offset) != (record.partition, record.offset)]
+        self._report(record, DEAD_LETTERED, failure, latency_ms)
+        where = km.origin(record.headers, record.topic, record.partition, record.offset)
+        at_origin = replace(record, topic=where.topic, partition=where.partition, offset=where.offset)
+        now_ms = int(time.time() * 1000)
+        first_ms = where.first_attempt_ms or self.first_ms
+        dead = dead_letter_record(at_origin, s.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
+        self._write_then_end(index, [dead], km.END)
 
     def _write_then_end(self, index: int, writes: list[ProducedRecord], kind: str) -> None:
         """Produce the record's writes; once all are acknowledged, its marker; then it is settled."""
@@ -191,6 +217,16 @@ class KmqTask:
             produce(producer, (s.markers_topic, key, value, []), marker_written, partition=record.partition)
 
         def written(err: object, _msg: object) -> None:
+            refused = refused_write(err) if err is not None and kind == km.END and writes[0][0] != s.dlq_topic else None
+            if refused is not None:
+                with self._lock:  # to the DLQ, on a handler thread: not this delivery thread
+                    first = index not in self._turned
+                    self._turned.add(index)
+                    if first:
+                        self._refused[index] = Failure.of(refused)
+                if first:
+                    self.process.threads.jobs.put((self, index))
+                return
             if err is not None:
                 with self._lock:
                     if self._error is None:

@@ -161,7 +161,7 @@ class HandlerPool:
                 self.inflight += 1
             try:
                 self._run(chunk)
-            except Exception:  # handler errors are results; anything else must not cost the pool a thread
+            except BaseException:  # handler errors are results; anything else must not cost the pool a thread
                 log.exception("a handler thread failed a chunk; continuing")
             with self.lock:
                 self.inflight -= 1
@@ -198,7 +198,7 @@ class HandlerPool:
                 except Reject as exc:
                     results[i] = (DEAD_LETTERED, Failure.of(exc), now)
                     continue
-                except Exception as exc:  # Retry and any other exception: another delivery, unless this was the last
+                except BaseException as exc:  # Retry, any other exception, sys.exit(): another delivery
                     results[i] = (RELEASED, Failure.of(exc), now)
                     continue
                 results[i] = ACCEPTED_RESULT
@@ -223,6 +223,8 @@ class HandlerPool:
             record = poll.records[index]
             self.runtime.produce_and_wait([self.runtime.output_record(o, record) for o in outputs])
             result = ACCEPTED_RESULT
+        except Reject as exc:  # InvalidOutput: the same outputs would be refused on every delivery
+            result = (DEAD_LETTERED, Failure.of(exc), started)
         except Exception as exc:
             result = (RELEASED, Failure.of(exc), started)
         with poll.cond:

@@ -1,0 +1,69 @@
+"""Handlers that break the contract, on every runtime: the worker stays up, every other record
+is processed, and each bad record ends in the DLQ with an error class that says what happened."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from worker_support import make_queue, order, produce, read_all, run_worker
+
+from queueplane.run import dead_letters as dlq
+
+pytestmark = pytest.mark.kafka
+
+LIMIT = 3
+OUTPUT_MAX_BYTES = 5000
+# id → (how the handler misbehaves, the DLQ's error class, the delivery count it ends at)
+BAD = {
+    "id-000900": ({"mode": "exit"}, "SystemExit", LIMIT),
+    "id-000901": ({"mode": "exit"}, "SystemExit", LIMIT),
+    "id-000902": ({"mode": "bad_return"}, "InvalidOutput", 1),
+    "id-000903": ({"mode": "bad_header"}, "InvalidOutput", 1),
+    "id-000904": ({"mode": "unserialisable"}, "InvalidOutput", 1),
+    # Over the output topic's max.message.bytes: the broker refuses it after it was sent.
+    "id-000905": ({"mode": "huge", "size": 20_000}, "InvalidOutput", 1),
+    # Over the producer's own limit (1 MB): refused before it is sent.
+    "id-000906": ({"mode": "huge", "size": 2_000_000}, "InvalidOutput", 1),
+}
+
+
+def _header(message, name: str) -> str | None:
+    return next((v.decode() for k, v in message.headers() or [] if k == name), None)
+
+
+@pytest.mark.parametrize("group_type", ["share", "consumer", "kmq"])
+def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group_type):
+    queue = make_queue(tmp_path, kafka, group_type=group_type, delivery_limit=LIMIT, lock="5s", partitions=2)
+    admin = AdminClient(dict(kafka.settings))
+    small = ConfigResource(
+        ResourceType.TOPIC,
+        queue.output,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", str(OUTPUT_MAX_BYTES), incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    admin.incremental_alter_configs([small])[small].result()
+    good = [order(i) for i in range(40)]
+    bad = [order(int(ident[3:]), **fields) for ident, (fields, _, _) in BAD.items()]
+    produce(kafka, queue.topic, [*good[:20], *bad, *good[20:]])
+
+    summary = run_worker(queue, kafka, "--until-idle", "10s")  # exit 0: the worker survived them all
+
+    assert summary["counts"]["accepted"] == 40, summary
+    assert summary["counts"]["dlq"] == len(BAD)
+    outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=40)]
+    assert sorted(set(outputs)) == [f"id-{i:06d}" for i in range(40)], "every good record, none of the bad"
+    dead = read_all(kafka, queue.dlq, expect_at_least=len(BAD))
+    by_id = {json.loads(m.value())["id"]: m for m in dead}
+    assert sorted(by_id) == sorted(BAD) and len(dead) == len(BAD)
+    for ident, (_, error_class, deliveries) in BAD.items():
+        message = by_id[ident]
+        assert (_header(message, dlq.HEADER_ERROR_CLASS), _header(message, dlq.HEADER_DELIVERY_COUNT)) == (
+            error_class,
+            str(deliveries),
+        ), (ident, _header(message, dlq.HEADER_ERROR_MESSAGE))
+    refused = _header(by_id["id-000905"], dlq.HEADER_ERROR_MESSAGE)
+    assert "MSG_SIZE_TOO_LARGE" in refused or "too large" in refused.lower()
+    assert "int" in _header(by_id["id-000902"], dlq.HEADER_ERROR_MESSAGE)
