@@ -209,7 +209,7 @@ def read_all(kafka: KafkaTarget, topic: str, expect_at_least: int = 0, timeout_s
     return records
 
 
-def _run_command(queue: TestQueue, kafka: KafkaTarget, args: tuple[str, ...]) -> list[str]:
+def worker_command(queue: TestQueue, kafka: KafkaTarget, args: tuple[str, ...]) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -231,17 +231,19 @@ def run_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float 
 
 def run_worker_logged(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float = 300) -> tuple[dict, str]:
     """The same, with the worker's log (its standard error) beside the summary."""
-    result = subprocess.run(_run_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    result = subprocess.run(
+        worker_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
     assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
     return json.loads(result.stdout), result.stderr
 
 
-def start_worker(queue: TestQueue, kafka: KafkaTarget, *args: str) -> subprocess.Popen:
-    """The same command, left running (to be killed, or scraped for metrics)."""
+def start_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, log: Path | None = None) -> subprocess.Popen:
+    """The same command, left running (to be killed, or scraped for metrics); its log appended to ``log``."""
     return subprocess.Popen(
-        _run_command(queue, kafka, args),
+        worker_command(queue, kafka, args),
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=log.open("a") if log is not None else subprocess.DEVNULL,
         text=True,
         cwd=REPO,
         start_new_session=True,

@@ -62,9 +62,7 @@ def summary_table(summary: RunSummary) -> Table:
     table.add_row("duration", f"{summary.duration_s:.1f}s")
     table.add_row("throughput", f"{summary.records_per_s:.0f} records/s")
     table.add_row("lag at exit", "unknown" if summary.lag_at_exit is None else str(summary.lag_at_exit))
-    if summary.dead_lettered:
-        counts: dict[int, int] = {}
-        for record in summary.dead_lettered:
-            counts[record["delivery_count"]] = counts.get(record["delivery_count"], 0) + 1
+    if summary.dead_lettered_by_delivery_count:
+        counts = summary.dead_lettered_by_delivery_count
         table.add_row("dlq by delivery count", ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
     return table

@@ -96,7 +96,13 @@ def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> Callable[[], dict[in
     def read() -> dict[int, int | None] | None:
         if not admin:
             admin.append(clients.admin(target))
-        return {row.partition: row.lag for row in group_lag(target, admin[0], queue)}
+        try:
+            return {row.partition: row.lag for row in group_lag(target, admin[0], queue)}
+        except Exception:
+            # A client that lived through a broker restart can keep answering "no leaders"
+            # after the broker is back: the next read starts with a new one.
+            admin.clear()
+            raise
 
     return read
 

@@ -15,6 +15,7 @@ SHARE_LOCK_DURATION_MS = "share.record.lock.duration.ms"
 SHARE_DELIVERY_COUNT_LIMIT = "share.delivery.count.limit"  # per group from Kafka 4.3
 SHARE_MAX_RECORD_LOCKS = "share.partition.max.record.locks"
 SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
+SHARE_ISOLATION_LEVEL = "share.isolation.level"
 
 # Broker configs that bound the share-group GROUP configs above
 BROKER_SHARE_LOCK_MIN = "group.share.min.record.lock.duration.ms"

@@ -14,7 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from queueplane.errors import QueueplaneError
+from queueplane.errors import ClusterUnreachable, QueueplaneError
 from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
 
@@ -84,3 +84,21 @@ def require_topics(admin: AdminClient, target: KafkaTarget, spec: str, topics: d
                 f"{spec}: the {what} {name} does not exist on {target.label}; "
                 f"create the queue's topics with `queueplane apply {spec}`"
             )
+
+
+def await_queue_topics(target: KafkaTarget, spec: str, topics: dict[str, str], wait_s: float) -> None:
+    """``require_topics`` for a worker starting: an unreachable cluster is waited for up to
+    ``wait_s`` (a worker started before its broker carries on once the broker is up), then it
+    fails in one line; a missing topic fails at once, because waiting would look like an idle queue."""
+    deadline = time.monotonic() + wait_s
+    admin = clients.admin(target)
+    while True:
+        try:
+            require_topics(admin, target, spec, topics)
+            return
+        except KafkaException as exc:
+            if time.monotonic() > deadline:
+                raise ClusterUnreachable(
+                    f"{spec}: Kafka at {target.label} did not answer within {wait_s:.0f}s ({exc.args[0].str()})"
+                ) from None
+            time.sleep(2)

@@ -121,6 +121,8 @@ def share_group_configs(queue: QueueSpec) -> dict[str, str]:
         kn.SHARE_DELIVERY_COUNT_LIMIT: str(group.broker_delivery_limit),
         kn.SHARE_MAX_RECORD_LOCKS: str(group.max_in_flight),
         kn.SHARE_AUTO_OFFSET_RESET: group.start_from,
+        # Records of aborted transactions (a redrive killed midway) are never delivered.
+        kn.SHARE_ISOLATION_LEVEL: "read_committed",
     }
 
 

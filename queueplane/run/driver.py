@@ -21,11 +21,12 @@ import pyarrow.compute as pc
 
 from queueplane.errors import QueueplaneError
 from queueplane.kafka.lag import total_lag
+from queueplane.kafka.offsets import await_queue_topics
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.group_types import runtime_class
 from queueplane.run.health import Health, stall_seconds
 from queueplane.run.metrics import WorkerMetrics
-from queueplane.run.options import BatchProgress, RunOptions, RunSummary
+from queueplane.run.options import BatchProgress, DeadLetters, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
 from queueplane.run.scaling.controller import ExecutorController
 from queueplane.run.session import ship_handler_modules, spark_session
@@ -34,6 +35,9 @@ from queueplane.spec.model import QueueSpec
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
+
+
+STARTUP_WAIT_S = 120.0  # how long a starting worker waits for an unreachable cluster
 
 
 class WorkerFailed(QueueplaneError):
@@ -114,6 +118,11 @@ def run_queue(
     backlog: Callable[[], dict[int, int | None] | None] = lambda: None,
 ) -> RunSummary:
     """Run the worker until a stop condition holds; return what it did."""
+    # A worker on a topic that is not there would idle and look healthy: it fails instead.
+    topics = {queue.topic.name: "queue topic", queue.dead_letter.name: "dead-letter topic"}
+    if queue.markers is not None:
+        topics[queue.markers.name] = "markers topic"
+    await_queue_topics(target, queue.source, topics, STARTUP_WAIT_S)
     runtime = runtime_class(queue)(queue, target, options)
     spark = spark_session(runtime)
     if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
@@ -134,7 +143,7 @@ def run_queue(
         metrics.serve(options.metrics_port, options.metrics_host, health)
 
     counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
-    dead: list[dict[str, Any]] = []
+    dead = DeadLetters()
     state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "draining": False}
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
@@ -151,7 +160,7 @@ def run_queue(
         if batch_counts[DEAD_LETTERED]:
             mask = pc.equal(table.column("outcome"), DEAD_LETTERED)
             for row in table.filter(mask).select(["partition", "offset", "key", "delivery_count", "error"]).to_pylist():
-                dead.append(row)
+                dead.add(row)
         metrics.observe(batch_counts, table)
         runtime.after_batch(table)
         lag = watcher.latest
@@ -253,7 +262,8 @@ def run_queue(
         queue=queue.name,
         group_type=queue.group.type,
         counts=dict(counts),
-        dead_lettered=dead,
+        dead_lettered=dead.rows,
+        dead_lettered_by_delivery_count=dict(sorted(dead.by_delivery_count.items())),
         duration_s=round(duration, 2),
         batches=state["batches"],
         records_per_s=round(final / duration, 1) if duration else 0.0,

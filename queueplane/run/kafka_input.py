@@ -108,13 +108,15 @@ def kafka_source(spark: Any, target: KafkaTarget, topic: str) -> Any:
     """A streaming reader of ``topic``: the consumer, kmq and tracker queries all start here.
 
     Retention may delete records a stopped worker never saw; the queue carries on rather
-    than stop (``failOnDataLoss`` off).
+    than stop (``failOnDataLoss`` off). Read committed: records of an aborted transaction (an
+    exactly-once worker's, or a redrive killed midway) are never handled.
     """
     return (
         spark.readStream.format("kafka")
         .options(**kafka_options(target))
         .option("subscribe", topic)
         .option("failOnDataLoss", "false")
+        .option("kafka.isolation.level", "read_committed")
     )
 
 

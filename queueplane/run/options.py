@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,18 +31,41 @@ class BatchProgress:
     elapsed_s: float
 
 
+SUMMARY_DEAD_ROWS = 100
+
+
+@dataclass
+class DeadLetters:
+    """The dead letters a run reports: the first SUMMARY_DEAD_ROWS in full, all counted by
+    delivery count. A poison flood must not grow the driver's memory; `queueplane dlq list`
+    shows every one."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    by_delivery_count: Counter[int] = field(default_factory=Counter)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.by_delivery_count[row["delivery_count"]] += 1
+        if len(self.rows) < SUMMARY_DEAD_ROWS:
+            self.rows.append(row)
+
+    def merge(self, other: DeadLetters) -> None:
+        self.by_delivery_count.update(other.by_delivery_count)
+        self.rows.extend(other.rows[: max(0, SUMMARY_DEAD_ROWS - len(self.rows))])
+
+
 @dataclass
 class RunSummary:
     queue: str
     group_type: str
     counts: dict[str, int]
-    dead_lettered: list[dict[str, Any]]
+    dead_lettered: list[dict[str, Any]]  # the first SUMMARY_DEAD_ROWS
     duration_s: float
     batches: int
     records_per_s: float
     lag_at_exit: int | None
     lag_by_partition: dict[str, int | None] = field(default_factory=dict)
     scaling: list[dict[str, Any]] = field(default_factory=list)
+    dead_lettered_by_delivery_count: dict[int, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

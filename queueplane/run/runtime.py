@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from queueplane.kafka.target import KafkaTarget
-from queueplane.run.options import RunOptions
+from queueplane.run.options import DeadLetters, RunOptions
 from queueplane.spec.model import QueueSpec
 
 
@@ -78,6 +78,6 @@ class QueueRuntime(ABC):
         """An error of something running beside the worker query, which ends the run."""
         return None
 
-    def stop(self, counts: Counter[str], dead: list[dict[str, Any]]) -> None:
+    def stop(self, counts: Counter[str], dead: DeadLetters) -> None:
         """Stop what ``start`` started and add what it did to the run's counts and dead letters."""
         return None

@@ -149,6 +149,9 @@ def test_kill_minus_9_between_start_and_end_markers_loses_nothing(kafka, tmp_pat
     duplicates = sum(n - 1 for n in outputs.values())
     print(f"kmq kill -9: {len(open_at_kill)} deliveries open at the kill, {duplicates} duplicate outputs, 0 lost")
     assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
+    # Only a delivery open at the kill (started, not ended) can be handled twice.
+    assert duplicates <= len(open_at_kill), (duplicates, len(open_at_kill))
+    assert read_all(kafka, queue.dlq, timeout_s=3) == [], "every record is valid: none belongs in the DLQ"
     events = queue.events()
     for i in hang_ids:
         redone = [e for e in events if e["id"] == f"id-{i:06d}" and e["result"] == "ok" and e["start"] > killed_at]

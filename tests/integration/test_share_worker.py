@@ -24,6 +24,7 @@ from worker_support import (
 )
 
 from queueplane.run import dead_letters as dlq
+from queueplane.run.options import SUMMARY_DEAD_ROWS
 
 pytestmark = pytest.mark.kafka
 
@@ -147,7 +148,8 @@ def test_kill_9_mid_run_then_restart_loses_nothing(kafka, tmp_path, record_prope
         time.sleep(0.5)
     os.killpg(worker.pid, signal.SIGKILL)  # the driver, its JVM and every Python worker, as a pod dies
     worker.wait(30)
-    handled_before_kill = len(queue.events())
+    before = queue.events()
+    handled_before_kill, pids_before = len(before), {e["pid"] for e in before}
     assert 0 < handled_before_kill < total, "the kill must land mid-way"
 
     summary = run_worker(queue, kafka, "--until-idle", "6s")
@@ -158,7 +160,12 @@ def test_kill_9_mid_run_then_restart_loses_nothing(kafka, tmp_path, record_prope
     ended = set(outputs) | {json.loads(m.value())["id"] for m in dead}
     missing = {f"id-{i:06d}" for i in range(total)} - ended
     assert not missing, f"{len(missing)} records neither accepted nor in the DLQ, e.g. {sorted(missing)[:5]}"
+    assert dead == [], "every record is valid: none belongs in the DLQ"
     duplicates = len(outputs) - len(set(outputs))
+    # Only records acquired at the kill come again: at most maxInFlight (100) locks per partition.
+    assert duplicates <= 6 * 100, duplicates
+    after = [e for e in queue.events() if e["pid"] not in pids_before]
+    assert any(e["dc"] >= 2 for e in after), "records locked at the kill were delivered again"
     record_property("share_kill_duplicates", duplicates)
     print(
         f"\nshare kill test: {total} records, {handled_before_kill} handled before kill -9, "
@@ -280,3 +287,14 @@ def test_a_worker_killed_during_a_records_last_delivery_leaves_it_for_the_dlq(ka
     calls = sorted(e["dc"] for e in queue.events() if e.get("id") == "id-000777" and e.get("result") != "started")
     assert 3 not in calls, "the reserve delivery calls no handler"
     assert sorted(_ids(read_all(kafka, queue.output, expect_at_least=10))) == [f"id-{i:06d}" for i in range(10)]
+
+
+def test_a_poison_flood_keeps_the_summary_bounded_and_counts_every_dead_letter(kafka, tmp_path):
+    queue = make_queue(tmp_path, kafka, concurrency=4)
+    flood = SUMMARY_DEAD_ROWS * 3
+    produce(kafka, queue.topic, [b"not json %d" % i for i in range(flood)] + [order(i) for i in range(10)])
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["dlq"] == flood and summary["counts"]["accepted"] == 10
+    assert len(summary["dead_lettered"]) == SUMMARY_DEAD_ROWS  # the driver keeps a sample, not every row
+    assert summary["dead_lettered_by_delivery_count"] == {"1": flood}
+    assert len(read_all(kafka, queue.dlq, expect_at_least=flood)) == flood

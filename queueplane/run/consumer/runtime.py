@@ -76,7 +76,6 @@ class ConsumerRuntime(QueueRuntime):
             kafka_source(spark, target, queue.topic.name)
             .option("startingOffsets", starting_offsets(target, queue))
             .option("includeHeaders", "true")
-            .option("kafka.isolation.level", "read_committed")
             .option("maxOffsetsPerTrigger", str(self.options.max_batch_records or DEFAULT_BATCH_RECORDS))
         )
         return (

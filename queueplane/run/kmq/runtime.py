@@ -35,7 +35,7 @@ from queueplane.run.kmq.tracker import (
     tracker_interval_ms,
     tracker_stream,
 )
-from queueplane.run.options import RunOptions
+from queueplane.run.options import DeadLetters, RunOptions
 from queueplane.run.outcomes import DEAD_LETTERED, OUTCOME_SCHEMA, REDELIVERED, key_text
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
@@ -115,7 +115,7 @@ class KmqRuntime(QueueRuntime):
     def __init__(self, queue: QueueSpec, target: KafkaTarget, options: RunOptions):
         super().__init__(queue, target, options)
         self.counts: Counter[str] = Counter()
-        self.dead: list[dict[str, Any]] = []
+        self.dead = DeadLetters()
         self.committer = GroupCommitter(queue, target)
         self.redeliverer = Redeliverer(queue, target)
         self.tracker: Any = None
@@ -174,7 +174,7 @@ class KmqRuntime(QueueRuntime):
         for record, item in done:
             if item.action == GIVE_UP:
                 self.counts[DEAD_LETTERED] += 1
-                self.dead.append(
+                self.dead.add(
                     {
                         "partition": record.partition,
                         "offset": record.offset,
@@ -207,10 +207,10 @@ class KmqRuntime(QueueRuntime):
             return None
         return self.tracker.exception()
 
-    def stop(self, counts: Counter[str], dead: list[dict[str, Any]]) -> None:
+    def stop(self, counts: Counter[str], dead: DeadLetters) -> None:
         if self.tracker is not None and self.tracker.isActive:
             self.tracker.stop()
         self.redeliverer.close()
         self.committer.close()
         counts.update(self.counts)
-        dead.extend(self.dead)
+        dead.merge(self.dead)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
@@ -111,6 +111,10 @@ def tracker_stream(spark: Any, queue: QueueSpec, target: KafkaTarget) -> Any:
     )
 
 
+class TrackerFetchFailed(RuntimeError):
+    """Expired records could not be read; ending them now would lose them."""
+
+
 @dataclass
 class Expired:
     partition: int
@@ -187,6 +191,8 @@ class Redeliverer:
                 "group.id": f"queueplane-kmq-tracker-{self.queue.group.id}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
+                # An offset below the log's start was removed by retention: read on from the start.
+                "auto.offset.reset": "earliest",
             },
         )
         found: dict[tuple[int, int], Record] = {}
@@ -198,6 +204,11 @@ class Redeliverer:
         return found
 
     def _read_partition(self, consumer: Consumer, partition: int, offsets: list[int]) -> dict[tuple[int, int], Record]:
+        """The records at ``offsets``; those not returned are gone from the topic (retention,
+        compaction). Only the end of the partition or the log's start says a record is gone: a
+        fetch error or a slow broker raises TrackerFetchFailed once FETCH_TIMEOUT_S has passed,
+        which fails the tracker's batch before it writes any end marker, so the restarted batch
+        finds the same deliveries expired again."""
         topic = self.queue.topic.name
         found: dict[tuple[int, int], Record] = {}
         pending = list(offsets)
@@ -210,8 +221,12 @@ class Redeliverer:
                 if msg is None:
                     continue
                 if msg.error():
-                    pending = []  # the end of the partition: the rest are gone
-                    break
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        pending = []  # the end of the partition: the rest are gone
+                        break
+                    log.warning("kmq tracker: reading %s[%d] failed: %s; retrying", topic, partition, msg.error())
+                    time.sleep(0.5)
+                    continue
                 position = msg.offset() + 1
                 while pending and pending[0] < msg.offset():
                     pending.pop(0)  # compacted away or a transaction marker
@@ -229,6 +244,11 @@ class Redeliverer:
                     )
                 if pending and pending[0] - position > 1000:
                     break  # far ahead: seek rather than read the gap
+        if pending:
+            raise TrackerFetchFailed(
+                f"kmq tracker: {len(pending)} expired records of {topic}[{partition}] not read within "
+                f"{FETCH_TIMEOUT_S:.0f}s; the tracker batch fails and runs again, nothing is ended"
+            )
         return found
 
     def close(self) -> None:
