@@ -18,7 +18,7 @@ from queueplane.kafka.lag import queue_backlog
 from queueplane.kafka.target import named_target
 from queueplane.provision import steps
 from queueplane.run.driver import run_queue
-from queueplane.run.options import RunOptions
+from queueplane.run.options import STARTUP_WAIT_S, RunOptions
 from queueplane.spec import durations
 
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         target = named_target()
         if target is None:
             raise QueueplaneError("set QUEUEPLANE_BOOTSTRAP_SERVERS or QUEUEPLANE_KAFKA_CONFIG")
-        (queue,) = steps.validate([args.spec], target)
+        (queue,) = steps.validate([args.spec], target, wait_s=STARTUP_WAIT_S)
         options = RunOptions(
             local=args.local,
             until_idle_s=durations.parse_seconds(args.until_idle) if args.until_idle else None,

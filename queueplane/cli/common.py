@@ -61,8 +61,8 @@ def resolve_target(bootstrap_servers: str | None = None, kafka_config: str | Non
     return KafkaTarget({"bootstrap.servers": state.bootstrap}, f"{state.bootstrap} (local stack)", local=True)
 
 
-def one_spec(path: str, target: KafkaTarget | None = None) -> QueueSpec:
-    queues = steps.validate([path], target)
+def one_spec(path: str, target: KafkaTarget | None = None, wait_s: float = 0.0) -> QueueSpec:
+    queues = steps.validate([path], target, wait_s)
     if len(queues) != 1:
         raise UsageError(f"{path}: expected one spec file, found {len(queues)}")
     return queues[0]

@@ -19,7 +19,7 @@ from queueplane.cli.common import (
     resolve_target,
 )
 from queueplane.errors import EXIT_OK, UsageError
-from queueplane.run.options import RunOptions
+from queueplane.run.options import STARTUP_WAIT_S, RunOptions
 
 
 def register(commands: Any) -> None:
@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ) from None
 
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
-    queue = one_spec(args.spec, target)
+    queue = one_spec(args.spec, target, wait_s=STARTUP_WAIT_S)
     options = RunOptions(
         local=args.local,
         until_idle_s=duration_flag(args.until_idle, "--until-idle"),

@@ -62,6 +62,8 @@ def summary_table(summary: RunSummary) -> Table:
     table.add_row("duration", f"{summary.duration_s:.1f}s")
     table.add_row("throughput", f"{summary.records_per_s:.0f} records/s")
     table.add_row("lag at exit", "unknown" if summary.lag_at_exit is None else str(summary.lag_at_exit))
+    if summary.removed_by_retention:
+        table.add_row("removed by retention, unread", str(summary.removed_by_retention))
     if summary.dead_lettered_by_delivery_count:
         counts = summary.dead_lettered_by_delivery_count
         table.add_row("dlq by delivery count", ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))

@@ -7,6 +7,8 @@ a handful of round trips rather than hundreds.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from confluent_kafka.admin import (
 from queueplane.errors import ClusterUnreachable
 from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
+
+log = logging.getLogger("queueplane.cluster")
 
 CONNECT_TIMEOUT_S = 8.0
 REQUEST_TIMEOUT_S = 30.0
@@ -122,6 +126,20 @@ class Cluster:
         self.cluster_id: str = described.cluster_id or ""
         self.broker_ids: list[int] = sorted(node.id for node in described.nodes)
         self._broker_configs: dict[str, str] | None = None
+
+    @classmethod
+    def when_reachable(cls, target: KafkaTarget, wait_s: float) -> Cluster:
+        """The connected cluster, trying again for up to ``wait_s``: a worker may start before its
+        broker (a pod scheduled first, a broker restarting) and should carry on once it answers."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return cls(target)
+            except ClusterUnreachable as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("%s; trying again for %.0fs more", exc, deadline - time.monotonic())
+                time.sleep(2)
 
     def broker_configs(self) -> dict[str, str]:
         """Configs of one broker (the bounds of share-group settings live here)."""

@@ -9,7 +9,6 @@ path speaks PLAINTEXT only; on a secured listener the lag is reported as unknown
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -79,32 +78,66 @@ def queue_lag(target: KafkaTarget, queue: QueueSpec, admin: AdminClient | None =
     return [PartitionLag(p, start, end, None, lags.get(p)) for p, (start, end) in sorted(offsets.items())]
 
 
-def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> Callable[[], dict[int, int | None] | None]:
-    """The backlog reader a worker polls in the background while it runs: the same numbers `queueplane lag` shows.
+class RemovedUnread:
+    """Records retention removed before the group read them (consumer and kmq groups).
 
-    A failed read raises (the worker counts Kafka as unreachable); None means the backlog
-    cannot be known here (share groups on a listener queueplane's protocol client cannot speak).
+    Spark's Kafka source skips them (``failOnDataLoss`` off, so the queue keeps going); they
+    are counted here so the loss is reported, never silent. A gap is the log's start offset
+    minus the group's committed offset when the start is ahead of it; one gap per partition
+    and committed offset, since later reads at the same committed offset can only widen it.
     """
-    if queue.group.type == "share":
-        address = target.plaintext_address()
-        if address is None:
-            return lambda: None
-        partitions = list(range(queue.topic.partitions))
-        return lambda: share_partition_lag(address[0], address[1], queue.group.id, queue.topic.name, partitions)
-    admin: list[AdminClient] = []
 
-    def read() -> dict[int, int | None] | None:
-        if not admin:
-            admin.append(clients.admin(target))
+    def __init__(self) -> None:
+        self._gaps: dict[tuple[int, int], int] = {}
+
+    def observe(self, rows: list[PartitionLag]) -> None:
+        for row in rows:
+            if row.committed is not None and row.log_start > row.committed:
+                key = (row.partition, row.committed)
+                self._gaps[key] = max(self._gaps.get(key, 0), row.log_start - row.committed)
+
+    def total(self) -> int:
+        return sum(self._gaps.values())
+
+
+class BacklogReader:
+    """The backlog a worker polls in the background while it runs: the numbers `queueplane lag` shows.
+
+    Calling it reads the lag per partition; a failed read raises (the worker counts Kafka as
+    unreachable); None means the backlog cannot be known here (share groups on a listener
+    queueplane's protocol client cannot speak). Consumer and kmq reads also count the
+    records retention removed unread (``removed``). Share groups have no committed offset to
+    compare: the broker delivers what is left.
+    """
+
+    def __init__(self, target: KafkaTarget, queue: QueueSpec):
+        self.target, self.queue = target, queue
+        self.removed = RemovedUnread()
+        self._admin: AdminClient | None = None
+
+    def __call__(self) -> dict[int, int | None] | None:
+        queue = self.queue
+        if queue.group.type == "share":
+            address = self.target.plaintext_address()
+            if address is None:
+                return None
+            partitions = list(range(queue.topic.partitions))
+            return share_partition_lag(address[0], address[1], queue.group.id, queue.topic.name, partitions)
+        if self._admin is None:
+            self._admin = clients.admin(self.target)
         try:
-            return {row.partition: row.lag for row in group_lag(target, admin[0], queue)}
+            rows = group_lag(self.target, self._admin, queue)
         except Exception:
             # A client that lived through a broker restart can keep answering "no leaders"
             # after the broker is back: the next read starts with a new one.
-            admin.clear()
+            self._admin = None
             raise
+        self.removed.observe(rows)
+        return {row.partition: row.lag for row in rows}
 
-    return read
+
+def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> BacklogReader:
+    return BacklogReader(target, queue)
 
 
 def total_lag(lags: dict[int, int | None] | None) -> int | None:

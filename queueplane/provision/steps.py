@@ -32,13 +32,14 @@ def check_specs(paths: list[str]) -> Loaded:
     return loaded
 
 
-def validate(paths: list[str], target: KafkaTarget | None = None) -> list[QueueSpec]:
-    """Valid queues under ``paths``; raises SpecInvalid with every problem. Connects only if given a target."""
+def validate(paths: list[str], target: KafkaTarget | None = None, wait_s: float = 0.0) -> list[QueueSpec]:
+    """Valid queues under ``paths``; raises SpecInvalid with every problem. Connects only if given a
+    target, waiting up to ``wait_s`` for it to answer (workers starting before their broker)."""
     loaded = check_specs(paths)
     if target is None:
         return loaded.with_bounds(ShareBounds()).raise_if_invalid()
     loaded.raise_if_invalid()
-    return loaded.with_bounds(broker_bounds(Cluster(target))).raise_if_invalid()
+    return loaded.with_bounds(broker_bounds(Cluster.when_reachable(target, wait_s))).raise_if_invalid()
 
 
 def broker_bounds(cluster: Cluster) -> ShareBounds:

@@ -20,13 +20,13 @@ from typing import Any
 import pyarrow.compute as pc
 
 from queueplane.errors import QueueplaneError
-from queueplane.kafka.lag import total_lag
+from queueplane.kafka.lag import BacklogReader, total_lag
 from queueplane.kafka.offsets import await_queue_topics
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.group_types import runtime_class
 from queueplane.run.health import Health, stall_seconds
 from queueplane.run.metrics import WorkerMetrics
-from queueplane.run.options import BatchProgress, DeadLetters, RunOptions, RunSummary
+from queueplane.run.options import STARTUP_WAIT_S, BatchProgress, DeadLetters, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
 from queueplane.run.scaling.controller import ExecutorController
 from queueplane.run.session import ship_handler_modules, spark_session
@@ -35,9 +35,6 @@ from queueplane.spec.model import QueueSpec
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
-
-
-STARTUP_WAIT_S = 120.0  # how long a starting worker waits for an unreachable cluster
 
 
 class WorkerFailed(QueueplaneError):
@@ -115,7 +112,7 @@ def run_queue(
     target: KafkaTarget,
     options: RunOptions,
     on_batch: Callable[[BatchProgress], None] = lambda _p: None,
-    backlog: Callable[[], dict[int, int | None] | None] = lambda: None,
+    backlog: BacklogReader | None = None,
 ) -> RunSummary:
     """Run the worker until a stop condition holds; return what it did."""
     # A worker on a topic that is not there would idle and look healthy: it fails instead.
@@ -147,7 +144,9 @@ def run_queue(
     state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "draining": False}
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
-    watcher = BacklogWatcher(backlog, health)
+    watcher = BacklogWatcher(backlog or (lambda: None), health)
+    removed_unread = backlog.removed.total if backlog is not None else (lambda: 0)
+    state["removed_unread"] = 0
     termination = Termination()
 
     def sink(frame: Any, batch_id: int) -> None:
@@ -166,6 +165,15 @@ def run_queue(
         lag = watcher.latest
         total = total_lag(lag)
         metrics.set_backlog(lag)
+        removed = removed_unread()
+        if removed > state["removed_unread"]:
+            log.warning(
+                "%d records of %s were removed by retention before the group read them: skipped, not handled",
+                removed - state["removed_unread"],
+                queue.topic.name,
+            )
+            state["removed_unread"] = removed
+            metrics.set_removed_unread(removed)
         state["batches"] += 1
         if table.num_rows:
             state["last_activity"] = time.monotonic()
@@ -268,6 +276,7 @@ def run_queue(
         batches=state["batches"],
         records_per_s=round(final / duration, 1) if duration else 0.0,
         lag_at_exit=total_lag(lag),
+        removed_by_retention=state["removed_unread"],
         lag_by_partition={str(p): n for p, n in (lag or {}).items()},
         scaling=controller.decisions,
     )

@@ -84,6 +84,12 @@ class WorkerMetrics:
             ["queue", "partition"],
             registry=self.registry,
         )
+        self.removed_unread = Gauge(
+            "queueplane_records_removed_unread",
+            "Records retention removed before the group read them (skipped: in neither output nor DLQ).",
+            ["queue"],
+            registry=self.registry,
+        )
         self.executors = Gauge(
             "queueplane_executors",
             "Spark executors: running (registered with the driver) and requested by the autoscaler.",
@@ -114,6 +120,9 @@ class WorkerMetrics:
         for partition, value in (lag or {}).items():
             if value is not None:
                 self.backlog.labels(self.queue, str(partition)).set(value)
+
+    def set_removed_unread(self, count: int) -> None:
+        self.removed_unread.labels(self.queue).set(count)
 
     def set_executors(self, running: int, requested: int) -> None:
         self.executors.labels(self.queue, "running").set(running)

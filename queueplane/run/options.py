@@ -32,6 +32,7 @@ class BatchProgress:
 
 
 SUMMARY_DEAD_ROWS = 100
+STARTUP_WAIT_S = 120.0  # how long a starting worker waits for an unreachable cluster
 
 
 @dataclass
@@ -66,6 +67,8 @@ class RunSummary:
     lag_by_partition: dict[str, int | None] = field(default_factory=dict)
     scaling: list[dict[str, Any]] = field(default_factory=list)
     dead_lettered_by_delivery_count: dict[int, int] = field(default_factory=dict)
+    # Consumer and kmq groups: records retention removed before the group read them (skipped).
+    removed_by_retention: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,4 +1,4 @@
-"""A broker outage in the middle of a run, on every runtime: nothing lost.
+"""Broker outages on every runtime, at start and mid-run: nothing lost.
 
 These tests stop and restart a broker of their own (same data directory, same ports), so the
 session's shared broker stays up for every other test.
@@ -22,6 +22,7 @@ from queueplane.local.stack import LocalStack
 pytestmark = pytest.mark.kafka
 
 OUTAGE_S = 20
+START_OUTAGE_S = 30
 TOTAL = 3000
 HUNG = 5  # records whose first delivery runs past the lock: redelivered across the outage
 
@@ -40,7 +41,7 @@ def _start(queue: Queue, kafka: KafkaTarget, log: Path) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("group_type", ["share", "consumer", "kmq"])
-def test_a_broker_outage_mid_run_loses_nothing(own_broker, tmp_path, group_type, record_property):
+def test_broker_outages_at_start_and_mid_run_lose_nothing(own_broker, tmp_path, group_type, record_property):
     stack, kafka = own_broker
     queue = make_queue(tmp_path, kafka, group_type=group_type, partitions=3, concurrency=8, lock="4s", delivery_limit=5)
     hung = {f"id-{i:06d}" for i in range(HUNG)}
@@ -48,7 +49,13 @@ def test_a_broker_outage_mid_run_loses_nothing(own_broker, tmp_path, group_type,
     produce(kafka, queue.topic, values)
     log = tmp_path / "worker.log"
 
-    worker = _start(queue, kafka, log)
+    stack.down()  # the worker starts first (a pod scheduled before its broker is back)
+    try:
+        worker = _start(queue, kafka, log)
+        time.sleep(START_OUTAGE_S)
+        assert worker.poll() is None, "the worker waits for the broker: " + log.read_text()[-2000:]
+    finally:
+        stack.up()
     deadline = time.monotonic() + 180
     while sum(1 for e in queue.events() if e.get("result") == "ok") < TOTAL // 5:
         assert time.monotonic() < deadline, log.read_text()[-3000:]

@@ -10,7 +10,18 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from worker_support import make_queue, order, overlap_peak, produce, read_all, run_worker, start_worker
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from worker_support import (
+    make_queue,
+    order,
+    overlap_peak,
+    produce,
+    read_all,
+    run_worker,
+    run_worker_logged,
+    start_worker,
+)
 
 from queueplane.run import dead_letters as dlq
 from queueplane.run.consumer.ordering import key_slot
@@ -170,3 +181,24 @@ def test_kill_9_mid_run_then_restart_writes_each_output_exactly_once(kafka, tmp_
         f"\nconsumer kill test (exactly-once): {before} handled before kill -9, each of 20000 outputs once; "
         f"{summary['counts'].get('skipped', 0)} records skipped as already committed"
     )
+
+
+@pytest.mark.parametrize("group_type", ["consumer", "kmq"])
+def test_records_retention_removed_unread_are_counted_and_reported(kafka, tmp_path, group_type):
+    queue = make_queue(tmp_path, kafka, group_type=group_type, partitions=1)
+    produce(kafka, queue.topic, [order(i) for i in range(100)])
+    first = run_worker(queue, kafka, "--until-idle", "4s")
+    assert first["counts"]["accepted"] == 100 and first["removed_by_retention"] == 0
+    # While no worker runs, 100 more arrive and retention removes 60 of them unread (DeleteRecords
+    # moves the log's start offset exactly as a deleted segment does).
+    produce(kafka, queue.topic, [order(i) for i in range(100, 200)])
+    admin = AdminClient(dict(kafka.settings))
+    (future,) = admin.delete_records([TopicPartition(queue.topic, 0, 160)]).values()
+    future.result()
+
+    summary, log = run_worker_logged(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == 40
+    assert summary["removed_by_retention"] == 60
+    assert "60 records of" in log and "removed by retention" in log
+    outputs = {json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=140)}
+    assert outputs == {f"id-{i:06d}" for i in (*range(100), *range(160, 200))}
