@@ -32,6 +32,7 @@ LOG_DIR = "{log_dir}"
 
 MISBEHAVIOUR = {  # handlers that break the contract, each in its own way
     "exit": lambda order: sys.exit(3),
+    "os_exit": lambda order: os._exit(1),  # the Python worker process dies with the call
     "bad_return": lambda order: 42,
     "bad_header": lambda order: Output({"id": order["id"]}, headers={"h": 5}),
     "unserialisable": lambda order: {"id": order["id"], "at": object()},

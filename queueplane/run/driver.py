@@ -83,6 +83,11 @@ class BacklogWatcher:
         self.read_now()
         self._thread.start()
 
+    @property
+    def failing(self) -> bool:
+        """The last backlog read failed: Kafka does not answer."""
+        return self._failing
+
     def read_now(self) -> dict[int, int | None] | None:
         try:
             self.latest = self.read()
@@ -141,7 +146,9 @@ def run_queue(
 
     counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
     dead = DeadLetters()
-    state: dict[str, Any] = {"batches": 0, "last_activity": time.monotonic(), "draining": False}
+    # Idleness counts from the first micro-batch: a worker that waited for its broker or for
+    # Spark to start has not been idle, whatever the clock says.
+    state: dict[str, Any] = {"batches": 0, "last_activity": None, "draining": False}
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
     watcher = BacklogWatcher(backlog or (lambda: None), health)
@@ -175,7 +182,7 @@ def run_queue(
             state["removed_unread"] = removed
             metrics.set_removed_unread(removed)
         state["batches"] += 1
-        if table.num_rows:
+        if table.num_rows or state["last_activity"] is None:
             state["last_activity"] = time.monotonic()
         elapsed = time.monotonic() - started
         log.info(
@@ -207,9 +214,12 @@ def run_queue(
         final = sum(counts[o] for o in FINAL_OUTCOMES)
         if options.max_records is not None and final >= options.max_records:
             return True
+        if state["last_activity"] is None:
+            return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
         idle = time.monotonic() - state["last_activity"]
-        # Drained: the broker says no lag; where lag cannot be read at all, idleness alone decides.
-        drained = (lag is None or total_lag(lag) == 0) and runtime.idle()
+        # Drained: the broker says no lag; where this listener cannot tell the lag, idleness alone
+        # decides, but never while Kafka does not answer: an outage is not an empty queue.
+        drained = ((lag is None and not watcher.failing) or total_lag(lag) == 0) and runtime.idle()
         if options.until_idle_s is not None and idle >= options.until_idle_s and drained:
             return True
         return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s

@@ -27,7 +27,10 @@ def spark_session(runtime: QueueRuntime) -> Any:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         spec_dir = str(Path(queue.source).resolve().parent)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (spec_dir, os.environ.get("PYTHONPATH")) if p)
-        builder = builder.master(f"local[{runtime.local_threads()}]").config("spark.ui.enabled", "false")
+        # Four attempts per task, as spark.task.maxFailures gives a cluster: a Python worker that
+        # dies (a handler calling os._exit) costs its task one attempt, not the query.
+        master = f"local[{runtime.local_threads()},4]"
+        builder = builder.master(master).config("spark.ui.enabled", "false")
     elif os.environ.get("POD_NAME"):  # the chart's driver pod
         builder = builder.config("spark.kubernetes.executor.podNamePrefix", executor_prefix(queue.name))
     spark = (
