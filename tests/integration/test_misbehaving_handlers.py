@@ -68,16 +68,3 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
     assert "MSG_SIZE_TOO_LARGE" in refused or "too large" in refused.lower()
     assert "int" in _header(by_id["id-000902"], dlq.HEADER_ERROR_MESSAGE)
 
-
-def test_a_handler_that_kills_its_python_worker_costs_only_its_record_on_a_share_queue(kafka, tmp_path):
-    """os._exit(1) takes the Spark Python worker down with the call: Spark runs the task again
-    in a new process; the record's locks run out, and after deliveryLimit deliveries the reserve
-    delivery sends it to the DLQ without another call."""
-    queue = make_queue(tmp_path, kafka, group_type="share", delivery_limit=2, lock="5s", partitions=2)
-    produce(kafka, queue.topic, [*[order(i) for i in range(30)], order(900, mode="os_exit")])
-    run_worker(queue, kafka, "--until-idle", "15s")  # exit 0: the worker outlived it
-    (dead,) = read_all(kafka, queue.dlq, expect_at_least=1)
-    assert json.loads(dead.value())["id"] == "id-000900"
-    assert _header(dead, dlq.HEADER_ERROR_CLASS) == "DeliveryLimitReached"
-    outputs = {json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=30)}
-    assert outputs == {f"id-{i:06d}" for i in range(30)}
