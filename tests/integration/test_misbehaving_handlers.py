@@ -67,4 +67,3 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
     refused = _header(by_id["id-000905"], dlq.HEADER_ERROR_MESSAGE)
     assert "MSG_SIZE_TOO_LARGE" in refused or "too large" in refused.lower()
     assert "int" in _header(by_id["id-000902"], dlq.HEADER_ERROR_MESSAGE)
-
