@@ -107,6 +107,7 @@ bench: setup
 	$(BIN)/python bench/consumer.py
 	$(BIN)/python bench/autoscale.py
 	$(BIN)/python bench/kmq.py
+	$(BIN)/python bench/soak.py
 
 local-down: setup
 	[ "$$(id -u)" != 0 ] || $(QP) local kubernetes down

@@ -88,20 +88,23 @@ def _metrics(port: int) -> dict[str, float]:
     return out
 
 
-def _rss_mib(pid: int) -> float:
-    """RSS of a worker: the CLI's Python (the driver), its JVM and Spark's Python workers."""
+def _rss_mib(pid: int) -> dict[str, float]:
+    """RSS of a worker: all of it (the CLI's Python driver, its JVM, Spark's Python workers),
+    and the Python processes alone, where the runtimes' own objects live."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0.0
-    total = 0
+        return {"rss_mib": 0.0, "python_mib": 0.0}
+    total = python = 0
     for proc in procs:
         try:
-            total += proc.memory_info().rss
+            rss = proc.memory_info().rss
+            total += rss
+            python += rss if proc.name().startswith("python") else 0
         except psutil.NoSuchProcess:
             continue
-    return total / 2**20
+    return {"rss_mib": total / 2**20, "python_mib": python / 2**20}
 
 
 def _sample(soaked: Soaked, started: float) -> None:
@@ -109,13 +112,13 @@ def _sample(soaked: Soaked, started: float) -> None:
         metrics = _metrics(soaked.port)
     except OSError:
         return  # not serving yet
-    soaked.samples.append({"t": time.monotonic() - started, "rss_mib": _rss_mib(soaked.process.pid), **metrics})
+    soaked.samples.append({"t": time.monotonic() - started, **_rss_mib(soaked.process.pid), **metrics})
 
 
-def growth(samples: list[dict[str, float]], duration_s: float) -> float:
-    """RSS growth over the last two thirds of the load: the mean of the last three samples
+def growth(samples: list[dict[str, float]], duration_s: float, key: str = "rss_mib") -> float:
+    """Growth of ``key`` over the last two thirds of the load: the mean of the last three samples
     against the mean of the first three of that window."""
-    window = [s["rss_mib"] for s in samples if duration_s / 3 <= s["t"] <= duration_s]
+    window = [s[key] for s in samples if duration_s / 3 <= s["t"] <= duration_s]
     if len(window) < 6:
         raise RuntimeError(f"too few samples ({len(window)}) in the measured window")
     first, last = sum(window[:3]) / 3, sum(window[-3:]) / 3
@@ -199,6 +202,7 @@ def run_soak(minutes: float, rate: float, folder: Path, target: KafkaTarget, tai
             "counts": summary.get("counts"),
             "rss_mib_first_last_max": [round(rss[0]), round(rss[-1]), round(max(rss))] if rss else None,
             "rss_growth_last_two_thirds": round(growth(soaked.samples, duration), 4),
+            "python_rss_growth_last_two_thirds": round(growth(soaked.samples, duration, "python_mib"), 4),
             "samples": soaked.samples,
         }
     result["max_growth"] = MAX_GROWTH
@@ -214,7 +218,9 @@ def plot(result: dict[str, Any]) -> Any:
     for group, figures in result["queues"].items():
         samples = figures["samples"]
         minutes = [s["t"] / 60 for s in samples]
-        rss_ax.plot(minutes, [s["rss_mib"] for s in samples], label=group)
+        rss_ax.plot(minutes, [s["rss_mib"] for s in samples], label=f"{group}: all")
+        if "python_mib" in samples[0]:
+            rss_ax.plot(minutes, [s["python_mib"] for s in samples], linestyle="--", label=f"{group}: Python")
         rates = [0.0] + [(b["records"] - a["records"]) / max(b["t"] - a["t"], 1e-9) for a, b in pairwise(samples)]
         rate_ax.plot(minutes, rates, label=group)
         lag_ax.plot(minutes, [s["backlog"] for s in samples], label=group)

@@ -22,7 +22,7 @@ from queueplane.deploy.kube_schema import KUBERNETES_VERSION, object_problems
 from queueplane.deploy.policy import policy_problems
 from queueplane.errors import Problem, QueueplaneError, SpecInvalid
 from queueplane.paths import shipped_file
-from queueplane.spec.model import QueueSpec
+from queueplane.spec.model import QueueSpec, memory_mi
 from queueplane.spec.schema import load_schema
 
 CHART_NAME = "queue-worker"
@@ -75,7 +75,7 @@ def _checked(queue: QueueSpec, pointer: str, value: str, pattern: re.Pattern[str
 
 def _memory_mi(queue: QueueSpec, pointer: str, text: str) -> int:
     _checked(queue, pointer, text, _schema_pattern("$defs", "podResources", "properties", "memory"))
-    return int(text[:-1]) * (1024 if text.endswith("g") else 1)
+    return memory_mi(text)
 
 
 def _pod(queue: QueueSpec, role: str, resources: dict[str, Any]) -> dict[str, int]:

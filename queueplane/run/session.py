@@ -31,6 +31,10 @@ def spark_session(runtime: QueueRuntime) -> Any:
         # dies (a handler calling os._exit) costs its task one attempt, not the query.
         master = f"local[{runtime.local_threads()},4]"
         builder = builder.master(master).config("spark.ui.enabled", "false")
+        # One JVM is driver and executor here: the heap both get on Kubernetes, not the JVM's
+        # default of a quarter of the machine, which a long run fills with garbage before collecting.
+        heap_mi = queue.memory_mi("driver") + queue.memory_mi("executor")
+        builder = builder.config("spark.driver.memory", f"{heap_mi}m")
     elif os.environ.get("POD_NAME"):  # the chart's driver pod
         builder = builder.config("spark.kubernetes.executor.podNamePrefix", executor_prefix(queue.name))
     spark = (

@@ -86,12 +86,22 @@ class QueueSpec:
     executor: dict[str, Any]
     document: dict[str, Any]
 
+    def memory_mi(self, role: str) -> int:
+        """``deployment.<role>.memory`` (driver or executor) in MiB: the schema allows ``<n>m`` or ``<n>g``."""
+        text = str((self.driver if role == "driver" else self.executor).get("memory", "1g"))
+        return memory_mi(text)
+
     def owned_topics(self) -> list[tuple[str, str]]:
         """(pointer, topic) pairs for every topic this spec creates and manages."""
         owned = [("/spec/topic/name", self.topic.name), ("/spec/deadLetter/topic", self.dead_letter.name)]
         if self.markers:
             owned.append(("/spec/markers/topic", self.markers.name))
         return owned
+
+
+def memory_mi(text: str) -> int:
+    """A spec's memory size (``512m``, ``2g``) in MiB."""
+    return int(text[:-1]) * (1024 if text.endswith("g") else 1)
 
 
 def build(document: dict[str, Any], source: str) -> QueueSpec:

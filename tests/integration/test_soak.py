@@ -1,7 +1,10 @@
-"""The soak benchmark's three-minute version: memory flat after warm-up, nothing lost.
+"""The soak benchmark's three-minute version: nothing lost, and the Python side flat after warm-up.
 
-The full run is `bench/soak.py` (30 minutes, in `make bench`); this one catches a leak fast
-enough to show within three minutes and checks the same promises.
+The full run is `bench/soak.py` (30 minutes, in `make bench`): the whole worker's memory,
+JVM included, must grow less than 10% over its last 20 minutes. Three minutes are not enough
+for the JVM, whose heap still grows toward its bound (deployment memory) then; the Python
+processes, where the runtimes keep their per-record state, must be flat already, so a leak
+there shows here.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import soak
 pytestmark = pytest.mark.kafka
 
 
-def test_three_minutes_of_steady_load_lose_nothing_and_memory_stays_flat(kafka, tmp_path, record_property):
+def test_three_minutes_of_steady_load_lose_nothing_and_python_memory_stays_flat(kafka, tmp_path, record_property):
     result = soak.run_soak(3, 100, tmp_path, kafka, tail_s=30)
     for group, figures in result["queues"].items():
-        record_property(f"soak_{group}_rss_growth", figures["rss_growth_last_two_thirds"])
-        print(f"\nsoak {group}: {figures['produced']} produced, RSS MiB {figures['rss_mib_first_last_max']}")
+        record_property(f"soak_{group}_python_rss_growth", figures["python_rss_growth_last_two_thirds"])
         assert figures["produced"] >= 3 * 60 * 100 * 0.95, "the load ran at its rate"
         assert figures["lost"] == 0, figures["lost_examples"]
-        assert figures["rss_growth_last_two_thirds"] < soak.MAX_GROWTH, figures["rss_mib_first_last_max"]
+        python = [round(s["python_mib"]) for s in figures["samples"]]
+        assert figures["python_rss_growth_last_two_thirds"] < soak.MAX_GROWTH, (group, python)
+        # The JVM's heap is bounded by the spec's memory (2 GiB in local mode): the whole stays under it.
+        assert max(s["rss_mib"] for s in figures["samples"]) < 3 * 1024, (group, figures["rss_mib_first_last_max"])
