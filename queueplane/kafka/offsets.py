@@ -62,12 +62,17 @@ def committed_offsets(target: KafkaTarget, group: str, topic: str, partitions: i
 
 def fetch_committed(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
     """committed() through the moments a new broker or group has no coordinator yet (retriable errors)."""
+    positions = committed_positions(consumer, topic, partitions)
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in positions}
+
+
+def committed_positions(consumer: Any, topic: str, partitions: Iterable[int]) -> list[TopicPartition]:
+    """The group's commits as TopicPartitions (offset and metadata), retried while the coordinator moves."""
     tps = [TopicPartition(topic, p) for p in partitions]
     deadline = time.monotonic() + REQUEST_TIMEOUT_S
     while True:
         try:
-            result = consumer.committed(tps, timeout=REQUEST_TIMEOUT_S)
-            return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+            return consumer.committed(tps, timeout=REQUEST_TIMEOUT_S)
         except KafkaException as exc:
             error = exc.args[0]
             if not (error.retriable() or error.code() in _COORDINATOR_MOVING) or time.monotonic() > deadline:

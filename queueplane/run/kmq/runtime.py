@@ -26,6 +26,7 @@ from queueplane.kafka.target import KafkaTarget
 from queueplane.paths import home_dir
 from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_source, starting_offsets, with_kafka_connector
 from queueplane.run.kmq import markers as km
+from queueplane.run.kmq import resume
 from queueplane.run.kmq.tasks import KmqSettings, run_range
 from queueplane.run.kmq.tracker import (
     GIVE_UP,
@@ -44,11 +45,14 @@ from queueplane.spec.model import QueueSpec
 log = logging.getLogger("queueplane.worker")
 
 
-def kmq_settings(queue: QueueSpec, target: KafkaTarget, tasks: int) -> KmqSettings:
+def kmq_settings(
+    queue: QueueSpec, target: KafkaTarget, tasks: int, point: resume.ResumePoint | None = None
+) -> KmqSettings:
     """``processing.concurrency`` is per executor; its ``tasks`` Python processes split it."""
     assert queue.markers is not None
     return KmqSettings(
         **QueueSettings.common(queue, target),
+        **(point or resume.ResumePoint()).to_json_fields(),
         markers_topic=queue.markers.name,
         threads=max(1, -(-queue.concurrency // max(1, tasks))),
         backoff_ms=queue.retry_backoff_ms,
@@ -70,19 +74,27 @@ def checkpoint_root(queue: QueueSpec, requested: str | None) -> Path:
 
 
 class GroupCommitter:
-    """Commits the group's offsets after a worker batch: past every record the batch handled."""
+    """Commits the group's offsets after a worker batch: past every record the batch handled.
+
+    Each commit carries where the markers partition ended (``resume.py``), so a restart finds
+    the records its replayed batch had already started.
+    """
 
     def __init__(self, queue: QueueSpec, target: KafkaTarget):
-        self.topic = queue.topic.name
+        assert queue.markers is not None
+        self.topic, self.markers_topic = queue.topic.name, queue.markers.name
         self.consumer = clients.consumer(target.settings, {"group.id": queue.group.id, "enable.auto.commit": False})
+        self.admin = clients.admin(target)
 
     def commit(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
         ends = table.group_by("partition").aggregate([("offset", "max")])
+        handled = dict(zip(ends.column("partition").to_pylist(), ends.column("offset_max").to_pylist(), strict=True))
+        markers = resume.markers_ends(self.admin, self.markers_topic, sorted(handled))
         offsets = [
-            TopicPartition(self.topic, int(p), int(o) + 1)
-            for p, o in zip(ends.column("partition").to_pylist(), ends.column("offset_max").to_pylist(), strict=True)
+            TopicPartition(self.topic, int(p), int(o) + 1, metadata=resume.commit_metadata(markers[p]))
+            for p, o in handled.items()
         ]
         self.consumer.commit(offsets=offsets, asynchronous=False)
 
@@ -155,7 +167,13 @@ class KmqRuntime(QueueRuntime):
             .option("maxOffsetsPerTrigger", str(batch_records(queue, self.options.max_batch_records)))
             .option("minPartitions", str(max(tasks, queue.topic.partitions)))
         )
-        settings_json = kmq_settings(queue, target, tasks).to_json()
+        point = resume.resume_point(target, queue)
+        if point.started:
+            log.info(
+                "kmq: %d records of the replayed batch already started; the tracker has them",
+                sum(len(o) for o in point.started.values()),
+            )
+        settings_json = kmq_settings(queue, target, tasks, point).to_json()
         return (
             reader.load()
             .selectExpr(*INPUT_COLUMNS)

@@ -28,11 +28,13 @@ from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
 from queueplane.run.kafka_input import input_records
 from queueplane.run.kmq import markers as km
+from queueplane.run.kmq.resume import ResumePoint
 from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
     DELIVERY_TIMEOUT_S,
     RELEASED,
+    SKIPPED,
     Outcome,
     ProducedRecord,
     dead_letter_record,
@@ -57,6 +59,8 @@ class KmqSettings(QueueSettings):
     threads: int
     backoff_ms: int
     max_backoff_ms: int
+    resume_floor: dict[str, int]  # resume.ResumePoint, as JSON
+    resume_started: dict[str, list[list[int]]]
 
 
 class HandlerThreads:
@@ -93,6 +97,7 @@ class KmqProcess:
 
     def __init__(self, settings: KmqSettings):
         self.settings = settings
+        self.resume = ResumePoint.from_json_fields(settings.resume_floor, settings.resume_started)
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
@@ -292,12 +297,15 @@ PROCESSES: PerProcess[KmqProcess] = PerProcess(lambda text: KmqProcess(KmqSettin
 def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the records of one offset range in, one outcome row per record out."""
     process = PROCESSES.get(settings_json)
-    records = [record for batch in batches for record in input_records(batch, km.delivery_count)]
-    if not records:
-        return
-    task = KmqTask(process, records)
-    task.start()
-    task.wait()
-    rows = task.drain()
+    records, skipped = [], []
+    for batch in batches:
+        for record in input_records(batch, km.delivery_count):
+            (skipped if process.resume.skips(record.partition, record.offset) else records).append(record)
+    rows = [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped]
+    if records:
+        task = KmqTask(process, records)
+        task.start()
+        task.wait()
+        rows += task.drain()
     if rows:
         yield outcome_batch(rows)

@@ -1,0 +1,149 @@
+"""Where a restarted kmq worker resumes: the records of a replayed micro-batch it must not hand out again.
+
+A worker killed mid-batch restarts from its Spark checkpoint, which replays that batch. Its
+records were then in one of two states: started (a ``start`` marker is durable; from then on
+the tracker owns the record and redelivers it unless an ``end`` marker follows) or not yet
+started. Handing a started record out again would duplicate every record the killed batch had
+finished, so the replay skips them and leaves them to the tracker; only the deliveries that
+were running at the kill can be handled twice. Records below the group's committed offset were
+finished by an earlier batch (a kill between the group commit and Spark's own) and are skipped too.
+
+Finding the started records needs the markers written since the last group commit. Each
+commit carries, as its offset metadata, the markers partition's end at that moment: every
+``start`` marker of a later record is written after it, so a restart reads the markers
+partition from there to its end, one batch's worth of markers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from queueplane.kafka import clients
+from queueplane.kafka.offsets import REQUEST_TIMEOUT_S, committed_positions
+from queueplane.kafka.target import KafkaTarget
+from queueplane.run.kmq import markers as km
+
+if TYPE_CHECKING:
+    from queueplane.spec.model import QueueSpec
+
+log = logging.getLogger("queueplane.worker")
+
+METADATA_PREFIX = "markers@"
+SCAN_TIMEOUT_S = 60.0
+
+
+def commit_metadata(markers_end: int) -> str:
+    """The offset metadata of a group commit: where the markers partition ended when it was made."""
+    return f"{METADATA_PREFIX}{markers_end}"
+
+
+def markers_start(metadata: str | None) -> int | None:
+    if not metadata or not metadata.startswith(METADATA_PREFIX):
+        return None
+    text = metadata[len(METADATA_PREFIX) :]
+    return int(text) if text.isdigit() else None
+
+
+def markers_ends(admin: AdminClient, markers_topic: str, partitions: list[int]) -> dict[int, int]:
+    """The end offset of each markers partition (one ListOffsets request)."""
+    tps = [TopicPartition(markers_topic, p) for p in partitions]
+    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
+    return {tp.partition: futures[tp].result(REQUEST_TIMEOUT_S).offset for tp in tps}
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Per queue partition: the committed offset, and the offsets at or above it that already started."""
+
+    floor: dict[int, int] = field(default_factory=dict)
+    started: dict[int, frozenset[int]] = field(default_factory=dict)
+
+    def skips(self, partition: int, offset: int) -> bool:
+        floor = self.floor.get(partition)
+        return (floor is not None and offset < floor) or offset in self.started.get(partition, ())
+
+    def to_json_fields(self) -> dict[str, dict[str, list[list[int]]] | dict[str, int]]:
+        """As JSON-safe dicts (string keys; started offsets as [first, last] ranges, mostly one per partition)."""
+        return {
+            "resume_floor": {str(p): o for p, o in self.floor.items()},
+            "resume_started": {str(p): _ranges(offsets) for p, offsets in self.started.items()},
+        }
+
+    @classmethod
+    def from_json_fields(cls, floor: dict[str, int], started: dict[str, list[list[int]]]) -> ResumePoint:
+        return cls(
+            {int(p): o for p, o in floor.items()},
+            {int(p): frozenset(o for lo, hi in ranges for o in range(lo, hi + 1)) for p, ranges in started.items()},
+        )
+
+
+def _ranges(offsets: frozenset[int]) -> list[list[int]]:
+    ranges: list[list[int]] = []
+    for offset in sorted(offsets):
+        if ranges and ranges[-1][1] == offset - 1:
+            ranges[-1][1] = offset
+        else:
+            ranges.append([offset, offset])
+    return ranges
+
+
+def resume_point(target: KafkaTarget, queue: QueueSpec) -> ResumePoint:
+    """The resume point from the group's commits and the markers written since; empty if they cannot be read.
+
+    An empty point costs duplicates (the replayed batch is handled again), never a record.
+    """
+    assert queue.markers is not None
+    role = {"group.id": queue.group.id, "enable.auto.commit": False, "isolation.level": "read_committed"}
+    consumer = clients.consumer(target.settings, role)
+    try:
+        committed = committed_positions(consumer, queue.topic.name, range(queue.topic.partitions))
+        floor = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+        starts = {tp.partition: markers_start(tp.metadata) for tp in committed}
+        if not floor:
+            return ResumePoint()
+        starts = {p: s for p, s in starts.items() if s is not None}
+        started = _started_since(consumer, target, queue.markers.name, starts, floor)
+        return ResumePoint(floor, started)
+    except Exception as exc:  # a resume point only saves duplicates: without one, nothing is lost
+        log.warning("kmq: could not read where the last run stopped (%s); a replayed batch is handled again", exc)
+        return ResumePoint()
+    finally:
+        consumer.close()
+
+
+def _started_since(
+    consumer: object, target: KafkaTarget, markers_topic: str, starts: dict[int, int], floor: dict[int, int]
+) -> dict[int, frozenset[int]]:
+    """Offsets at or above the floor with a ``start`` marker in the markers partitions from ``starts`` to their end."""
+    if not starts:
+        return {}
+    admin = clients.admin(target)
+    ends = markers_ends(admin, markers_topic, sorted(starts))
+    todo = {p: ends[p] for p in starts if ends[p] > starts[p]}
+    found: dict[int, set[int]] = {p: set() for p in starts}
+    if not todo:
+        return {}
+    consumer.assign([TopicPartition(markers_topic, p, starts[p]) for p in todo])  # type: ignore[attr-defined]
+    deadline = time.monotonic() + SCAN_TIMEOUT_S
+    while todo:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"markers of partitions {sorted(todo)} not read within {SCAN_TIMEOUT_S:.0f}s")
+        message = consumer.poll(0.5)  # type: ignore[attr-defined]
+        if message is None:
+            continue
+        if message.error():
+            if message.error().code() == KafkaError._PARTITION_EOF:
+                continue
+            raise RuntimeError(message.error().str())
+        marker = km.Marker.decode(message.key(), message.value())
+        if marker.kind == km.START and marker.offset >= floor.get(marker.partition, 0):
+            found.setdefault(marker.partition, set()).add(marker.offset)
+        if message.offset() + 1 >= todo.get(message.partition(), 0):
+            todo.pop(message.partition(), None)
+    return {p: frozenset(offsets) for p, offsets in found.items() if offsets}
