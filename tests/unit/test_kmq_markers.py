@@ -6,6 +6,7 @@ import pytest
 
 from queueplane.run import dead_letters as dlq
 from queueplane.run.kmq import markers as km
+from queueplane.run.kmq.resume import ResumePoint, commit_metadata, markers_start
 from queueplane.run.kmq.tracker import tracker_interval_ms
 
 
@@ -39,3 +40,18 @@ def test_a_redelivery_counts_up_and_points_at_the_message_as_first_produced():
 @pytest.mark.parametrize(("lock_ms", "interval_ms"), [(500, 1000), (3000, 1000), (30_000, 6000), (3_600_000, 10_000)])
 def test_the_tracker_looks_a_fifth_of_the_lock_apart_within_bounds(lock_ms, interval_ms):
     assert tracker_interval_ms(lock_ms) == interval_ms
+
+
+def test_a_resume_point_skips_started_records_and_those_below_the_commit_and_survives_json():
+    point = ResumePoint({0: 100, 1: 7}, {0: frozenset({100, 101, 102, 105, 200})})
+    fields = point.to_json_fields()
+    assert fields["resume_started"] == {"0": [[100, 102], [105, 105], [200, 200]]}
+    back = ResumePoint.from_json_fields(**{k.removeprefix("resume_"): v for k, v in fields.items()})
+    assert back == point
+    assert [o for o in range(95, 210) if back.skips(0, o)] == [95, 96, 97, 98, 99, 100, 101, 102, 105, 200]
+    assert back.skips(1, 6) and not back.skips(1, 7) and not back.skips(2, 0)  # no commit: nothing skipped
+
+
+def test_commit_metadata_names_the_markers_end_and_anything_else_reads_as_unknown():
+    assert markers_start(commit_metadata(4711)) == 4711
+    assert markers_start("") is None and markers_start(None) is None and markers_start("markers@x") is None
