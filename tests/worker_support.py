@@ -37,6 +37,7 @@ MISBEHAVIOUR = {  # handlers that break the contract, each in its own way
     "bad_header": lambda order: Output({"id": order["id"]}, headers={"h": 5}),
     "unserialisable": lambda order: {"id": order["id"], "at": object()},
     "huge": lambda order: Output(b"x" * order["size"]),
+    "hang_forever": lambda order: time.sleep(3600),  # on every delivery
 }
 
 

@@ -154,9 +154,12 @@ class Output:
         for name, header in self.headers.items():
             if not isinstance(name, str):
                 raise InvalidOutput(f"an output header name is {type(name).__name__}, not str")
+            _bytes(name, "an output header name")  # text the client cannot encode would crash it (a segfault)
             headers.append((name, _bytes(header, f"output header {name!r}") or b""))
         if self.topic is not None and not isinstance(self.topic, str):
             raise InvalidOutput(f"the output topic is {type(self.topic).__name__}, not str")
+        if self.topic is not None:
+            _bytes(self.topic, "the output topic")
         return (_bytes(self.key, "the output key"), _bytes(value, "the output value"), headers)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from worker_support import make_queue, order, produce, read_all, run_worker
 
@@ -26,7 +27,11 @@ BAD = {
     "id-000905": ({"mode": "huge", "size": 20_000}, "InvalidOutput", 1),
     # Over the producer's own limit (1 MB): refused before it is sent.
     "id-000906": ({"mode": "huge", "size": 2_000_000}, "InvalidOutput", 1),
+    # Past lockDuration on every delivery: its thread is given up (and replaced) each time.
+    "id-000907": ({"mode": "hang_forever"}, "Timeout", LIMIT),
 }
+BIG_VALUE_BYTES = 5 * 1024 * 1024
+BAD_HEADER_KEY = b"\xff\xfe-not-utf-8"
 
 
 def _header(message, name: str) -> str | None:
@@ -44,17 +49,32 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
             ConfigEntry("max.message.bytes", str(OUTPUT_MAX_BYTES), incremental_operation=AlterConfigOpType.SET)
         ],
     )
-    admin.incremental_alter_configs([small])[small].result()
+    # The queue takes a 5 MB record, as a team's topic may.
+    big = ConfigResource(
+        ResourceType.TOPIC,
+        queue.topic,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", str(2 * BIG_VALUE_BYTES), incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    admin.incremental_alter_configs([small, big])[small].result()
     good = [order(i) for i in range(40)]
     bad = [order(int(ident[3:]), **fields) for ident, (fields, _, _) in BAD.items()]
     produce(kafka, queue.topic, [*good[:20], *bad, *good[20:]])
+    # A hostile but valid record: a header key that is not UTF-8 (Kafka's clients cannot write one
+    # from a str; librdkafka takes bytes) and a 5 MB value. The handler accepts it like any other.
+    producer = Producer({**kafka.settings, "message.max.bytes": 2 * BIG_VALUE_BYTES})
+    producer.produce(
+        queue.topic, order(40, pad="x" * BIG_VALUE_BYTES), key=b"big", headers=[(BAD_HEADER_KEY, b"v"), ("ok", b"v")]
+    )
+    assert producer.flush(30) == 0
 
     summary = run_worker(queue, kafka, "--until-idle", "10s")  # exit 0: the worker survived them all
 
-    assert summary["counts"]["accepted"] == 40, summary
+    assert summary["counts"]["accepted"] == 41, summary
     assert summary["counts"]["dlq"] == len(BAD)
-    outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=40)]
-    assert sorted(set(outputs)) == [f"id-{i:06d}" for i in range(40)], "every good record, none of the bad"
+    outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=41)]
+    assert sorted(set(outputs)) == [f"id-{i:06d}" for i in range(41)], "every good record, none of the bad"
     dead = read_all(kafka, queue.dlq, expect_at_least=len(BAD))
     by_id = {json.loads(m.value())["id"]: m for m in dead}
     assert sorted(by_id) == sorted(BAD) and len(dead) == len(BAD)
