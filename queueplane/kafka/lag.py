@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import committed_offsets, log_offsets
-from queueplane.kafka.protocol import share_partition_lag
+from queueplane.kafka.protocol import share_partition_offsets
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import QueueSpec
 
@@ -36,15 +36,30 @@ class PartitionLag:
         return asdict(self)
 
 
-def share_lag(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int | None] | None:
-    """Lag per partition (None where the broker has no state for it yet); None if it cannot be read."""
+def unread_lag(queue: QueueSpec, log_start: int, log_end: int) -> int:
+    """The lag of a partition the group never read: everything retained for ``startFrom: earliest``, else nothing."""
+    return log_end - log_start if queue.group.start_from == "earliest" else 0
+
+
+def share_lag(
+    target: KafkaTarget, queue: QueueSpec, offsets: dict[int, tuple[int, int]]
+) -> dict[int, int | None] | None:
+    """Lag per partition from the broker's share-partition state; None if it cannot be read.
+
+    A partition without state (the group never fetched from it) lags like an unread consumer
+    group's; a partition whose state holds no lag yet is None (unknown).
+    """
     address = target.plaintext_address()
     if address is None:
         return None
     try:
-        lags = share_partition_lag(address[0], address[1], group, topic, list(range(partitions)))
+        states = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, sorted(offsets))
     except (OSError, ValueError):
         return None
+    lags: dict[int, int | None] = {}
+    for p, (start, end) in offsets.items():
+        state_start, lag = states.get(p, (None, None))
+        lags[p] = lag if state_start is not None else unread_lag(queue, start, end)
     return lags
 
 
@@ -60,10 +75,7 @@ def group_lag(target: KafkaTarget, admin: AdminClient, queue: QueueSpec) -> list
     rows = []
     for p, (start, end) in sorted(offsets.items()):
         done = committed.get(p)
-        if done is None:
-            lag = end - start if queue.group.start_from == "earliest" else 0
-        else:
-            lag = max(0, end - max(done, start))
+        lag = unread_lag(queue, start, end) if done is None else max(0, end - max(done, start))
         rows.append(PartitionLag(p, start, end, done, lag))
     return rows
 
@@ -74,7 +86,7 @@ def queue_lag(target: KafkaTarget, queue: QueueSpec, admin: AdminClient | None =
     if queue.group.type != "share":
         return group_lag(target, admin, queue)
     offsets = log_offsets(admin, queue.topic.name, queue.topic.partitions)
-    lags = share_lag(target, queue.group.id, queue.topic.name, queue.topic.partitions) or {}
+    lags = share_lag(target, queue, offsets) or {}
     return [PartitionLag(p, start, end, None, lags.get(p)) for p, (start, end) in sorted(offsets.items())]
 
 
@@ -117,15 +129,17 @@ class BacklogReader:
 
     def __call__(self) -> dict[int, int | None] | None:
         queue = self.queue
-        if queue.group.type == "share":
-            address = self.target.plaintext_address()
-            if address is None:
-                return None
-            partitions = list(range(queue.topic.partitions))
-            return share_partition_lag(address[0], address[1], queue.group.id, queue.topic.name, partitions)
+        if queue.group.type == "share" and self.target.plaintext_address() is None:
+            return None
         if self._admin is None:
             self._admin = clients.admin(self.target)
         try:
+            if queue.group.type == "share":
+                offsets = log_offsets(self._admin, queue.topic.name, queue.topic.partitions)
+                lags = share_lag(self.target, queue, offsets)
+                if lags is None:
+                    raise ConnectionError("the share group's lag could not be read")
+                return lags
             rows = group_lag(self.target, self._admin, queue)
         except Exception:
             # A client that lived through a broker restart can keep answering "no leaders"

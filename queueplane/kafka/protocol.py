@@ -159,21 +159,15 @@ def _nullable_compact_string(reader: _Reader) -> str | None:
     return None if length < 0 else reader.take(length).decode()
 
 
-def share_partition_lag(
-    host: str, port: int, group: str, topic: str, partitions: list[int], timeout: float = 5.0
-) -> dict[int, int | None]:
-    """Share-partition lag per partition (KIP-1226: DescribeShareGroupOffsets v1, Kafka 4.2+).
-
-    None for a partition means the broker does not know its lag (no state yet, or -1).
-    """
-    offsets = share_partition_offsets(host, port, group, topic, partitions, timeout)
-    return {p: (lag if start is not None else None) for p, (start, lag) in offsets.items()}
-
-
 def share_partition_offsets(
     host: str, port: int, group: str, topic: str, partitions: list[int], timeout: float = 5.0
 ) -> dict[int, tuple[int | None, int | None]]:
-    """(start offset, lag) per partition: the start offset is the oldest record the group has not finished."""
+    """(start offset, lag) per partition (DescribeShareGroupOffsets v1, KIP-1226, Kafka 4.2+).
+
+    The start offset is the oldest record the group has not finished. (None, None) where the
+    broker holds no state for the partition (the group never fetched from it); a lag of None
+    where the broker reports none (-1).
+    """
     with _FlexibleClient(host, port, timeout) as client:
         body = bytes([_KEY_TYPE_GROUP]) + _compact_array([_compact_string(group)]) + _uvarint(0)
         reader = client.request(FIND_COORDINATOR_KEY, 6, body)

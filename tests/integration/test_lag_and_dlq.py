@@ -13,7 +13,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from helpers import REPO, run_cli, tagged_examples, unique_tag
-from worker_support import make_queue, order, read_all
+from worker_support import make_queue, order, produce, read_all, start_worker
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import committed_offsets
@@ -68,6 +68,29 @@ def test_lag_matches_kafkas_own_group_tool_and_flags_the_hot_partition_and_key(k
 
     text = run_cli(["lag", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap], {**cli_env, "COLUMNS": "200"})
     assert "hot partition" in text.stdout and "hot key 'hot-customer'" in text.stdout
+
+
+def test_share_lag_is_the_backlog_before_a_run_and_falls_while_the_worker_works_it_off(kafka, tmp_path, cli_env):
+    total = 400
+    queue = make_queue(tmp_path, kafka, group_type="share", partitions=2, concurrency=2)
+    produce(kafka, queue.topic, [order(i, sleep_ms=40) for i in range(total)])
+
+    def shown_lag() -> int | None:
+        result = run_cli(["lag", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "-o", "json"], cli_env)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["total"]
+
+    assert shown_lag() == total, "a share group that never fetched lags by everything it will read"
+    worker = start_worker(queue, kafka, "--until-idle", "4s")
+    seen = []
+    while worker.poll() is None:
+        seen.append(shown_lag())
+        time.sleep(0.5)
+    assert worker.returncode == 0
+    assert shown_lag() == 0
+    during = [lag for lag in seen if lag is not None and 0 < lag < total]
+    assert len(during) >= 2, f"the lag was seen between {total} and 0: {seen}"
+    assert during == sorted(during, reverse=True), f"the lag only falls while no record arrives: {seen}"
 
 
 def _dead_letters(queue, count: int, error_for=lambda i: "Reject") -> list[tuple[str, bytes, bytes, list]]:
