@@ -186,15 +186,17 @@ def overlap_peak(events: list[dict]) -> int:
     return peak
 
 
-def read_all(kafka: KafkaTarget, topic: str, expect_at_least: int = 0, timeout_s: float = 30) -> list:
-    """Every record of a topic (read_committed), waiting until at least ``expect_at_least`` arrived."""
+def read_all(
+    kafka: KafkaTarget, topic: str, expect_at_least: int = 0, timeout_s: float = 30, *, committed_only: bool = True
+) -> list:
+    """Every record of a topic (read_committed unless asked), waiting until at least ``expect_at_least`` arrived."""
     consumer = Consumer(
         {
             **kafka.settings,
             "group.id": f"reader-{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
-            "isolation.level": "read_committed",
+            "isolation.level": "read_committed" if committed_only else "read_uncommitted",
         }
     )
     consumer.subscribe([topic])

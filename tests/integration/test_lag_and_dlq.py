@@ -13,7 +13,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from helpers import REPO, run_cli, tagged_examples, unique_tag
-from worker_support import make_queue, order, produce, read_all, start_worker
+from worker_support import make_queue, order, produce, read_all, run_worker, start_worker
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import committed_offsets
@@ -126,8 +126,10 @@ def _header(message, name: str) -> str | None:
     return next((v.decode() for k, v in message.headers() or [] if k == name), None)
 
 
-def test_redrive_at_a_rate_killed_and_rerun_moves_each_record_back_once(kafka, tmp_path, cli_env):
-    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="key", partitions=2)
+@pytest.mark.parametrize("group_type", ["consumer", "share"])
+def test_redrive_at_a_rate_killed_and_rerun_moves_each_record_back_once(kafka, tmp_path, cli_env, group_type):
+    ordering = "key" if group_type == "consumer" else "none"
+    queue = make_queue(tmp_path, kafka, group_type=group_type, ordering=ordering, partitions=2)
     _write_dlq(kafka, _dead_letters(queue, 50))
     group = f"{queue.group}.dlq-redrive"
 
@@ -154,6 +156,7 @@ def test_redrive_at_a_rate_killed_and_rerun_moves_each_record_back_once(kafka, t
         if moved_before_kill >= 10:
             break
         time.sleep(0.2)
+    time.sleep(0.5)  # into the next transaction: some of its records are in the log, uncommitted
     os.killpg(first_run.pid, signal.SIGKILL)
     first_run.wait(30)
     # Each step moves records and commits their DLQ offsets in one transaction: what the group
@@ -198,6 +201,14 @@ def test_redrive_at_a_rate_killed_and_rerun_moves_each_record_back_once(kafka, t
         ["dlq", "list", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "-o", "json"], cli_env
     )
     assert json.loads(after.stdout)["pending"] == 0
+    in_log = read_all(kafka, queue.topic, expect_at_least=51, committed_only=False)
+    assert len(in_log) > 50, "a transaction was open at the kill: its records are in the log, aborted"
+    if group_type == "share":
+        # The share group reads committed only (share.isolation.level): the aborted copies never reach the handler.
+        summary = run_worker(queue, kafka, "--until-idle", "4s")
+        assert summary["counts"]["accepted"] == 50, summary
+        handled = sorted(e["id"] for e in queue.events() if e.get("result") == "ok")
+        assert handled == sorted(f"id-{i:06d}" for i in range(50)), "each redriven record handled once"
 
 
 def test_redrive_where_moves_only_matching_records_and_keeps_the_rest_pending(kafka, tmp_path, cli_env):
