@@ -25,12 +25,17 @@ from queueplane.provision import steps
 HANDLER_SOURCE = '''
 """Test handler: behaviour per record from its JSON value; every call logged."""
 import json, os, random, sys, threading, time
-from queueplane import Output, Retry
+from queueplane import Output, Reject, Retry
 
 LOG_DIR = "{log_dir}"
 
 
-MISBEHAVIOUR = {  # handlers that break the contract, each in its own way
+def _reject(order):
+    raise Reject(f"order {order['id']} refused")
+
+
+MISBEHAVIOUR = {  # handlers that break the contract, each in its own way (or refuse the record)
+    "reject": _reject,
     "exit": lambda order: sys.exit(3),
     "os_exit": lambda order: os._exit(1),  # the Python worker process dies with the call
     "bad_return": lambda order: 42,

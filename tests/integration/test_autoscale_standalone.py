@@ -26,6 +26,10 @@ MAX_EXECUTORS = 3
 LOAD_SECONDS, PER_SECOND = 40, 40  # ~40 records/s; one executor (2 slots, 100 ms each) handles ~20/s
 LOAD = LOAD_SECONDS * PER_SECOND
 WARM_UP = 4  # records before the load, to start the first batch
+# After the load, a trickle keeps records in flight while the backlog is gone and the controller
+# scales down: a scale-down that skipped the drain would redeliver what the killed executor held.
+TRICKLE_SECONDS, TRICKLE_PER_SECOND, TRICKLE_MS = 30, 3, 300
+TRICKLE = TRICKLE_SECONDS * TRICKLE_PER_SECOND
 
 
 def _trim_at(cores: list[int]) -> int | None:
@@ -65,7 +69,7 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
         def watch() -> None:
             while not stop.is_set():
                 with contextlib.suppress(OSError):
-                    timeline.append((time.monotonic(), cluster.cores_used()))
+                    timeline.append((time.time(), cluster.cores_used()))
                 time.sleep(0.5)
 
         watcher = threading.Thread(target=watch, daemon=True)
@@ -82,6 +86,12 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
             batch = [order(second * PER_SECOND + i, sleep_ms=100) for i in range(PER_SECOND)]
             produce(kafka, queue.topic, batch)
             time.sleep(1)
+        trickle_from = time.time()
+        for second in range(TRICKLE_SECONDS):
+            first = LOAD + WARM_UP + second * TRICKLE_PER_SECOND
+            produce(kafka, queue.topic, [order(first + i, sleep_ms=TRICKLE_MS) for i in range(TRICKLE_PER_SECOND)])
+            time.sleep(1)
+        trickle_to = time.time()
         out, _ = driver.communicate(timeout=600)
         assert driver.returncode == 0, (tmp_path / "driver.log").read_text()[-4000:]
     finally:
@@ -90,7 +100,12 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
     (tmp_path / "driver.out").write_text(out)
     # The driver's stdout holds its log lines (spark-submit joins them) and, last, the JSON summary.
     summary = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
-    assert summary["counts"]["accepted"] == LOAD + WARM_UP
+    assert summary["counts"]["accepted"] == LOAD + WARM_UP + TRICKLE
+    assert summary["counts"]["released"] == 0 and summary["counts"]["dlq"] == 0, summary["counts"]
+    events = queue.events()
+    handled = [e["id"] for e in events]
+    assert len(handled) == len(set(handled)) == LOAD + WARM_UP + TRICKLE, "each record handled once, none redelivered"
+    assert all(e["dc"] == 1 for e in events), "no record came a second time"
     decisions = summary["scaling"]
     ups = [d for d in decisions if d["desired"] > d["requested"]]
     downs = [d for d in decisions if d["desired"] < d["requested"]]
@@ -103,3 +118,8 @@ def test_growing_lag_adds_executors_on_the_master_and_they_go_when_it_drains(kaf
     peak_at = max(range(trim_at, len(cores)), key=lambda i: cores[i])
     assert cores[peak_at] >= 2, f"master cores every 0.5 s: {cores}; decisions: {decisions}"
     assert 1 in cores[peak_at:], f"executors never fell back to one: {cores[peak_at:]}"
+    # An executor went while the trickle ran, so records were in flight around it.
+    drops = [t for (t, c), (_, before) in zip(timeline[1:], timeline, strict=False) if c < before]
+    assert any(trickle_from <= t <= trickle_to for t in drops), (
+        f"no scale-down during the trickle ({trickle_from:.0f}-{trickle_to:.0f}): drops at {drops}"
+    )

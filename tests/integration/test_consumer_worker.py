@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import time
 from collections import Counter, defaultdict
@@ -208,3 +209,53 @@ def test_records_retention_removed_unread_are_counted_and_reported(kafka, tmp_pa
     assert "60 records of" in log and "removed by retention" in log
     outputs = {json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=140)}
     assert outputs == {f"id-{i:06d}" for i in (*range(100), *range(160, 200))}
+
+
+REJECTED = {5, 77, 240}
+
+
+def _records(first: int, end: int) -> list[bytes]:
+    return [order(i, mode="reject") if i in REJECTED else order(i, sleep_ms=5) for i in range(first, end)]
+
+
+@pytest.mark.parametrize("ordering", ["partition", "none"])
+def test_partition_and_no_ordering_reject_and_resume_from_the_groups_commits(kafka, tmp_path, ordering):
+    """ordering partition and none, Reject to the DLQ; for partition, restarts from an older
+    checkpoint (records below the group's commit are skipped) and with none (the group's commits)."""
+    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering=ordering, partitions=2, concurrency=4)
+    checkpoint = tmp_path / "checkpoint"
+    produce(kafka, queue.topic, _records(0, 150))
+    first = run_worker(queue, kafka, "--until-idle", "3s", "--checkpoint-dir", str(checkpoint))
+    assert (first["counts"]["accepted"], first["counts"]["dlq"]) == (148, 2), first["counts"]
+    handled = [e for e in queue.events() if e["result"] == "ok"]
+    for partition in (0, 1):
+        calls = sorted((e for e in handled if e["partition"] == partition), key=lambda e: e["start"])
+        if ordering == "partition":
+            assert [e["offset"] for e in calls] == sorted(e["offset"] for e in calls), "offset order per partition"
+            assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(calls)), "one call at a time"
+        else:
+            assert overlap_peak(calls) >= 2, "records of one partition run at once"
+    if ordering == "none":
+        return
+
+    older = tmp_path / "checkpoint-older"
+    shutil.copytree(checkpoint, older)
+    produce(kafka, queue.topic, _records(150, 300))
+    second = run_worker(queue, kafka, "--until-idle", "3s", "--checkpoint-dir", str(checkpoint))
+    assert (second["counts"]["accepted"], second["counts"]["dlq"]) == (149, 1), second["counts"]
+    # The older checkpoint replays 150..299: the group committed them, so they are skipped, not redone.
+    third = run_worker(queue, kafka, "--until-idle", "3s", "--checkpoint-dir", str(older))
+    assert (third["counts"]["accepted"], third["counts"].get("skipped")) == (0, 150), third["counts"]
+    # Without a checkpoint the worker starts at the group's commits: only the new records.
+    produce(kafka, queue.topic, _records(300, 350))
+    fourth = run_worker(queue, kafka, "--until-idle", "3s")
+    assert (fourth["counts"]["accepted"], fourth["counts"].get("skipped", 0)) == (50, 0), fourth["counts"]
+
+    outputs = Counter(json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=347))
+    assert sorted(outputs) == sorted(f"id-{i:06d}" for i in range(350) if i not in REJECTED)
+    assert set(outputs.values()) == {1}, "no output written twice"
+    dead = read_all(kafka, queue.dlq, expect_at_least=3)
+    assert sorted(json.loads(m.value())["id"] for m in dead) == [f"id-{i:06d}" for i in sorted(REJECTED)]
+    for message in dead:
+        headers = {k: v.decode() for k, v in message.headers()}
+        assert (headers[dlq.HEADER_ERROR_CLASS], headers[dlq.HEADER_DELIVERY_COUNT]) == ("Reject", "1")
