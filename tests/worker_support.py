@@ -34,8 +34,16 @@ def _reject(order):
     raise Reject(f"order {order['id']} refused")
 
 
+def _reject_until_fixed(order):
+    """Refused until the team fixes its handler (the test creates the file ``fixed``)."""
+    if os.path.exists(os.path.join(os.path.dirname(LOG_DIR), "fixed")):
+        return Output({"id": order["id"]})
+    raise Reject(f"order {order['id']} refused until the fix")
+
+
 MISBEHAVIOUR = {  # handlers that break the contract, each in its own way (or refuse the record)
     "reject": _reject,
+    "reject_until_fixed": _reject_until_fixed,
     "exit": lambda order: sys.exit(3),
     "os_exit": lambda order: os._exit(1),  # the Python worker process dies with the call
     "bad_return": lambda order: 42,

@@ -28,6 +28,7 @@ from queueplane.run.health import Health, stall_seconds
 from queueplane.run.metrics import WorkerMetrics
 from queueplane.run.options import STARTUP_WAIT_S, BatchProgress, DeadLetters, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
+from queueplane.run.range_ends import batch_range_ends
 from queueplane.run.scaling.controller import ExecutorController
 from queueplane.run.session import ship_handler_modules, spark_session
 from queueplane.run.termination import Termination
@@ -156,6 +157,8 @@ def run_queue(
     state["removed_unread"] = 0
     termination = Termination()
 
+    checkpoint = runtime.checkpoint()
+
     def sink(frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
         # time between two micro-batches (when executors idle) stays short.
@@ -168,7 +171,7 @@ def run_queue(
             for row in table.filter(mask).select(["partition", "offset", "key", "delivery_count", "error"]).to_pylist():
                 dead.add(row)
         metrics.observe(batch_counts, table)
-        runtime.after_batch(table)
+        runtime.after_batch(table, batch_range_ends(checkpoint, batch_id, queue.topic.name))
         lag = watcher.latest
         total = total_lag(lag)
         metrics.set_backlog(lag)
@@ -230,7 +233,7 @@ def run_queue(
     query = (
         runtime.stream(spark, drain.path, ceiling)
         .writeStream.foreachBatch(sink)
-        .option("checkpointLocation", runtime.checkpoint())
+        .option("checkpointLocation", checkpoint)
         .trigger(processingTime="0 seconds")
         .start()
     )

@@ -66,8 +66,12 @@ class QueueRuntime(ABC):
         ``executor_ceiling``: the most executors autoscaling may run, None with a fixed count.
         """
 
-    def after_batch(self, table: Any) -> None:
-        """Called with each micro-batch's outcome rows (Arrow), after the metrics took them."""
+    def after_batch(self, table: Any, ranges: dict[int, int]) -> None:
+        """Called with each micro-batch's outcome rows (Arrow), after the metrics took them.
+
+        ``ranges``: where the batch read the queue's topic up to, per partition (``range_ends.py``;
+        empty where Spark's source keeps no such log, as for share groups).
+        """
         return None
 
     def idle(self) -> bool:

@@ -126,6 +126,29 @@ def _header(message, name: str) -> str | None:
     return next((v.decode() for k, v in message.headers() or [] if k == name), None)
 
 
+@pytest.mark.parametrize("group_type", ["share", "kmq"])
+def test_dead_letters_a_worker_wrote_are_redriven_after_the_fix_and_handled(kafka, tmp_path, cli_env, group_type):
+    queue = make_queue(tmp_path, kafka, group_type=group_type, partitions=2, delivery_limit=2, lock="3s")
+    refused = {10, 20, 30}
+    produce(kafka, queue.topic, [order(i, mode="reject_until_fixed") if i in refused else order(i) for i in range(60)])
+    first = run_worker(queue, kafka, "--until-idle", "4s")
+    assert (first["counts"]["accepted"], first["counts"]["dlq"]) == (57, 3), first["counts"]
+
+    (queue.folder / "fixed").touch()  # the team ships a handler that takes them
+    cluster = ["--bootstrap-servers", kafka.bootstrap, "-o", "json"]
+    redriven = run_cli(["dlq", "redrive", str(queue.spec_path), *cluster], cli_env)
+    assert redriven.returncode == 0, redriven.stderr
+    assert json.loads(redriven.stdout)["moved"] == 3
+    second = run_worker(queue, kafka, "--until-idle", "4s")
+    assert (second["counts"]["accepted"], second["counts"]["dlq"]) == (3, 0), second["counts"]
+    assert second["lag_at_exit"] == 0, "the group moved past the redrive's transaction markers"
+    outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=60)]
+    assert sorted(outputs) == sorted(f"id-{i:06d}" for i in range(60)), "each record accepted once in the end"
+    back = [m for m in read_all(kafka, queue.topic, expect_at_least=63) if _header(m, dlq.HEADER_REDRIVE_COUNT)]
+    assert sorted(json.loads(m.value())["id"] for m in back) == [f"id-{i:06d}" for i in sorted(refused)]
+    assert all(_header(m, dlq.HEADER_REDRIVE_FROM).startswith(f"{queue.dlq}/") for m in back)
+
+
 @pytest.mark.parametrize("group_type", ["consumer", "share"])
 def test_redrive_at_a_rate_killed_and_rerun_moves_each_record_back_once(kafka, tmp_path, cli_env, group_type):
     ordering = "key" if group_type == "consumer" else "none"
@@ -203,12 +226,12 @@ def test_redrive_at_a_rate_killed_and_rerun_moves_each_record_back_once(kafka, t
     assert json.loads(after.stdout)["pending"] == 0
     in_log = read_all(kafka, queue.topic, expect_at_least=51, committed_only=False)
     assert len(in_log) > 50, "a transaction was open at the kill: its records are in the log, aborted"
-    if group_type == "share":
-        # The share group reads committed only (share.isolation.level): the aborted copies never reach the handler.
-        summary = run_worker(queue, kafka, "--until-idle", "4s")
-        assert summary["counts"]["accepted"] == 50, summary
-        handled = sorted(e["id"] for e in queue.events() if e.get("result") == "ok")
-        assert handled == sorted(f"id-{i:06d}" for i in range(50)), "each redriven record handled once"
+    # The worker reads committed only (share.isolation.level, Spark's source): the aborted copies
+    # never reach the handler, and the group moves past the transaction markers (lag 0, so it stops).
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == 50 and summary["lag_at_exit"] == 0, summary
+    handled = sorted(e["id"] for e in queue.events() if e.get("result") == "ok")
+    assert handled == sorted(f"id-{i:06d}" for i in range(50)), "each redriven record handled once"
 
 
 def test_redrive_where_moves_only_matching_records_and_keeps_the_rest_pending(kafka, tmp_path, cli_env):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,7 +18,9 @@ from queueplane.kafka.target import KafkaTarget
 from queueplane.run.consumer.partition import run_partition
 from queueplane.run.consumer.process import ConsumerSettings, transactional_producer
 from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_source, starting_offsets, with_kafka_connector
+from queueplane.run.options import DeadLetters
 from queueplane.run.outcomes import OUTCOME_SCHEMA
+from queueplane.run.range_ends import RangeEndCommitter
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec
@@ -52,6 +55,7 @@ def fence_partitions(settings: ConsumerSettings, topic: str, partitions: int) ->
 
 class ConsumerRuntime(QueueRuntime):
     group_type: ClassVar[str] = "consumer"
+    _range_ends: RangeEndCommitter | None = None
 
     @staticmethod
     def executor_cap(queue: QueueSpec) -> int | None:
@@ -66,6 +70,16 @@ class ConsumerRuntime(QueueRuntime):
     def local_threads(self) -> int:
         """A task per partition at once (handlers mostly wait)."""
         return self.options.tasks or max(os.cpu_count() or 2, self.queue.topic.partitions)
+
+    def after_batch(self, table: Any, ranges: dict[int, int]) -> None:
+        """Tasks commit up to their last record; transaction markers beyond it are the driver's to pass."""
+        if self._range_ends is None:
+            self._range_ends = RangeEndCommitter(self.target, self.queue.group.id, self.queue.topic.name)
+        self._range_ends.commit(ranges, table)
+
+    def stop(self, counts: Counter[str], dead: DeadLetters) -> None:
+        if self._range_ends is not None:
+            self._range_ends.close()
 
     def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
         queue, target = self.queue, self.target

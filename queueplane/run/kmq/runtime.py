@@ -38,6 +38,7 @@ from queueplane.run.kmq.tracker import (
 )
 from queueplane.run.options import DeadLetters, RunOptions
 from queueplane.run.outcomes import DEAD_LETTERED, OUTCOME_SCHEMA, REDELIVERED, key_text
+from queueplane.run.range_ends import handled_ends
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec
@@ -85,18 +86,22 @@ class GroupCommitter:
         self.topic, self.markers_topic = queue.topic.name, queue.markers.name
         self.consumer = clients.consumer(target.settings, {"group.id": queue.group.id, "enable.auto.commit": False})
         self.admin = clients.admin(target)
+        self.known: dict[int, int] = {}  # per partition, the offset last committed
 
-    def commit(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
+    def commit(self, table: pa.Table, ranges: dict[int, int]) -> None:
+        """Past every record the batch handled and over the markers at its ranges' ends (``range_ends.py``)."""
+        handled = handled_ends(table)
+        ends = {p: max(handled.get(p, -1), ranges.get(p, -1)) for p in handled.keys() | ranges.keys()}
+        ends = {p: end for p, end in ends.items() if end > self.known.get(p, -1)}
+        if not ends:
             return
-        ends = table.group_by("partition").aggregate([("offset", "max")])
-        handled = dict(zip(ends.column("partition").to_pylist(), ends.column("offset_max").to_pylist(), strict=True))
-        markers = resume.markers_ends(self.admin, self.markers_topic, sorted(handled))
+        markers = resume.markers_ends(self.admin, self.markers_topic, sorted(ends))
         offsets = [
-            TopicPartition(self.topic, int(p), int(o) + 1, metadata=resume.commit_metadata(markers[p]))
-            for p, o in handled.items()
+            TopicPartition(self.topic, p, end, metadata=resume.commit_metadata(markers[p]))
+            for p, end in sorted(ends.items())
         ]
         self.consumer.commit(offsets=offsets, asynchronous=False)
+        self.known.update(ends)
 
     def close(self) -> None:
         self.consumer.close()
@@ -212,8 +217,8 @@ class KmqRuntime(QueueRuntime):
             self.counts[DEAD_LETTERED],
         )
 
-    def after_batch(self, table: pa.Table) -> None:  # type: ignore[override]
-        self.committer.commit(table)
+    def after_batch(self, table: pa.Table, ranges: dict[int, int]) -> None:
+        self.committer.commit(table, ranges)
         self.last_worker_batch = time.time()
 
     def idle(self) -> bool:
