@@ -157,3 +157,32 @@ def test_kill_minus_9_between_start_and_end_markers_loses_nothing(kafka, tmp_pat
         redone = [e for e in events if e["id"] == f"id-{i:06d}" and e["result"] == "ok" and e["start"] > killed_at]
         assert any(e["dc"] >= 2 for e in redone), f"id-{i:06d} was not redelivered after the restart"
     assert summary["lag_at_exit"] == 0
+
+
+def test_without_any_checkpoint_the_tracker_rebuilds_open_deliveries_from_the_markers(kafka, tmp_path):
+    """A worker killed with a delivery open restarts on new, empty checkpoints (a pod on a fresh
+    volume): the worker starts at the group's commits and skips what had started; the tracker
+    reads the markers topic from the beginning and redelivers the open delivery."""
+    total, hung = 300, 150
+    queue = make_queue(tmp_path, kafka, group_type="kmq", lock="3s", partitions=2, delivery_limit=LIMIT)
+    produce(kafka, queue.topic, [order(i, mode="hang", hang_s=60) if i == hung else order(i) for i in range(total)])
+    worker = start_worker(queue, kafka, "--until-idle", "30s", "--checkpoint-dir", str(tmp_path / "first"))
+    try:
+        _wait_for(lambda: any(e.get("result") == "started" for e in queue.events()), 300, "the hung handler")
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+    markers = _markers(kafka, f"{queue.topic}.markers")
+    ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
+    open_at_kill = {(m.partition, m.offset) for m in markers if m.kind == km.START} - ended
+    assert open_at_kill, "the kill came with a delivery open"
+
+    summary = _finish(start_worker(queue, kafka, "--until-idle", "8s", "--checkpoint-dir", str(tmp_path / "fresh")))
+    outputs = Counter(json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total))
+    assert sorted(outputs) == [f"id-{i:06d}" for i in range(total)], "nothing lost"
+    duplicates = sum(n - 1 for n in outputs.values())
+    assert duplicates <= len(open_at_kill), (duplicates, len(open_at_kill))
+    again = [e for e in queue.events() if e["id"] == f"id-{hung:06d}" and e["result"] == "ok"]
+    assert again and all(e["dc"] >= 2 for e in again), "the open delivery came back through the rebuilt tracker"
+    assert read_all(kafka, queue.dlq, timeout_s=3) == []
+    assert summary["lag_at_exit"] == 0

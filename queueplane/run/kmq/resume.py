@@ -11,7 +11,8 @@ finished by an earlier batch (a kill between the group commit and Spark's own) a
 Finding the started records needs the markers written since the last group commit. Each
 commit carries, as its offset metadata, the markers partition's end at that moment: every
 ``start`` marker of a later record is written after it, so a restart reads the markers
-partition from there to its end, one batch's worth of markers.
+partition from there to its end, one batch's worth of markers. A partition the group never
+committed (its first batch was killed) is read from its first retained marker.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from queueplane.kafka import clients
@@ -104,10 +105,12 @@ def resume_point(target: KafkaTarget, queue: QueueSpec) -> ResumePoint:
     try:
         committed = committed_positions(consumer, queue.topic.name, range(queue.topic.partitions))
         floor = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
-        starts = {tp.partition: markers_start(tp.metadata) for tp in committed}
-        if not floor:
-            return ResumePoint()
-        starts = {p: s for p, s in starts.items() if s is not None}
+        starts: dict[int, int] = {}
+        for tp in committed:
+            # Never committed (a first batch killed): every retained marker of the partition.
+            start = markers_start(tp.metadata) if tp.offset >= 0 else OFFSET_BEGINNING
+            if start is not None:
+                starts[tp.partition] = start
         started = _started_since(consumer, target, queue.markers.name, starts, floor)
         return ResumePoint(floor, started)
     except Exception as exc:  # a resume point only saves duplicates: without one, nothing is lost
@@ -125,7 +128,7 @@ def _started_since(
         return {}
     admin = clients.admin(target)
     ends = markers_ends(admin, markers_topic, sorted(starts))
-    todo = {p: ends[p] for p in starts if ends[p] > starts[p]}
+    todo = {p: ends[p] for p in starts if ends[p] > max(starts[p], 0)}
     found: dict[int, set[int]] = {p: set() for p in starts}
     if not todo:
         return {}
