@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from queueplane.kafka import clients
-from queueplane.kafka.offsets import REQUEST_TIMEOUT_S, committed_positions
+from queueplane.kafka.offsets import REQUEST_TIMEOUT_S, committed_positions, log_offsets
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.kmq import markers as km
 
@@ -108,10 +108,10 @@ def resume_point(target: KafkaTarget, queue: QueueSpec) -> ResumePoint:
         starts: dict[int, int] = {}
         for tp in committed:
             # Never committed (a first batch killed): every retained marker of the partition.
-            start = markers_start(tp.metadata) if tp.offset >= 0 else OFFSET_BEGINNING
+            start = markers_start(tp.metadata) if tp.offset >= 0 else 0
             if start is not None:
                 starts[tp.partition] = start
-        started = _started_since(consumer, target, queue.markers.name, starts, floor)
+        started = _started_since(consumer, target, queue.markers.name, queue.topic.partitions, starts, floor)
         return ResumePoint(floor, started)
     except Exception as exc:  # a resume point only saves duplicates: without one, nothing is lost
         log.warning("kmq: could not read where the last run stopped (%s); a replayed batch is handled again", exc)
@@ -121,23 +121,29 @@ def resume_point(target: KafkaTarget, queue: QueueSpec) -> ResumePoint:
 
 
 def _started_since(
-    consumer: object, target: KafkaTarget, markers_topic: str, starts: dict[int, int], floor: dict[int, int]
+    consumer: Consumer,
+    target: KafkaTarget,
+    markers_topic: str,
+    partitions: int,
+    starts: dict[int, int],
+    floor: dict[int, int],
 ) -> dict[int, frozenset[int]]:
     """Offsets at or above the floor with a ``start`` marker in the markers partitions from ``starts`` to their end."""
     if not starts:
         return {}
-    admin = clients.admin(target)
-    ends = markers_ends(admin, markers_topic, sorted(starts))
-    todo = {p: ends[p] for p in starts if ends[p] > max(starts[p], 0)}
+    retained = log_offsets(clients.admin(target), markers_topic, partitions)
+    # Retention may have removed markers below a recorded position: read from the first one left.
+    begin = {p: max(starts[p], retained[p][0]) for p in starts}
+    todo = {p: retained[p][1] for p in starts if retained[p][1] > begin[p]}
     found: dict[int, set[int]] = {p: set() for p in starts}
     if not todo:
         return {}
-    consumer.assign([TopicPartition(markers_topic, p, starts[p]) for p in todo])  # type: ignore[attr-defined]
+    consumer.assign([TopicPartition(markers_topic, p, begin[p]) for p in todo])
     deadline = time.monotonic() + SCAN_TIMEOUT_S
     while todo:
         if time.monotonic() > deadline:
             raise TimeoutError(f"markers of partitions {sorted(todo)} not read within {SCAN_TIMEOUT_S:.0f}s")
-        message = consumer.poll(0.5)  # type: ignore[attr-defined]
+        message = consumer.poll(0.5)
         if message is None:
             continue
         if message.error():
