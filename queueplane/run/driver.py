@@ -9,6 +9,7 @@ counters, Prometheus metrics, one progress line per batch, and the exit summary.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -132,6 +133,7 @@ def run_queue(
         ship_handler_modules(spark, queue)
     # Runtimes that drain: once it exists, the next micro-batch settles and reports what executors hold.
     drain = DrainRequests(Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain")
+    runtime.temporary.append(drain.path.parent)
     controller = ExecutorController(
         spark,
         queue,
@@ -278,6 +280,8 @@ def run_queue(
     duration = time.monotonic() - started
     lag = watcher.read_now()
     spark.stop()
+    for folder in runtime.temporary:
+        shutil.rmtree(folder, ignore_errors=True)
     final = sum(counts[o] for o in FINAL_OUTCOMES)
     return RunSummary(
         queue=queue.name,

@@ -36,6 +36,7 @@ class QueueRuntime(ABC):
 
     def __init__(self, queue: QueueSpec, target: KafkaTarget, options: RunOptions):
         self.queue, self.target, self.options = queue, target, options
+        self.temporary: list[Path] = []  # folders this run made for itself
 
     @staticmethod
     def executor_cap(queue: QueueSpec) -> int | None:
@@ -51,8 +52,13 @@ class QueueRuntime(ABC):
         return self.options.tasks or os.cpu_count() or 2
 
     def checkpoint(self) -> str:
-        """The worker query's checkpoint folder; without ``--checkpoint-dir``, a new temporary one."""
-        return self.options.checkpoint_dir or tempfile.mkdtemp(prefix=f"queueplane-{self.queue.name}-ckpt-")
+        """The worker query's checkpoint folder; without ``--checkpoint-dir``, a new temporary one
+        (listed in ``temporary``: no later run can resume from it, so the driver removes it at the end)."""
+        if self.options.checkpoint_dir:
+            return self.options.checkpoint_dir
+        folder = tempfile.mkdtemp(prefix=f"queueplane-{self.queue.name}-ckpt-")
+        self.temporary.append(Path(folder))
+        return folder
 
     def start(self, spark: Any) -> None:
         """Start what runs beside the worker query (kmq: the redelivery tracker)."""

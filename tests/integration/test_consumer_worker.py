@@ -7,10 +7,13 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from worker_support import (
@@ -250,6 +253,9 @@ def test_partition_and_no_ordering_reject_and_resume_from_the_groups_commits(kaf
     produce(kafka, queue.topic, _records(300, 350))
     fourth = run_worker(queue, kafka, "--until-idle", "3s")
     assert (fourth["counts"]["accepted"], fourth["counts"].get("skipped", 0)) == (50, 0), fourth["counts"]
+    name = yaml.safe_load(queue.spec_path.read_text())["metadata"]["name"]
+    left = list(Path(tempfile.gettempdir()).glob(f"queueplane-{name}-*"))
+    assert not left, f"a run leaves no temporary checkpoint or drain folder behind: {left}"
 
     outputs = Counter(json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=347))
     assert sorted(outputs) == sorted(f"id-{i:06d}" for i in range(350) if i not in REJECTED)
