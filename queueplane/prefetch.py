@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 
 from queueplane.deploy.helm import HELM_VERSION, helm_binary
+from queueplane.local.fault_proxy import TOXIPROXY_VERSION, toxiproxy_binary
 from queueplane.local.kubernetes import build as kube_build
 from queueplane.local.stack import KAFKA_VERSION, LocalStack
 
@@ -77,6 +78,11 @@ ITEMS = (
     ),
     Item(
         f"helm {HELM_VERSION}", "a Helm 4 on PATH, else go install from the Go module proxy, a few minutes", helm_binary
+    ),
+    Item(
+        f"toxiproxy {TOXIPROXY_VERSION} (the fault proxy of the broker fault tests)",
+        "go install from the Go module proxy, under a minute",
+        toxiproxy_binary,
     ),
     Item(
         f"local Kubernetes {kube_build.KUBERNETES_VERSION} binaries",

@@ -9,21 +9,19 @@ built once into the cache (`queueplane local fetch`) and reused by every command
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 from queueplane.errors import QueueplaneError
+from queueplane.local.go_install import go_install
 from queueplane.paths import cache_dir
 
 HELM_VERSION = "v4.3.1"
 HELM_MAJOR = HELM_VERSION.split(".")[0]
 HELM_PACKAGE = "helm.sh/helm/v4/cmd/helm"
-BUILD_TIMEOUT_S = 1800
 
 
 class HelmError(QueueplaneError):
@@ -59,32 +57,7 @@ def _major_version(binary: str) -> str | None:
 
 def built_helm() -> Path:
     """Path of the pinned helm, built with `go install` on first use (a few minutes, once)."""
-    binary = helm_dir() / "helm"
-    if os.access(binary, os.X_OK):
-        return binary
-    go = shutil.which("go")
-    if go is None:
-        raise HelmError(f"helm {HELM_VERSION} is not in {helm_dir()} and Go is not on PATH to build it")
-    helm_dir().mkdir(parents=True, exist_ok=True)
-    # One build at a time across processes: a second caller waits, then finds the binary.
-    with open(helm_dir() / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.access(binary, os.X_OK):
-            return binary
-        with tempfile.TemporaryDirectory(dir=helm_dir()) as staging:
-            env = {**os.environ, "GOBIN": staging, "CGO_ENABLED": "0"}
-            result = subprocess.run(
-                [go, "install", "-ldflags=-s -w", f"{HELM_PACKAGE}@{HELM_VERSION}"],
-                env=env,
-                cwd=staging,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-            )
-            if result.returncode != 0:
-                raise HelmError(f"go install {HELM_PACKAGE}@{HELM_VERSION} failed: {result.stderr.strip()[-2000:]}")
-            os.replace(Path(staging) / "helm", binary)
-    return binary
+    return go_install(HELM_PACKAGE, HELM_VERSION, helm_dir(), "helm", HelmError)
 
 
 def run_helm(

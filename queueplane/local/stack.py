@@ -106,6 +106,10 @@ class LocalStack:
     directory: Path
     version: str = KAFKA_VERSION
     share_version: int = 1  # feature level formatted into the cluster; < 1 leaves share groups off
+    # A port a fault proxy listens on (tests): the broker gets a listener of its own (PROXIED,
+    # ``proxied_listener_port``) that advertises this port, so clients that bootstrap at the proxy
+    # are sent back to it for every connection and all their traffic passes through it.
+    proxied_at: int | None = None
 
     @classmethod
     def default(cls) -> LocalStack:
@@ -273,6 +277,16 @@ class LocalStack:
         self.ports_file.write_text(json.dumps(ports))
         return ports
 
+    def proxied_listener_port(self) -> int:
+        """The port of the listener behind the fault proxy (``proxied_at``), kept across restarts."""
+        path = self.directory / "proxied-port.json"
+        if path.is_file():
+            return int(json.loads(path.read_text()))
+        port = free_port(HOST)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(port))
+        return port
+
     def _pod_port(self) -> int:
         """The pod listener's port, kept across restarts like the others."""
         path = self.directory / "pod-port.json"
@@ -310,15 +324,21 @@ class LocalStack:
     def _write_configs(self, port: int, controller_port: int, pod_port: int | None = None) -> None:
         # Each listener advertises itself, so a client is sent back to the address it came in on.
         advertised = f"PLAINTEXT://{HOST}:{port}" + (f",PODS://{NODE_IP}:{pod_port}" if pod_port else "")
+        listeners = advertised
+        if self.proxied_at is not None:
+            listeners += f",PROXIED://{HOST}:{self.proxied_listener_port()}"
+            advertised += f",PROXIED://{HOST}:{self.proxied_at}"
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{HOST}:{controller_port}",
-            "listeners": f"{advertised},CONTROLLER://{HOST}:{controller_port}",
+            "listeners": f"{listeners},CONTROLLER://{HOST}:{controller_port}",
             "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT"
+            ),
             "log.dirs": str(self.data_dir),
             **LOCAL_BROKER_SETTINGS,
         }

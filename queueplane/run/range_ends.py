@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.kafka.target import KafkaTarget
 
 log = logging.getLogger("queueplane.worker")
+
+COMMIT_RETRY_S = 60.0
 
 
 def batch_range_ends(checkpoint: str, batch_id: int, topic: str) -> dict[int, int]:
@@ -63,6 +67,24 @@ def markers_only(ranges: dict[int, int], table: pa.Table) -> dict[int, int]:
     return {p: end for p, end in ranges.items() if end > handled.get(p, -1)}
 
 
+def retry_commit(commit: Callable[[], None], what: str, within_s: float = COMMIT_RETRY_S) -> bool:
+    """Run a driver-side group commit, retried while the cluster does not answer; False if it never did.
+
+    Such a commit only moves the group past work the checkpoint already holds: when it fails,
+    the next batch's commit covers it, so the worker goes on rather than fail the query.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            commit()
+            return True
+        except KafkaException as exc:
+            if time.monotonic() > deadline:
+                log.warning("%s not committed (%s); the next batch commits them", what, exc)
+                return False
+            time.sleep(1.0)
+
+
 class RangeEndCommitter:
     """Moves a group's offsets to the range ends of a finished batch where only markers lie beyond
     the last record (consumer groups, whose tasks commit up to their last record).
@@ -81,13 +103,17 @@ class RangeEndCommitter:
         wanted = {p: end for p, end in markers_only(ranges, table).items() if end > self.known.get(p, -1)}
         if not wanted:
             return
-        committed = fetch_committed(self.consumer, self.topic, sorted(wanted))
-        moves = {p: end for p, end in wanted.items() if (committed.get(p) or 0) < end}
-        self.known.update({p: max(end, committed.get(p) or 0) for p, end in wanted.items()})
-        if moves:
-            offsets = [TopicPartition(self.topic, p, end) for p, end in sorted(moves.items())]
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-            log.debug("group offsets moved over transaction markers: %s", moves)
+
+        def commit() -> None:
+            committed = fetch_committed(self.consumer, self.topic, sorted(wanted))
+            moves = {p: end for p, end in wanted.items() if (committed.get(p) or 0) < end}
+            if moves:
+                offsets = [TopicPartition(self.topic, p, end) for p, end in sorted(moves.items())]
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+                log.debug("group offsets moved over transaction markers: %s", moves)
+
+        if retry_commit(commit, "group offsets past transaction markers"):
+            self.known.update(wanted)
 
     def close(self) -> None:
         self.consumer.close()

@@ -38,7 +38,7 @@ from queueplane.run.kmq.tracker import (
 )
 from queueplane.run.options import DeadLetters, RunOptions
 from queueplane.run.outcomes import DEAD_LETTERED, OUTCOME_SCHEMA, REDELIVERED, key_text
-from queueplane.run.range_ends import handled_ends
+from queueplane.run.range_ends import handled_ends, retry_commit
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec
@@ -95,13 +95,17 @@ class GroupCommitter:
         ends = {p: end for p, end in ends.items() if end > self.known.get(p, -1)}
         if not ends:
             return
-        markers = resume.markers_ends(self.admin, self.markers_topic, sorted(ends))
-        offsets = [
-            TopicPartition(self.topic, p, end, metadata=resume.commit_metadata(markers[p]))
-            for p, end in sorted(ends.items())
-        ]
-        self.consumer.commit(offsets=offsets, asynchronous=False)
-        self.known.update(ends)
+
+        def commit() -> None:
+            markers = resume.markers_ends(self.admin, self.markers_topic, sorted(ends))
+            offsets = [
+                TopicPartition(self.topic, p, end, metadata=resume.commit_metadata(markers[p]))
+                for p, end in sorted(ends.items())
+            ]
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+
+        if retry_commit(commit, "kmq group offsets"):
+            self.known.update(ends)
 
     def close(self) -> None:
         self.consumer.close()
