@@ -12,6 +12,7 @@ so the group may move to them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import fetch_committed
@@ -67,11 +68,15 @@ def markers_only(ranges: dict[int, int], table: pa.Table) -> dict[int, int]:
     return {p: end for p, end in ranges.items() if end > handled.get(p, -1)}
 
 
-def retry_commit(commit: Callable[[], None], what: str, within_s: float = COMMIT_RETRY_S) -> bool:
+def retry_commit(
+    commit: Callable[[], None], renew: Callable[[], None], what: str, within_s: float = COMMIT_RETRY_S
+) -> bool:
     """Run a driver-side group commit, retried while the cluster does not answer; False if it never did.
 
     Such a commit only moves the group past work the checkpoint already holds: when it fails,
-    the next batch's commit covers it, so the worker goes on rather than fail the query.
+    the next batch's commit covers it, so the worker goes on rather than fail the query. Each
+    retry starts with new clients (``renew``): one that lived through a broker restart can keep
+    failing with stale metadata (FENCED_LEADER_EPOCH, "no leaders") after the broker is back.
     """
     deadline = time.monotonic() + within_s
     while True:
@@ -83,6 +88,7 @@ def retry_commit(commit: Callable[[], None], what: str, within_s: float = COMMIT
                 log.warning("%s not committed (%s); the next batch commits them", what, exc)
                 return False
             time.sleep(1.0)
+            renew()
 
 
 class RangeEndCommitter:
@@ -94,10 +100,18 @@ class RangeEndCommitter:
     """
 
     def __init__(self, target: KafkaTarget, group: str, topic: str):
-        self.topic = topic
-        role = {"group.id": group, "enable.auto.commit": False, "isolation.level": "read_committed"}
-        self.consumer = clients.consumer(target.settings, role)
+        self.target, self.group, self.topic = target, group, topic
+        self.consumer = self._consumer()
         self.known: dict[int, int] = {}  # per partition, the offset this committer last saw committed or set
+
+    def _consumer(self) -> Consumer:
+        role = {"group.id": self.group, "enable.auto.commit": False, "isolation.level": "read_committed"}
+        return clients.consumer(self.target.settings, role)
+
+    def _renew(self) -> None:
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+        self.consumer = self._consumer()
 
     def commit(self, ranges: dict[int, int], table: pa.Table) -> None:
         wanted = {p: end for p, end in markers_only(ranges, table).items() if end > self.known.get(p, -1)}
@@ -112,7 +126,7 @@ class RangeEndCommitter:
                 self.consumer.commit(offsets=offsets, asynchronous=False)
                 log.debug("group offsets moved over transaction markers: %s", moves)
 
-        if retry_commit(commit, "group offsets past transaction markers"):
+        if retry_commit(commit, self._renew, "group offsets past transaction markers"):
             self.known.update(wanted)
 
     def close(self) -> None:

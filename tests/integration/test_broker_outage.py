@@ -1,6 +1,6 @@
 """Broker outages on every runtime, at start and mid-run: nothing lost.
 
-These tests stop and restart a broker of their own (same data directory, same ports), so the
+The test stops and restarts a broker of its own (same data directory, same ports), so the
 session's shared broker stays up for every other test.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +24,11 @@ pytestmark = pytest.mark.kafka
 
 OUTAGE_S = 20
 START_OUTAGE_S = 30
-TOTAL = 3000
-HUNG = 5  # records whose first delivery runs past the lock: redelivered across the outage
+INITIAL = 1000  # waiting before the workers start
+RATE, PRODUCE_S = 30, 60  # then arriving steadily, so the mid-run outage is mid-run for every worker
+TOTAL = INITIAL + RATE * PRODUCE_S
+HUNG = 5  # records whose first delivery runs past the lock: redelivered across the outages
+RUNTIMES = ("share", "consumer", "kmq")
 
 
 @pytest.fixture(scope="module")
@@ -40,49 +44,78 @@ def _start(queue: Queue, kafka: KafkaTarget, log: Path) -> subprocess.Popen:
     return start_worker(queue, kafka, "--until-idle", "8s", log=log)
 
 
-@pytest.mark.parametrize("group_type", ["share", "consumer", "kmq"])
-def test_broker_outages_at_start_and_mid_run_lose_nothing(own_broker, tmp_path, group_type, record_property):
-    stack, kafka = own_broker
-    queue = make_queue(tmp_path, kafka, group_type=group_type, partitions=3, concurrency=8, lock="4s", delivery_limit=5)
-    hung = {f"id-{i:06d}" for i in range(HUNG)}
-    values = [order(i, mode="hang", hang_s=8) if i < HUNG else order(i, sleep_ms=2) for i in range(TOTAL)]
-    produce(kafka, queue.topic, values)
-    log = tmp_path / "worker.log"
+def _produce_steadily(kafka: KafkaTarget, topics: list[str], broker_up: threading.Event) -> None:
+    for second in range(PRODUCE_S):
+        broker_up.wait()  # a producer's own retries are not under test here
+        for topic in topics:
+            produce(kafka, topic, [order(INITIAL + second * RATE + i, sleep_ms=2) for i in range(RATE)])
+        time.sleep(1)
 
-    stack.down()  # the worker starts first (a pod scheduled before its broker is back)
+
+def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_broker, tmp_path, record_property):
+    """One worker per runtime on one broker, as teams share a cluster: the broker is down when they
+    start (up 30 s later), then stopped for 20 s while records arrive. A worker that gives up is
+    started again, as its supervisor (a Deployment) would."""
+    stack, kafka = own_broker
+    queues, logs = {}, {}
+    for runtime in RUNTIMES:
+        folder = tmp_path / runtime
+        folder.mkdir()
+        queues[runtime] = make_queue(
+            folder, kafka, group_type=runtime, partitions=3, concurrency=8, lock="4s", delivery_limit=5
+        )
+        logs[runtime] = folder / "worker.log"
+        initial = [order(i, mode="hang", hang_s=8) if i < HUNG else order(i, sleep_ms=2) for i in range(INITIAL)]
+        produce(kafka, queues[runtime].topic, initial)
+
+    stack.down()  # the workers start first (pods scheduled before their broker is back)
     try:
-        worker = _start(queue, kafka, log)
+        workers = {runtime: _start(queue, kafka, logs[runtime]) for runtime, queue in queues.items()}
         time.sleep(START_OUTAGE_S)
-        assert worker.poll() is None, "the worker waits for the broker: " + log.read_text()[-2000:]
+        for runtime, worker in workers.items():
+            assert worker.poll() is None, f"{runtime} waits for the broker: " + logs[runtime].read_text()[-2000:]
     finally:
         stack.up()
+    broker_up = threading.Event()
+    broker_up.set()
+    producer = threading.Thread(
+        target=_produce_steadily, args=(kafka, [q.topic for q in queues.values()], broker_up), daemon=True
+    )
+    producer.start()
     deadline = time.monotonic() + 180
-    while sum(1 for e in queue.events() if e.get("result") == "ok") < TOTAL // 5:
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        assert worker.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.3)
+    for runtime, queue in queues.items():
+        while sum(1 for e in queue.events() if e.get("result") == "ok") < INITIAL // 2:
+            assert time.monotonic() < deadline, logs[runtime].read_text()[-3000:]
+            assert workers[runtime].poll() is None, logs[runtime].read_text()[-3000:]
+            time.sleep(0.3)
+    assert producer.is_alive(), "records still arrive when the broker stops"
+    broker_up.clear()
     stack.down()  # mid-run, with hung records locked and the rest in flight
     stopped_at = time.monotonic()
     time.sleep(OUTAGE_S)
     stack.up()
-    restarts = 0
-    while True:  # what a supervisor does: a worker that gave up is started again
-        code = worker.wait(600)
-        if code == 0:
-            summary = json.loads(worker.stdout.read())
-            break
-        restarts += 1
-        assert restarts <= 2, log.read_text()[-3000:]
-        worker = _start(queue, kafka, log)
-    recovered_s = time.monotonic() - stopped_at
+    broker_up.set()
+    producer.join(180)
 
-    outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=TOTAL, timeout_s=60)]
-    dead = read_all(kafka, queue.dlq, timeout_s=3)
-    missing = {f"id-{i:06d}" for i in range(TOTAL)} - set(outputs)
-    assert not missing, f"{len(missing)} records never accepted, e.g. {sorted(missing)[:5]}"
-    assert dead == [], "every record is valid: none belongs in the DLQ"
-    assert hung <= set(outputs)
-    duplicates = len(outputs) - len(set(outputs))
-    assert summary["lag_at_exit"] == 0
-    record_property(f"outage_{group_type}", {"duplicates": duplicates, "restarts": restarts, "s": recovered_s})
-    print(f"\n{group_type}, {OUTAGE_S}s outage: {restarts} restarts, {duplicates} duplicates, {recovered_s:.0f}s")
+    table = {}
+    for runtime, queue in queues.items():
+        worker, restarts = workers[runtime], 0
+        while True:  # what a supervisor does: a worker that gave up is started again
+            code = worker.wait(600)
+            if code == 0:
+                summary = json.loads(worker.stdout.read())
+                break
+            restarts += 1
+            assert restarts <= 2, logs[runtime].read_text()[-3000:]
+            worker = _start(queue, kafka, logs[runtime])
+        done_s = time.monotonic() - stopped_at
+        read = read_all(kafka, queue.output, expect_at_least=TOTAL, timeout_s=60)
+        outputs = [json.loads(m.value())["id"] for m in read]
+        missing = {f"id-{i:06d}" for i in range(TOTAL)} - set(outputs)
+        assert not missing, f"{runtime}: {len(missing)} records never accepted, e.g. {sorted(missing)[:5]}"
+        assert read_all(kafka, queue.dlq, timeout_s=3) == [], f"{runtime}: every record is valid, none in the DLQ"
+        assert summary["lag_at_exit"] == 0, runtime
+        duplicates = len(outputs) - len(set(outputs))
+        table[runtime] = {"lost": 0, "duplicates": duplicates, "restarts": restarts, "done_s": round(done_s)}
+    record_property("broker_outages", table)
+    print(f"\n{START_OUTAGE_S}s down at start, {OUTAGE_S}s mid-run, {TOTAL} records per runtime: {table}")

@@ -9,6 +9,7 @@ driver once a batch is done.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pyarrow as pa
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
@@ -84,9 +86,19 @@ class GroupCommitter:
     def __init__(self, queue: QueueSpec, target: KafkaTarget):
         assert queue.markers is not None
         self.topic, self.markers_topic = queue.topic.name, queue.markers.name
-        self.consumer = clients.consumer(target.settings, {"group.id": queue.group.id, "enable.auto.commit": False})
-        self.admin = clients.admin(target)
+        self.target, self.group = target, queue.group.id
         self.known: dict[int, int] = {}  # per partition, the offset last committed
+        self.consumer, self.admin = self._clients()
+
+    def _clients(self) -> tuple[Consumer, AdminClient]:
+        role = {"group.id": self.group, "enable.auto.commit": False}
+        return clients.consumer(self.target.settings, role), clients.admin(self.target)
+
+    def _renew(self) -> None:
+        """New clients: after a broker restart the old ones may keep failing (``retry_commit``)."""
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+        self.consumer, self.admin = self._clients()
 
     def commit(self, table: pa.Table, ranges: dict[int, int]) -> None:
         """Past every record the batch handled and over the markers at its ranges' ends (``range_ends.py``)."""
@@ -104,7 +116,7 @@ class GroupCommitter:
             ]
             self.consumer.commit(offsets=offsets, asynchronous=False)
 
-        if retry_commit(commit, "kmq group offsets"):
+        if retry_commit(commit, self._renew, "kmq group offsets"):
             self.known.update(ends)
 
     def close(self) -> None:
