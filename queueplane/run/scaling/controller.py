@@ -55,7 +55,10 @@ class ExecutorController:
         self.on_executors = on_executors
         conf = self.sc.getConf()
         self.requested = int(conf.get("spark.executor.instances", str(max(1, self.policy.min_executors))))
-        self.window_start = clock()
+        # The first window opens at the first micro-batch: the time Spark took to start is no
+        # part of a processing rate (read as one, a warm-up's few records look like a backlog
+        # the executors cannot keep up with).
+        self.window_start: float | None = None
         self.handled = 0
         self.last_lag: int | None = None
         self.synced = False
@@ -125,8 +128,11 @@ class ExecutorController:
         if not self.synced and ids:
             self._sync(ids)
             ids = self.executor_ids()
-        self.handled += handled
         now = self.clock()
+        if self.window_start is None:
+            self.window_start = now
+            return None
+        self.handled += handled
         elapsed = now - self.window_start
         if elapsed < self.policy.interval_s or lag_by_partition is None:
             return None
