@@ -80,7 +80,7 @@ ITEMS = (
         f"helm {HELM_VERSION}", "a Helm 4 on PATH, else go install from the Go module proxy, a few minutes", helm_binary
     ),
     Item(
-        f"toxiproxy {TOXIPROXY_VERSION} (the fault proxy of the broker fault tests)",
+        f"toxiproxy {TOXIPROXY_VERSION} (the fault proxy of the network fault tests)",
         "go install from the Go module proxy, under a minute",
         toxiproxy_binary,
     ),
