@@ -155,17 +155,17 @@ def _kill_midway_and_restart(kafka, tmp_path, *, exactly_once: bool) -> tuple[li
     missing = {f"id-{i:06d}" for i in range(total)} - set(outputs)
     assert not missing, f"{len(missing)} records lost, e.g. {sorted(missing)[:5]}"
     assert read_all(kafka, queue.dlq, timeout_s=3) == [], "every record is valid: none belongs in the DLQ"
-    # Per key, the restarted worker handles records in offset order (ids grow with the offset per key).
+    # Per key, the restarted worker handles records in offset order.
     per_key: dict[str, list[tuple[float, int, int]]] = defaultdict(list)
     for e in queue.events():
         if e["start"] >= restarted_at:
-            per_key[e["key"]].append((e["start"], int(e["id"][3:]), e["pid"]))
+            per_key[e["key"]].append((e["start"], e["offset"], e["pid"]))
     assert per_key, "the restarted worker handled records"
     for key, calls in per_key.items():
-        ids = [i for _, i, _ in sorted(calls)]
-        assert ids == sorted(ids), (
-            f"key {key} out of order after the restart: {ids[:10]}; first calls (start - restart, id, pid): "
-            f"{[(round(t - restarted_at, 2), i, pid) for t, i, pid in sorted(calls)[:5]]}; summary {summary}"
+        offsets = [o for _, o, _ in sorted(calls)]
+        assert offsets == sorted(offsets), (
+            f"key {key} out of order after the restart: {offsets[:10]}; first calls (start - restart, offset, "
+            f"pid): {[(round(t - restarted_at, 2), o, pid) for t, o, pid in sorted(calls)[:5]]}; summary {summary}"
         )
     return outputs, summary, handled_before_kill
 
