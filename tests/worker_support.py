@@ -176,8 +176,8 @@ def make_queue(
 
 def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[bytes] | None = None) -> None:
     # Idempotent: on a busy machine a request can time out and be retried, and a plain producer's
-    # retry writes the batch twice and out of order (measured: 1,969 input records twice, and a
-    # key's records out of produce order), which the tests would charge to the worker.
+    # retry can write a batch twice and out of order (measured in CI: a key's records out of
+    # produce order), which the tests would charge to the worker.
     producer = Producer({**kafka.settings, "enable.idempotence": True})
     for i, value in enumerate(values):
         producer.produce(topic, value=value, key=(keys[i] if keys else f"k{i % 16}".encode()))
