@@ -36,15 +36,16 @@ _COORDINATOR_MOVING = {
 def log_offsets(admin: AdminClient, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
     """(log-start, log-end) per partition."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
-    ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
     starts = admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
-    return {
-        tp.partition: (
-            starts[tp].result(REQUEST_TIMEOUT_S).offset,
-            ends[tp].result(REQUEST_TIMEOUT_S).offset,
-        )
-        for tp in tps
-    }
+    ends = end_offsets(admin, topic, list(range(partitions)))
+    return {tp.partition: (starts[tp].result(REQUEST_TIMEOUT_S).offset, ends[tp.partition]) for tp in tps}
+
+
+def end_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
+    """The log-end offset of each of ``partitions`` (one ListOffsets request)."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
+    return {tp.partition: futures[tp].result(REQUEST_TIMEOUT_S).offset for tp in tps}
 
 
 def committed_offsets(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int | None]:

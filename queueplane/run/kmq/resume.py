@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from queueplane.kafka import clients
-from queueplane.kafka.offsets import REQUEST_TIMEOUT_S, committed_positions, log_offsets
+from queueplane.kafka.offsets import committed_positions, log_offsets
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.kmq import markers as km
 
@@ -49,13 +48,6 @@ def markers_start(metadata: str | None) -> int | None:
         return None
     text = metadata[len(METADATA_PREFIX) :]
     return int(text) if text.isdigit() else None
-
-
-def markers_ends(admin: AdminClient, markers_topic: str, partitions: list[int]) -> dict[int, int]:
-    """The end offset of each markers partition (one ListOffsets request)."""
-    tps = [TopicPartition(markers_topic, p) for p in partitions]
-    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
-    return {tp.partition: futures[tp].result(REQUEST_TIMEOUT_S).offset for tp in tps}
 
 
 @dataclass(frozen=True)

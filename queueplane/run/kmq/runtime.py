@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from queueplane.kafka import clients
+from queueplane.kafka.offsets import end_offsets
 from queueplane.kafka.target import KafkaTarget
 from queueplane.paths import home_dir
 from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_source, starting_offsets, with_kafka_connector
@@ -109,7 +110,7 @@ class GroupCommitter:
             return
 
         def commit() -> None:
-            markers = resume.markers_ends(self.admin, self.markers_topic, sorted(ends))
+            markers = end_offsets(self.admin, self.markers_topic, sorted(ends))
             offsets = [
                 TopicPartition(self.topic, p, end, metadata=resume.commit_metadata(markers[p]))
                 for p, end in sorted(ends.items())
