@@ -10,6 +10,7 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -184,6 +185,31 @@ def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[byte
         if i % 1000 == 0:
             producer.poll(0)
     assert producer.flush(30) == 0
+
+
+def produce_steadily(
+    kafka: KafkaTarget,
+    topics: list[str],
+    rate: int,
+    seconds: int,
+    *,
+    first_id: int = 0,
+    sleep_ms: int = 2,
+    gate: threading.Event | None = None,
+    done: threading.Event | None = None,
+) -> None:
+    """``rate`` records a second to each topic for ``seconds``, ids from ``first_id`` (run it in a thread).
+
+    ``gate``: produce only while it is set (a test's broker outage is not the producer's to ride out).
+    """
+    for second in range(seconds):
+        if gate is not None:
+            gate.wait()
+        for topic in topics:
+            produce(kafka, topic, [order(first_id + second * rate + i, sleep_ms=sleep_ms) for i in range(rate)])
+        time.sleep(1)
+    if done is not None:
+        done.set()
 
 
 def order(i: int, **fields: object) -> bytes:

@@ -21,11 +21,11 @@ from typing import Any
 from queueplane.errors import QueueplaneError
 from queueplane.local.go_install import go_install
 from queueplane.local.processes import free_port, port_open, terminate
+from queueplane.local.stack import HOST
 from queueplane.paths import cache_dir
 
 TOXIPROXY_VERSION = "v2.12.0"
 TOXIPROXY_PACKAGE = "github.com/Shopify/toxiproxy/v2/cmd/server"
-HOST = "127.0.0.1"
 
 
 class FaultProxyError(QueueplaneError):

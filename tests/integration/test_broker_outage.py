@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from worker_support import TestQueue as Queue
-from worker_support import make_queue, order, produce, read_all, start_worker
+from worker_support import make_queue, order, produce, produce_steadily, read_all, start_worker
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack
@@ -44,14 +44,6 @@ def _start(queue: Queue, kafka: KafkaTarget, log: Path) -> subprocess.Popen:
     return start_worker(queue, kafka, "--until-idle", "8s", log=log)
 
 
-def _produce_steadily(kafka: KafkaTarget, topics: list[str], broker_up: threading.Event) -> None:
-    for second in range(PRODUCE_S):
-        broker_up.wait()  # a producer's own retries are not under test here
-        for topic in topics:
-            produce(kafka, topic, [order(INITIAL + second * RATE + i, sleep_ms=2) for i in range(RATE)])
-        time.sleep(1)
-
-
 def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_broker, tmp_path, record_property):
     """One worker per runtime on one broker, as teams share a cluster: the broker is down when they
     start (up 30 s later), then stopped for 20 s while records arrive. A worker that gives up is
@@ -78,8 +70,12 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
         stack.up()
     broker_up = threading.Event()
     broker_up.set()
+    topics = [q.topic for q in queues.values()]
     producer = threading.Thread(
-        target=_produce_steadily, args=(kafka, [q.topic for q in queues.values()], broker_up), daemon=True
+        target=produce_steadily,
+        args=(kafka, topics, RATE, PRODUCE_S),
+        kwargs={"first_id": INITIAL, "gate": broker_up},
+        daemon=True,
     )
     producer.start()
     deadline = time.monotonic() + 180

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_support import make_queue, order, produce, read_all, start_worker
+from worker_support import make_queue, produce_steadily, read_all, start_worker
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.fault_proxy import FaultProxy
@@ -53,14 +53,6 @@ def proxied_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[F
 RUNTIMES = ("share", "consumer", "consumer-exactly-once", "kmq")
 
 
-def _produce_steadily(kafka: KafkaTarget, topics: list[str], done: threading.Event) -> None:
-    for second in range(PRODUCE_S):
-        for topic in topics:
-            produce(kafka, topic, [order(second * RATE + i, sleep_ms=5) for i in range(RATE)])
-        time.sleep(1)
-    done.set()
-
-
 def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_broker, tmp_path, record_property):
     """One worker per runtime, all behind the proxy at once: the faults hit them together, as a
     flaky network hits every team of a shared cluster."""
@@ -77,7 +69,12 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
         workers[runtime] = start_worker(queues[runtime], behind, "--until-idle", "8s", log=logs[runtime])
     produced = threading.Event()
     topics = [q.topic for q in queues.values()]
-    producer = threading.Thread(target=_produce_steadily, args=(direct, topics, produced), daemon=True)
+    producer = threading.Thread(
+        target=produce_steadily,
+        args=(direct, topics, RATE, PRODUCE_S),
+        kwargs={"sleep_ms": 5, "done": produced},
+        daemon=True,
+    )
     producer.start()
     deadline = time.monotonic() + 240
     for runtime, queue in queues.items():  # every worker under way
