@@ -122,7 +122,7 @@ def apply_plan(cluster: Cluster, plan: Plan, on_step: Callable[[str, int], None]
 
 def _failure_message(report: ApplyReport) -> str:
     parts = [f"apply stopped: {len(report.failed)} change(s) failed:"]
-    parts += [f"{c.kind} {c.target} {c.describe()}: {e};" for c, e in report.failed[:5]]
+    parts += [f"{c.kind} {c.target} {c.describe()}: {e.rstrip('.')};" for c, e in report.failed[:5]]
     parts.append(f"applied {len(report.applied)}: {brief(report.applied) or 'nothing'}.")
     if report.not_attempted:
         parts.append(f"Not attempted {len(report.not_attempted)}: {brief(report.not_attempted)}.")

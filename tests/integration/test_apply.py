@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from helpers import REPO, run_cli
 from specs_factory import dump, spec
 
@@ -22,6 +22,7 @@ from queueplane.errors import EXIT_FAILED, EXIT_INVALID, EXIT_REFUSED, PlanRefus
 from queueplane.kafka import names as kn
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
+from queueplane.provision.apply import ApplyFailed
 
 pytestmark = pytest.mark.kafka
 
@@ -199,6 +200,63 @@ def test_a_change_the_broker_rejects_applies_nothing(kafka, tmp_path):
         steps.apply(planned)
     assert f"{tag}.bad" in str(caught.value)
     assert _topics_with_prefix(kafka, tag) == set()
+
+
+def test_an_apply_that_fails_midway_says_exactly_what_it_applied_and_a_rerun_finishes(kafka, tmp_path):
+    """Another applier creates a topic between the dry run and the real step, as a second team's
+    pipeline can: the step fails for that topic only, later steps are not attempted, and the
+    report matches what the cluster then holds."""
+    tag = _unique()
+    grown = spec("consumer", name=f"a-{tag}", group=f"ga-{tag}", topic=f"{tag}.grown")
+    steps.apply(steps.plan([str(_write(tmp_path, grown))], kafka))
+    grown["spec"]["topic"]["partitions"] = 5
+    grown["spec"]["topic"]["config"] = {"retention.ms": "7200000"}
+    _write(tmp_path, grown)
+    _write(tmp_path, spec("consumer", name=f"n-{tag}", group=f"gn-{tag}", topic=f"{tag}.new"))
+    planned = steps.plan([str(tmp_path)], kafka)
+
+    def race(title: str, _count: int) -> None:
+        if title == "set topic configs":  # the real step, after every dry run passed
+            admin = _admin(kafka)  # kept while its future runs
+            admin.create_topics([NewTopic(f"{tag}.new.dlq", num_partitions=1)])[f"{tag}.new.dlq"].result()
+
+    with pytest.raises(ApplyFailed) as caught:
+        steps.apply(planned, race)
+    report = caught.value.report.as_dict()
+    created = "partitions=3 replicationFactor=1 (cluster default)"
+    assert report["failed"] == [
+        {
+            "change": f"+ topic {tag}.new.dlq {created} (dead-letter)",
+            "error": f"TOPIC_ALREADY_EXISTS: Topic '{tag}.new.dlq' already exists.",
+        }
+    ]
+    assert report["applied"] == [
+        f"~ topic-config {tag}.grown retention.ms: 604800000 -> 7200000",
+        f"+ topic {tag}.new {created}",
+    ]
+    assert report["not_attempted"] == [
+        f"~ partitions {tag}.grown partitions: 3 -> 5",
+        f"~ partitions {tag}.grown.dlq partitions: 3 -> 5",
+    ]
+    message = str(caught.value)
+    assert "\n" not in message and f"{tag}.new.dlq" in message
+    assert "already exists; applied 2: topic-config" in message and "Not attempted 2: partitions" in message
+    # The cluster holds what the report says, no more and no less.
+    assert _configs(kafka, ResourceType.TOPIC, f"{tag}.grown")["retention.ms"] == "7200000"
+    assert _describe_topics(kafka, [f"{tag}.grown", f"{tag}.new", f"{tag}.new.dlq"]) == {
+        f"{tag}.grown": (3, 1),
+        f"{tag}.new": (3, 1),
+        f"{tag}.new.dlq": (1, 1),  # the other applier's
+    }
+    # A new plan shows what is left, and applying it finishes the job.
+    rest = steps.plan([str(tmp_path)], kafka)
+    assert {(c.kind, c.target, c.new) for c in rest.plan.changes} == {
+        ("partitions", f"{tag}.grown", "5"),
+        ("partitions", f"{tag}.grown.dlq", "5"),
+        ("partitions", f"{tag}.new.dlq", "3"),
+    }
+    steps.apply(rest)
+    assert steps.plan([str(tmp_path)], kafka).plan.changes == []
 
 
 def test_plan_json_and_live_broker_bounds(kafka, tmp_path, cli_env):
