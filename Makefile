@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 QP := $(BIN)/queueplane
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-kubernetes test lint bench clean local-down chromium kubernetes-host
+.PHONY: setup demo demo-kubernetes test lint bench clean local-down test-host kubernetes-host
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queueplane needs Python >= 3.11")'
@@ -92,13 +92,16 @@ kubernetes-host:
 	  echo "== installing the local Kubernetes' host packages (apt): $(KUBE_HOST_PACKAGES)"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(KUBE_HOST_PACKAGES); }
 
-# The Airflow UI test drives Debian's chromium with Playwright (no browser download from a CDN).
-chromium:
-	@command -v chromium >/dev/null || { echo "== installing chromium (apt) for the Airflow UI test"; \
+# Host tools the tests drive, from apt: Debian's chromium for the Airflow UI test (Playwright, no
+# browser download from a CDN) and zsh for the shell completion test.
+TEST_HOST_TOOLS := chromium zsh
+test-host:
+	@missing="$$(for tool in $(TEST_HOST_TOOLS); do command -v $$tool >/dev/null || echo $$tool; done)"; \
+	  [ -z "$$missing" ] || { echo "== installing" $$missing "(apt) for the tests"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; }
 
-test: lint chromium
+test: lint test-host
 	$(BIN)/pytest
 
 bench: setup

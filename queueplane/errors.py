@@ -22,6 +22,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the cluster or a tool failed; the message says what was applied
 EXIT_INVALID = 2  # bad input: spec, flags, config file; nothing was changed
 EXIT_REFUSED = 3  # the plan holds changes queueplane refuses to make; nothing was changed
+# plan --detailed-exitcode: there are changes to apply (terraform's 2 is taken by bad input here)
+EXIT_CHANGES = 4
 
 
 @dataclass(frozen=True)

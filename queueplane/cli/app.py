@@ -15,8 +15,10 @@ from collections.abc import Sequence
 
 from queueplane import __version__
 from queueplane.cli import deploy_commands, local_commands, ops_commands, run_commands, spec_commands
-from queueplane.cli.common import EPILOG, err, print_problems
-from queueplane.errors import EXIT_FAILED, QueueplaneError, SpecInvalid
+from queueplane.cli.common import EPILOG, emit, err, no_color, print_error, print_problems
+from queueplane.errors import EXIT_FAILED, EXIT_OK, QueueplaneError, SpecInvalid
+
+NO_COLOR_HELP = "plain text, no colours (as $NO_COLOR)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,22 +29,68 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"queueplane {__version__}")
+    parser.add_argument("--no-color", action="store_true", help=NO_COLOR_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for group in (spec_commands, deploy_commands, run_commands, ops_commands, local_commands):
         group.register(commands)
+    completion = commands.add_parser(
+        "completion",
+        help="print the shell completion script (bash or zsh)",
+        description="Completion of commands, flags and spec paths, made from this parser. bash: "
+        '`source <(queueplane completion bash)`; zsh: `queueplane completion zsh > "${fpath[1]}/_queueplane"`.',
+    )
+    completion.add_argument("shell", choices=SHELLS)
+    completion.set_defaults(handler=lambda args: _print_completion(parser, args.shell))
+    _flag_on_every_command(parser)
     return parser
+
+
+SHELLS = ("bash", "zsh")
+# Arguments that name files or folders complete as paths; the rest complete from the parser.
+_PATH_METAVARS = {"PATH": "file", "SPEC": "file", "FILE": "file", "DIR": "directory"}
+
+
+def _print_completion(parser: argparse.ArgumentParser, shell: str) -> int:
+    import shtab
+
+    kinds = {"file": shtab.FILE, "directory": shtab.DIRECTORY}
+
+    def mark_paths(node: argparse.ArgumentParser) -> None:
+        for action in node._actions:
+            kind = _PATH_METAVARS.get(str(action.metavar))
+            if kind is not None:
+                action.complete = kinds[kind]  # type: ignore[attr-defined]
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in set(action.choices.values()):
+                    mark_paths(sub)
+
+    mark_paths(parser)
+    sys.stdout.write(shtab.complete(parser, shell=shell))
+    return EXIT_OK
+
+
+def _flag_on_every_command(parser: argparse.ArgumentParser) -> None:
+    """--no-color after the command too (`queueplane plan specs --no-color`), as terraform takes it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                sub.add_argument("--no-color", action="store_true", default=argparse.SUPPRESS, help=NO_COLOR_HELP)
+                _flag_on_every_command(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.no_color:
+        no_color()
+    output = getattr(args, "output", "text")
     try:
         return args.handler(args)
     except SpecInvalid as exc:
-        print_problems(exc, getattr(args, "output", "text"))
+        print_problems(exc, output)
         return exc.exit_code
     except QueueplaneError as exc:
-        err.print(f"error: {exc}", markup=False)
+        print_error(exc, output)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
@@ -50,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("QUEUEPLANE_DEBUG"):
             raise
+        if output in ("json", "yaml"):
+            emit(output, {"error": {"kind": "InternalError", "exit_code": EXIT_FAILED, "message": str(exc)}})
         err.print(
             f"internal error: {type(exc).__name__}: {exc}. Run again with QUEUEPLANE_DEBUG=1 for a "
             "traceback, and report it.",

@@ -6,9 +6,19 @@ import argparse
 import json
 from typing import Any
 
+import yaml
 from rich.console import Console
 
-from queueplane.errors import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, SpecInvalid, UsageError
+from queueplane.errors import (
+    EXIT_CHANGES,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_REFUSED,
+    QueueplaneError,
+    SpecInvalid,
+    UsageError,
+)
 from queueplane.kafka.target import ENV_BOOTSTRAP, ENV_KAFKA_CONFIG, KafkaTarget, named_target
 from queueplane.provision import steps
 from queueplane.spec import durations
@@ -16,7 +26,10 @@ from queueplane.spec.model import QueueSpec
 
 EPILOG = f"""\
 exit codes: {EXIT_OK} ok, {EXIT_FAILED} the cluster or a tool failed, {EXIT_INVALID} invalid input \
-(nothing changed), {EXIT_REFUSED} the plan holds refused changes (nothing changed).
+(nothing changed), {EXIT_REFUSED} the plan holds refused changes (nothing changed), {EXIT_CHANGES} \
+changes to make (plan --detailed-exitcode).
+output: -o json|yaml prints data, and errors as an object ({{"error": ...}}), on stdout; text goes to \
+a terminal in colour unless --no-color or $NO_COLOR.
 cluster: --bootstrap-servers / --kafka-config, else ${ENV_BOOTSTRAP} / ${ENV_KAFKA_CONFIG}, \
 else the running local stack (queueplane local up)."""
 
@@ -34,8 +47,31 @@ def cluster_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+OUTPUTS = ("text", "json", "yaml")
+
+
 def output_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="output format")
+
+
+def emit(output: str, data: Any) -> None:
+    """Data for scripts on stdout, as JSON or YAML: the same object either way."""
+    if output == "yaml":
+        out.print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), markup=False, end="")
+    else:
+        out.print_json(json.dumps(data))
+
+
+def no_color() -> None:
+    """--no-color: plain text on both consoles ($NO_COLOR is honoured by rich itself)."""
+    out.no_color = err.no_color = True
+
+
+def print_error(exc: QueueplaneError, output: str) -> None:
+    """One paragraph on stderr; under -o json|yaml also an error object on stdout for scripts."""
+    if output in ("json", "yaml"):
+        emit(output, {"error": {"kind": type(exc).__name__, "exit_code": exc.exit_code, "message": str(exc)}})
+    err.print(f"error: {exc}", markup=False)
 
 
 def command(commands: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
@@ -78,8 +114,8 @@ def duration_flag(value: str | None, flag: str) -> float | None:
 
 
 def print_problems(exc: SpecInvalid, output: str) -> None:
-    if output == "json":
-        out.print_json(json.dumps({"valid": False, "problems": [p.as_dict() for p in exc.problems]}))
+    if output in ("json", "yaml"):
+        emit(output, {"valid": False, "problems": [p.as_dict() for p in exc.problems]})
     for problem in exc.problems:
         err.print(problem.render(), markup=False)
     err.print(f"{len(exc.problems)} problem(s); nothing was changed.", markup=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from queueplane.cli.common import command, duration_flag, err, one_spec, out
-from queueplane.deploy.cluster_values import from_files
+from queueplane.deploy.cluster_values import from_flags
 from queueplane.errors import EXIT_OK
 
 
@@ -52,6 +52,13 @@ def _values_flag(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="cluster values (YAML) over the spec's: kafka secrets, checkpoint volume, pull secrets, image; repeatable",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one cluster value over the --values files, as helm's --set (e.g. image.tag=1.2.3); repeatable",
+    )
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -62,7 +69,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     queue = one_spec(args.spec)
     with err.status(f"rendering {queue.name}"):
         rendered = render(
-            queue, output_dir=Path(args.output_dir) if args.output_dir else None, overrides=from_files(args.values)
+            queue,
+            output_dir=Path(args.output_dir) if args.output_dir else None,
+            overrides=from_flags(args.values, args.set),
         )
     if args.output_dir is None:
         out.print(rendered.manifests, markup=False, end="")
@@ -87,7 +96,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     access = release.KubeAccess(args.kubeconfig or release.default_kubeconfig(), args.context, in_cluster=False)
     with tempfile.TemporaryDirectory(prefix="queueplane-deploy-") as folder:
         with err.status(f"rendering {queue.name}"):
-            rendered = render(queue, output_dir=Path(folder), overrides=from_files(args.values))
+            rendered = render(queue, output_dir=Path(folder), overrides=from_flags(args.values, args.set))
         if args.dry_run:
             argv = " ".join(["helm", *release.upgrade_args(rendered, access, timeout_s)])
             out.print(f"dry run: release {rendered.release} rendered and checked; would run: {argv}", markup=False)

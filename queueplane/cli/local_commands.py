@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 from typing import Any
 
-from queueplane.cli.common import err, out, output_flag
+from queueplane.cli.common import emit, err, out, output_flag
 from queueplane.errors import EXIT_FAILED, EXIT_OK
 
 
@@ -87,8 +86,8 @@ def cmd_local(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.local_command == "status":
         info = stack.status()
-        if args.output == "json":
-            out.print_json(json.dumps(info))
+        if args.output != "text":
+            emit(args.output, info)
         else:
             for key, value in info.items():
                 out.print(f"{key}: {value}", markup=False)
@@ -126,8 +125,8 @@ def _cmd_kubernetes(args: argparse.Namespace) -> int:
     if action == "kubectl":
         return subprocess.run(cluster.kubectl_command(*args.args)).returncode
     info = cluster.status()
-    if args.output == "json":
-        out.print_json(json.dumps(info))
+    if args.output != "text":
+        emit(args.output, info)
     else:
         for key, value in info.items():
             out.print(f"{key}: {value}", markup=False)

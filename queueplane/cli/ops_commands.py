@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from rich.markup import escape
@@ -13,6 +12,7 @@ from queueplane.cli.common import (
     cluster_flags,
     command,
     duration_flag,
+    emit,
     err,
     one_spec,
     out,
@@ -129,9 +129,9 @@ def cmd_lag(args: argparse.Namespace) -> int:
 
     if not args.watch:
         rows = read()
-        if args.output == "json":
+        if args.output != "text":
             lags = {r.partition: r.lag for r in rows}
-            out.print_json(json.dumps({"partitions": [r.as_dict() for r in rows], "total": total_lag(lags)}))
+            emit(args.output, {"partitions": [r.as_dict() for r in rows], "total": total_lag(lags)})
         else:
             out.print(_lag_table(queue, rows))
         return EXIT_OK
@@ -158,11 +158,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             raise UsageError("--limit must be at least 1")
         with err.status(f"reading {queue.dead_letter.name}"):
             rows, pending = dlq.list_dead_letters(target, queue, args.limit, args.all)
-        if args.output == "json":
-            out.print_json(
-                json.dumps(
-                    {"topic": queue.dead_letter.name, "pending": pending, "records": [r.as_dict() for r in rows]}
-                )
+        if args.output != "text":
+            emit(
+                args.output,
+                {"topic": queue.dead_letter.name, "pending": pending, "records": [r.as_dict() for r in rows]},
             )
             return EXIT_OK
         _print_dead_letters(queue, rows, pending, args.all)
@@ -186,8 +185,8 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             progress.update(task, total=total, completed=report.moved + report.kept)
 
         report = dlq.redrive(target, queue, args.rate, where, on_progress)
-    if args.output == "json":
-        out.print_json(json.dumps(report.as_dict()))
+    if args.output != "text":
+        emit(args.output, report.as_dict())
     else:
         kept = f", {report.kept} not matching kept pending" if where else ""
         out.print(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from typing import Any
@@ -12,6 +11,7 @@ from queueplane.cli.common import (
     cluster_flags,
     command,
     duration_flag,
+    emit,
     err,
     one_spec,
     out,
@@ -100,8 +100,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
         logging.getLogger("py4j").setLevel(logging.WARNING)
     summary = run_with_progress(queue, target, options, err, show=show)
-    if args.output == "json":
-        out.print_json(json.dumps(summary.as_dict()))
+    if args.output != "text":
+        emit(args.output, summary.as_dict())
     else:
         from queueplane.cli.run_progress import summary_table
 
@@ -131,8 +131,8 @@ def cmd_load(args: argparse.Namespace) -> int:
             on_progress=lambda n: progress.update(task, completed=n),
         )
     result = {"topic": report.topic, "count": report.count, "poison": report.poison, "slow": report.slow}
-    if args.output == "json":
-        out.print_json(json.dumps(result))
+    if args.output != "text":
+        emit(args.output, result)
     else:
         out.print(f"produced {report.count} records to {report.topic} ({report.poison} poison, {report.slow} slow)")
     return EXIT_OK

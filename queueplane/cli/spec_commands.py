@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from queueplane.cli.common import cluster_flags, command, err, out, output_flag, resolve_target
-from queueplane.errors import EXIT_OK, EXIT_REFUSED, UsageError
+from queueplane.cli.common import cluster_flags, command, emit, err, out, output_flag, resolve_target
+from queueplane.errors import EXIT_CHANGES, EXIT_OK, EXIT_REFUSED, UsageError
 from queueplane.kafka.target import named_target
 from queueplane.provision import steps
 from queueplane.provision.plan_text import render_plan
@@ -34,6 +33,11 @@ def register(commands: Any) -> None:
         "Diff the specs against the live cluster: + create, ~ change, ! refused. Changes nothing.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument(
+        "--detailed-exitcode",
+        action="store_true",
+        help=f"exit {EXIT_CHANGES} when there are changes to apply, {EXIT_OK} when none (CI gates on drift)",
+    )
     cluster_flags(p)
     output_flag(p)
     p.set_defaults(handler=cmd_plan)
@@ -55,17 +59,9 @@ def register(commands: Any) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     target = named_target(args.bootstrap_servers, args.kafka_config)
     queues = steps.validate(args.paths, target)
-    if args.output == "json":
-        out.print_json(
-            json.dumps(
-                {
-                    "valid": True,
-                    "specs": [
-                        {"file": q.source, "name": q.name, "team": q.team, "group": q.group.type} for q in queues
-                    ],
-                }
-            )
-        )
+    if args.output != "text":
+        specs = [{"file": q.source, "name": q.name, "team": q.team, "group": q.group.type} for q in queues]
+        emit(args.output, {"valid": True, "specs": specs})
     else:
         bounds = f"bounds of {target.label}" if target else "Kafka's default share-group bounds"
         for q in queues:
@@ -78,11 +74,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
     with err.status("reading the cluster"):
         planned = steps.plan(args.paths, target)
-    if args.output == "json":
-        out.print_json(json.dumps(planned.plan.as_dict()))
+    if args.output != "text":
+        emit(args.output, planned.plan.as_dict())
     else:
         render_plan(planned.plan, out)
-    return EXIT_REFUSED if planned.plan.refused else EXIT_OK
+    if planned.plan.refused:
+        return EXIT_REFUSED
+    return EXIT_CHANGES if args.detailed_exitcode and planned.plan.changes else EXIT_OK
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -96,8 +94,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         render_plan(plan, out)
     plan.raise_if_refused()
     if not plan.changes:
-        if args.output == "json":
-            out.print_json(json.dumps({"plan": plan.as_dict(), "applied": []}))
+        if args.output != "text":
+            emit(args.output, {"plan": plan.as_dict(), "applied": []})
         return EXIT_OK
     if not args.yes:
         if not sys.stdin.isatty():
@@ -119,8 +117,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
             progress.update(task, description=title, advance=count)
 
         report = steps.apply(planned, on_step)
-    if args.output == "json":
-        out.print_json(json.dumps({"plan": plan.as_dict(), **report.as_dict()}))
+    if args.output != "text":
+        emit(args.output, {"plan": plan.as_dict(), **report.as_dict()})
     else:
         counts = plan.counts()
         out.print(f"Apply complete: {counts['create']} created, {counts['change']} changed.")

@@ -2,10 +2,11 @@
 
 A spec says what the queue is (its sizes, autoscaling, image). The cluster says where the
 worker's Kafka credentials, TLS files and checkpoint volume are, how images are pulled, and
-may pin another image for one rollout. Those come from the deployer: `--values FILE` on the
-command line; in Airflow, the Variable ``queueplane_cluster_values`` (JSON, every release) with
-the trigger form's ``cluster_values`` on top (one run). The spec's own values are refused here,
-so a deployer cannot resize or rename a team's queue behind its spec.
+may pin another image for one rollout. Those come from the deployer: `--values FILE` and
+`--set key.path=value` on the command line (helm's flags, in helm's order: files, then sets);
+in Airflow, the Variable ``queueplane_cluster_values`` (JSON, every release) with the trigger
+form's ``cluster_values`` on top (one run). The spec's own values are refused here, so a deployer
+cannot resize or rename a team's queue behind its spec.
 """
 
 from __future__ import annotations
@@ -61,3 +62,32 @@ def from_files(paths: list[str]) -> dict[str, Any]:
             raise UsageError(f"--values {path}: not YAML: {str(exc).splitlines()[0]}") from None
         merged = merge_values(merged, checked(document, path))
     return merged
+
+
+def from_sets(assignments: list[str]) -> dict[str, Any]:
+    """`--set a.b=value` ... as helm reads them: dotted paths (``\\.`` for a literal dot), later wins.
+
+    A value is read as a YAML scalar (``3`` a number, ``true`` a boolean, ``null`` nothing);
+    anything else stays text. Lists and maps belong in a ``--values`` file.
+    """
+    merged: dict[str, Any] = {}
+    for assignment in assignments:
+        path, sep, text = assignment.partition("=")
+        keys = [k.replace("\0", ".") for k in path.replace("\\.", "\0").split(".")]
+        if not sep or not all(keys):
+            raise UsageError(f"--set {assignment}: expected key.path=value, e.g. image.tag=1.2.3")
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, (dict, list)):
+            value = text
+        for key in reversed(keys):
+            value = {key: value}
+        merged = merge_values(merged, checked(value, f"--set {assignment}"))
+    return merged
+
+
+def from_flags(files: list[str], sets: list[str]) -> dict[str, Any]:
+    """The command line's cluster values: ``--values`` files in order, then every ``--set`` on top."""
+    return merge_values(from_files(files), from_sets(sets))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from helpers import REPO, run_cli
 from specs_factory import dump, spec
 
-from queueplane.errors import EXIT_FAILED, EXIT_INVALID, EXIT_REFUSED, PlanRefused
+from queueplane.errors import EXIT_CHANGES, EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, PlanRefused
 from queueplane.kafka import names as kn
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
@@ -365,3 +366,38 @@ def test_apply_asks_first_and_only_yes_applies(kafka, tmp_path, cli_env):
     code, screen = _run_in_terminal(args, cli_env, "yes")
     assert code == 0 and "Apply complete: 2 created, 0 changed." in screen
     assert _topics_with_prefix(kafka, tag) == {f"{tag}.ask", f"{tag}.ask.dlq"}
+
+
+def _colours(screen: str) -> set[str]:
+    """The foreground colours in a terminal's output (SGR 30-37, 38;..., 90-97), not bold or cursor moves."""
+    found = set()
+    for params in re.findall(r"\x1b\[([0-9;]*)m", screen):
+        codes = params.split(";")
+        found |= {c for c in codes[:1] + codes[1:] if c and (30 <= int(c) <= 38 or 90 <= int(c) <= 97)}
+    return found
+
+
+def test_plan_detailed_exitcode_gates_on_drift_and_colour_is_off_when_asked(kafka, tmp_path, cli_env):
+    tag = _unique()
+    path = _write(tmp_path, spec("consumer", name=f"d-{tag}", group=f"gd-{tag}", topic=f"{tag}.drift"))
+    args = ["plan", str(path), "--bootstrap-servers", kafka.bootstrap]
+    assert run_cli(args, cli_env).returncode == EXIT_OK, "without the flag, changes are not an error"
+    drift = run_cli([*args, "--detailed-exitcode"], cli_env)
+    assert drift.returncode == EXIT_CHANGES, drift.stderr
+    assert "Plan: 2 to create, 0 to change, 0 refused." in drift.stdout
+    steps.apply(steps.plan([str(path)], kafka))
+    assert run_cli([*args, "--detailed-exitcode"], cli_env).returncode == EXIT_OK
+    doc = spec("consumer", name=f"d-{tag}", group=f"gd-{tag}", topic=f"{tag}.drift")
+    doc["spec"]["topic"]["partitions"] = 1
+    _write(tmp_path, doc)
+    refused = run_cli([*args, "--detailed-exitcode"], cli_env)
+    assert refused.returncode == EXIT_REFUSED, "a refused change outranks drift"
+
+    doc["spec"]["topic"]["partitions"] = 4
+    _write(tmp_path, doc)
+    env = {k: v for k, v in cli_env.items() if k != "NO_COLOR"}
+    _, coloured = _run_in_terminal(args, env, "")
+    assert _colours(coloured), f"a terminal gets colour: {coloured!r}"
+    for flags, extra in (([*args, "--no-color"], {}), (["--no-color", *args], {}), (args, {"NO_COLOR": "1"})):
+        _, plain = _run_in_terminal(flags, dict(env, **extra), "")
+        assert "~ partitions" in plain and not _colours(plain), (flags, extra, plain)

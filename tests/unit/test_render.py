@@ -250,3 +250,30 @@ def test_cli_render_takes_cluster_values_from_files_but_not_the_specs_own(tmp_pa
     owned.write_text("executor: {cores: 64}\n")
     refused = run_cli(["render", str(EXAMPLES / "coffee-orders.yaml"), "--values", str(owned)], cli_env)
     assert refused.returncode == 2 and f"{owned}: /executor comes from the queue's spec" in refused.stderr
+
+
+def test_cli_render_set_overrides_the_values_files_as_helm_does(tmp_path, cli_env):
+    values = tmp_path / "cluster.yaml"
+    values.write_text("image: {repository: registry.example.com/team/worker, tag: '1.0.0'}\n")
+    coffee = str(EXAMPLES / "coffee-orders.yaml")
+    result = run_cli(
+        ["render", coffee, "--values", str(values), "--set", "image.tag=2.0.0", "--set", "kafka.configSecret.name=k"],
+        cli_env,
+    )
+    assert result.returncode == 0, result.stderr
+    images = {c["image"] for o in yaml.safe_load_all(result.stdout) if o for c in _containers(o)}
+    assert images == {"registry.example.com/team/worker:2.0.0"}, "the --set tag wins over the file's"
+    assert 'secretName: "k"' in result.stdout, "a nested --set path reaches the chart"
+    for bad, says in (
+        ("executor.cores=64", "--set executor.cores=64: /executor comes from the queue's spec"),
+        ("image.tag", "--set image.tag: expected key.path=value"),
+        ("image..tag=1", "--set image..tag=1: expected key.path=value"),
+    ):
+        refused = run_cli(["render", coffee, "--set", bad], cli_env)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+
+
+def _containers(obj: dict) -> list[dict]:
+    spec = obj.get("spec", {})
+    pod = spec.get("template", {}).get("spec", spec) if obj["kind"] != "Pod" else spec
+    return [*pod.get("containers", []), *pod.get("initContainers", [])]
