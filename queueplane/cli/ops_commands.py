@@ -1,4 +1,4 @@
-"""Commands on a running queue: lag (how far behind, where it piles up) and dlq (list, redrive)."""
+"""Commands on a running queue: status (at a glance), lag (how far behind, where it piles up) and dlq."""
 
 from __future__ import annotations
 
@@ -26,8 +26,75 @@ from queueplane.spec.model import QueueSpec
 
 
 def register(commands: Any) -> None:
+    _register_status(commands)
     _register_lag(commands)
     _register_dlq(commands)
+
+
+def _register_status(commands: Any) -> None:
+    p = command(
+        commands,
+        "status",
+        "a queue at a glance: topic, group and members, backlog, dead letters, release and pods",
+        "Read-only, from anywhere the cluster answers: the topic (or that it is not applied yet), the "
+        "group's state and members with their partitions, the backlog and how long its oldest record has "
+        "waited, the dead letters pending. With --kubeconfig (or $KUBECONFIG) also the Helm release and the "
+        "worker's pods.",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig of the cluster (default: $KUBECONFIG if set)")
+    p.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    cluster_flags(p)
+    output_flag(p)
+    p.set_defaults(handler=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import os
+
+    from queueplane.deploy.release import KubeAccess
+    from queueplane.ops.status import kafka_status, kubernetes_status
+
+    target = resolve_target(args.bootstrap_servers, args.kafka_config)
+    queue = one_spec(args.spec, target)
+    kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
+    with err.status(f"reading {queue.name}"):
+        status = kafka_status(target, queue)
+        if kubeconfig:
+            kubernetes_status(status, queue, KubeAccess(kubeconfig, args.context, in_cluster=False))
+    if args.output != "text":
+        emit(args.output, status.as_dict())
+        return EXIT_OK
+    for name, value in _status_lines(status, args.spec):
+        out.print(f"{name:<13} {value}", markup=False)
+    return EXIT_OK
+
+
+def _status_lines(status: Any, spec: str) -> list[tuple[str, str]]:
+    lines = [("queue", f"{status.queue} (team {status.team}, {status.group_type} group)")]
+    if status.partitions is None:
+        lines.append(("topic", f"{status.topic}: not there; create it with `queueplane apply {spec}`"))
+    else:
+        lines.append(("topic", f"{status.topic}: {status.partitions} partition(s)"))
+    members = "; ".join(f"{m.client_id}@{m.host} {m.partitions or '-'}" for m in status.members)
+    lines.append(("group", f"{status.group}: {status.group_state}, {len(status.members)} member(s) {members}".rstrip()))
+    if status.partitions is not None:
+        backlog = "unknown" if status.lag is None else f"{status.lag} record(s)"
+        if status.oldest_waiting_s:
+            backlog += f", the oldest waiting {status.oldest_waiting_s:.0f}s"
+        lines.append(("backlog", backlog))
+    pending = "topic not there" if status.dead_letters is None else f"{status.dead_letters} pending"
+    lines.append(("dead letters", f"{pending} in {status.dead_letter_topic}"))
+    if status.release is not None:
+        r = status.release
+        detail = "" if r["status"] == "missing" else f", revision {r['revision']}, updated {r['updated']}"
+        lines.append(("release", f"{r['name']} in {r['namespace']}: {r['status']}{detail}"))
+        for pod in status.pods or []:
+            ready = "ready" if pod["ready"] else "not ready"
+            lines.append(
+                (pod["component"] or "pod", f"{pod['name']} {pod['phase']}, {ready}, {pod['restarts']} restart(s)")
+            )
+    return lines
 
 
 def _register_lag(commands: Any) -> None:

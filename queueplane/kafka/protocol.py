@@ -1,7 +1,9 @@
 """A few Kafka wire-protocol requests the Python client does not offer.
 
 Only what queueplane needs and only over PLAINTEXT (the local stack): ApiVersions v3,
-whose answer carries the cluster's finalized feature levels (share.version).
+whose answer carries the cluster's finalized feature levels (share.version); a share group's
+offsets and lag (DescribeShareGroupOffsets) and its state and members (ShareGroupDescribe),
+which confluent-kafka's admin client does not describe for share groups.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ def api_versions(host: str, port: int, timeout: float = 5.0) -> ApiVersions:
 
 FIND_COORDINATOR_KEY = 10
 DESCRIBE_SHARE_GROUP_OFFSETS_KEY = 90
+SHARE_GROUP_DESCRIBE_KEY = 77
+GROUP_ID_NOT_FOUND = 69
 _KEY_TYPE_GROUP = 0
 
 
@@ -159,15 +163,8 @@ def _nullable_compact_string(reader: _Reader) -> str | None:
     return None if length < 0 else reader.take(length).decode()
 
 
-def share_partition_offsets(
-    host: str, port: int, group: str, topic: str, partitions: list[int], timeout: float = 5.0
-) -> dict[int, tuple[int | None, int | None]]:
-    """(start offset, lag) per partition (DescribeShareGroupOffsets v1, KIP-1226, Kafka 4.2+).
-
-    The start offset is the oldest record the group has not finished. (None, None) where the
-    broker holds no state for the partition (the group never fetched from it); a lag of None
-    where the broker reports none (-1).
-    """
+def _group_coordinator(host: str, port: int, group: str, timeout: float) -> tuple[str, int]:
+    """The broker that coordinates ``group`` (FindCoordinator v6)."""
     with _FlexibleClient(host, port, timeout) as client:
         body = bytes([_KEY_TYPE_GROUP]) + _compact_array([_compact_string(group)]) + _uvarint(0)
         reader = client.request(FIND_COORDINATOR_KEY, 6, body)
@@ -184,6 +181,19 @@ def share_partition_offsets(
             f"no coordinator for group {group!r} (error {coordinators[0][3] if coordinators else '?'})"
         )
     _, chost, cport, _ = coordinators[0]
+    return chost, cport
+
+
+def share_partition_offsets(
+    host: str, port: int, group: str, topic: str, partitions: list[int], timeout: float = 5.0
+) -> dict[int, tuple[int | None, int | None]]:
+    """(start offset, lag) per partition (DescribeShareGroupOffsets v1, KIP-1226, Kafka 4.2+).
+
+    The start offset is the oldest record the group has not finished. (None, None) where the
+    broker holds no state for the partition (the group never fetched from it); a lag of None
+    where the broker reports none (-1).
+    """
+    chost, cport = _group_coordinator(host, port, group, timeout)
     partition_items = [struct.pack(">i", p) for p in partitions]
     topic_item = _compact_string(topic) + _compact_array(partition_items) + _uvarint(0)
     group_item = _compact_string(group) + _compact_array([topic_item]) + _uvarint(0)
@@ -217,3 +227,62 @@ def share_partition_offsets(
                 f"DescribeShareGroupOffsets failed for {group!r}: error {group_error} {message or ''}"
             )
     return offsets
+
+
+@dataclass(frozen=True)
+class ShareMember:
+    client_id: str
+    client_host: str
+    partitions: tuple[int, ...]  # of the described topic
+
+
+@dataclass(frozen=True)
+class ShareGroup:
+    state: str  # Empty, Stable, Dead, ... ("Dead" when the group does not exist)
+    members: tuple[ShareMember, ...]
+
+
+def describe_share_group(host: str, port: int, group: str, topic: str, timeout: float = 5.0) -> ShareGroup:
+    """A share group's state and members, with each member's partitions of ``topic`` (ShareGroupDescribe v1)."""
+    chost, cport = _group_coordinator(host, port, group, timeout)
+    body = _compact_array([_compact_string(group)]) + b"\x00" + _uvarint(0)  # no authorized operations
+    with _FlexibleClient(chost, cport, timeout) as client:
+        reader = client.request(SHARE_GROUP_DESCRIBE_KEY, 1, body)
+    reader.int32()  # throttle
+    described: ShareGroup | None = None
+    for _ in range(reader.uvarint() - 1):
+        error, message = reader.int16(), _nullable_compact_string(reader)
+        reader.compact_string()  # group id
+        state = reader.compact_string()
+        reader.int32(), reader.int32()  # group and assignment epochs
+        reader.compact_string()  # assignor
+        members = []
+        for _ in range(reader.uvarint() - 1):
+            reader.compact_string()  # member id
+            _nullable_compact_string(reader)  # rack
+            reader.int32()  # member epoch
+            client_id, client_host = reader.compact_string(), reader.compact_string()
+            for _ in range(reader.uvarint() - 1):
+                reader.compact_string()  # subscribed topic
+            partitions: list[int] = []
+            for _ in range(reader.uvarint() - 1):
+                reader.take(16)  # topic id
+                name = reader.compact_string()
+                assigned = [reader.int32() for _ in range(reader.uvarint() - 1)]
+                reader.skip_tags()
+                if name == topic:
+                    partitions += assigned
+            reader.skip_tags()  # assignment
+            reader.skip_tags()  # member
+            members.append(ShareMember(client_id, client_host, tuple(sorted(partitions))))
+        reader.int32()  # authorized operations
+        reader.skip_tags()
+        if error == GROUP_ID_NOT_FOUND:
+            described = ShareGroup("Dead", ())
+        elif error:
+            raise ConnectionError(f"ShareGroupDescribe failed for {group!r}: error {error} {message or ''}")
+        else:
+            described = ShareGroup(state, tuple(members))
+    if described is None:
+        raise ConnectionError(f"ShareGroupDescribe answered nothing for {group!r}")
+    return described

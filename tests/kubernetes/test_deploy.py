@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from airflow_stack import AirflowStack
 from airflow_support import kafka_connection
-from helpers import tagged_examples, unique_tag
+from helpers import run_cli, tagged_examples, unique_tag
 from kube_support import (
     DRIVER,
     EXECUTOR,
@@ -97,6 +97,14 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         (driver,) = pods(local_kubernetes, namespace, DRIVER)
         assert driver["status"]["phase"] == "Running"
         wait_for("an executor pod created by the driver", lambda: pods(local_kubernetes, namespace, EXECUTOR), 180)
+        # `queueplane status` sees what kubectl sees: the release deployed, the driver and its executors.
+        kubeconfig = ["--kubeconfig", str(local_kubernetes.kubeconfig)]
+        shown = run_cli(["status", spec, *host, *kubeconfig, "-o", "json"], cli_env)
+        assert shown.returncode == 0, shown.stderr
+        status = json.loads(shown.stdout)
+        assert status["release"]["status"] == "deployed" and status["release"]["namespace"] == namespace, status
+        names = {p["component"]: p["name"] for p in status["pods"]}
+        assert names.get("driver") == driver["metadata"]["name"] and "executor" in names, status["pods"]
 
         poison = load(spec, 400, host, cli_env)
         wait_for("the first load to settle", lambda: outcomes(kafka, doc, 400 - poison, poison)[1] >= poison, 300)
