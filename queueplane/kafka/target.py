@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from queueplane.errors import UsageError
 
@@ -22,15 +23,18 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 @dataclass(frozen=True)
 class KafkaTarget:
-    """librdkafka settings for one cluster, and a label for messages (never the secrets)."""
+    """librdkafka settings for one cluster, and a label for messages (never the secrets).
 
-    settings: dict[str, str] = field(default_factory=dict)
+    Values are text, except the callbacks an Airflow Kafka connection resolves (``oauth_cb``, ...).
+    """
+
+    settings: dict[str, Any] = field(default_factory=dict)
     label: str = ""
     local: bool = False
 
     @property
     def bootstrap(self) -> str:
-        return self.settings.get("bootstrap.servers", "")
+        return str(self.settings.get("bootstrap.servers", ""))
 
     def plaintext_address(self) -> tuple[str, int] | None:
         """The first bootstrap host and port, when the cluster speaks PLAINTEXT (queueplane's own

@@ -1,8 +1,11 @@
 """Airflow connections as the core's inputs: a KafkaTarget and a kubeconfig file.
 
-`kafka_default` follows the Apache Kafka provider: the connection's extra JSON is the
-librdkafka client config (`bootstrap.servers`, `security.protocol`, `sasl.*`, ...), so one
-connection serves both queueplane and the provider's own operators. `kubernetes_default`
+`kafka_default` is read by the Apache Kafka provider's own hook: the connection's extra JSON
+is the librdkafka client config (`bootstrap.servers`, `security.protocol`, `sasl.*`, ...) and
+callbacks given as dotted paths (`oauth_cb`, `error_cb`, ...; only those in the provider's
+`[apache_kafka] callback_allowlist`) or implied by the servers (Google Managed Kafka, Amazon
+MSK IAM) are resolved as for the provider's operators, so one connection serves both.
+`kubernetes_default`
 follows the cncf-kubernetes provider's fields: `kube_config_path`, `kube_config` (the file's
 content, YAML or JSON), `in_cluster`, `cluster_context`.
 """
@@ -16,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -28,23 +32,29 @@ KAFKA_CONN_ID = "kafka_default"
 KUBERNETES_CONN_ID = "kubernetes_default"
 
 
+class KafkaTargetHook(KafkaBaseHook):
+    """The provider's Kafka hook whose client is a KafkaTarget (the provider's own hooks differ the same
+    way, by ``_get_client``): the config it hands over is the provider's, callbacks resolved."""
+
+    def _get_client(self, config: dict[str, Any]) -> KafkaTarget:
+        settings = {str(k): v if callable(v) else config_value(v) for k, v in config.items()}
+        return KafkaTarget(settings, f"{settings['bootstrap.servers']} (connection {self.kafka_config_id})")
+
+
 def kafka_target(conn_id: str = KAFKA_CONN_ID) -> KafkaTarget:
     """The cluster an Airflow Kafka connection names; the label shows the servers, never the secrets."""
     try:
-        conn = BaseHook.get_connection(conn_id)
+        return KafkaTargetHook(kafka_config_id=conn_id).get_conn
     except AirflowNotFoundException:
         raise UsageError(
             f"Airflow connection {conn_id!r} does not exist: create it (type kafka) with extra "
             '{"bootstrap.servers": "HOST:PORT"} plus any other librdkafka settings'
         ) from None
-    extra: dict[str, Any] = conn.extra_dejson
-    settings = {str(k): config_value(v) for k, v in extra.items()}
-    if not settings.get("bootstrap.servers"):
+    except ValueError as exc:  # no bootstrap.servers, or a callback that is not allowed
         raise UsageError(
-            f'Airflow connection {conn_id!r}: its extra JSON has no "bootstrap.servers"; the extra holds the '
-            "librdkafka client config, as for the Apache Kafka provider"
-        )
-    return KafkaTarget(settings, f"{settings['bootstrap.servers']} (connection {conn_id})")
+            f"Airflow connection {conn_id!r}: {exc} The extra holds the librdkafka client config, as for the "
+            "Apache Kafka provider"
+        ) from None
 
 
 def _field(extra: dict[str, Any], name: str) -> Any:
