@@ -66,22 +66,11 @@ def upgrade(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_TIMEOU
     return result.stdout
 
 
-def deployment_available(access: KubeAccess, namespace: str, name: str) -> tuple[bool, str]:
-    """Whether the worker's Deployment is available with a ready replica, and a line saying so."""
-    from kubernetes import client, config
-
-    if access.in_cluster:
-        config.load_incluster_config()
-        api = client.ApiClient()
-    else:
-        api = config.new_client_from_config(config_file=access.kubeconfig, context=access.context)
-    with api:
-        try:
-            status = client.AppsV1Api(api).read_namespaced_deployment_status(name, namespace).status
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return False, f"deployment {namespace}/{name} does not exist yet"
-            raise
+def deployment_verdict(namespace: str, name: str, status: Any) -> tuple[bool, str]:
+    """Whether the worker's Deployment (its ``V1DeploymentStatus``, None if it does not exist yet) is
+    available with a ready replica, and a line saying so."""
+    if status is None:
+        return False, f"deployment {namespace}/{name} does not exist yet"
     available = any(c.type == "Available" and c.status == "True" for c in status.conditions or [])
     ready = status.ready_replicas or 0
     return available and ready > 0, f"deployment {namespace}/{name}: {ready} ready, available={available}"

@@ -15,13 +15,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.sdk import BaseOperator, BaseSensorOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
 from queueplane.deploy import release
 from queueplane.deploy.cluster_values import AIRFLOW_VARIABLE, checked, merge_values
 from queueplane.deploy.release import HELM_TIMEOUT_S
-from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access
+from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access, kubernetes_hook
 from queueplane.operators.provision import task_errors
 from queueplane.provision import steps
 
@@ -75,13 +76,14 @@ class HelmDeployOperator(BaseOperator):
             )
             if _is_true(self.dry_run):
                 raise AirflowSkipException(f"dry run: release {rendered.release} rendered and validated, not deployed")
-            with kube_access(self.kubernetes_conn_id) as access:
-                if access is None:
-                    raise AirflowSkipException(
-                        f"no Airflow connection {self.kubernetes_conn_id!r}: release {rendered.release} was rendered "
-                        "and validated (manifests above) but not deployed. Create the connection (type kubernetes, "
-                        "with a kubeconfig path or content, or in-cluster) to deploy."
-                    )
+            hook = kubernetes_hook(self.kubernetes_conn_id)
+            if hook is None:
+                raise AirflowSkipException(
+                    f"no Airflow connection {self.kubernetes_conn_id!r}: release {rendered.release} was rendered "
+                    "and validated (manifests above) but not deployed. Create the connection (type kubernetes, "
+                    "with a kubeconfig path or content, or in-cluster) to deploy."
+                )
+            with kube_access(hook) as access:
                 output = release.upgrade(rendered, access, self.helm_timeout_s)
                 self.log.info("helm upgrade --install %s:\n%s", rendered.release, output)
         return {"release": rendered.release, "namespace": rendered.namespace}
@@ -130,10 +132,12 @@ class QueueReadySensor(BaseSensorOperator):
             (queue,) = steps.validate([self.spec_path])
             rendered = render(queue, output_dir=Path(out))
             name = release.worker_deployment(rendered.objects)
-            with kube_access(self.kubernetes_conn_id) as access:
-                if access is None:
-                    raise AirflowSkipException(f"no connection {self.kubernetes_conn_id!r}: no worker to wait for")
-                ready, status = release.deployment_available(access, rendered.namespace, name)
+            hook = kubernetes_hook(self.kubernetes_conn_id)
+            if hook is None:
+                raise AirflowSkipException(f"no connection {self.kubernetes_conn_id!r}: no worker to wait for")
+            ready, status = release.deployment_verdict(
+                rendered.namespace, name, _deployment_status(hook, name, rendered)
+            )
             self.log.info(status)
             if not ready:
                 return False
@@ -141,3 +145,15 @@ class QueueReadySensor(BaseSensorOperator):
         target = queue.target_lag_seconds
         self.log.info("oldest unfinished record: %s (target %ds)", "unknown" if age is None else f"{age:.1f}s", target)
         return age is not None and age <= target
+
+
+def _deployment_status(hook: KubernetesHook, name: str, namespace: str) -> Any:
+    """The Deployment's status through the provider's hook, or None while it does not exist."""
+    from kubernetes.client import ApiException
+
+    try:
+        return hook.get_deployment_status(name, namespace).status
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise

@@ -5,9 +5,8 @@ is the librdkafka client config (`bootstrap.servers`, `security.protocol`, `sasl
 callbacks given as dotted paths (`oauth_cb`, `error_cb`, ...; only those in the provider's
 `[apache_kafka] callback_allowlist`) or implied by the servers (Google Managed Kafka, Amazon
 MSK IAM) are resolved as for the provider's operators, so one connection serves both.
-`kubernetes_default`
-follows the cncf-kubernetes provider's fields: `kube_config_path`, `kube_config` (the file's
-content, YAML or JSON), `in_cluster`, `cluster_context`.
+`kubernetes_default` is read by the cncf-kubernetes provider's KubernetesHook: its fields for
+helm, its client for the readiness check.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -57,30 +57,32 @@ def kafka_target(conn_id: str = KAFKA_CONN_ID) -> KafkaTarget:
         ) from None
 
 
-def _field(extra: dict[str, Any], name: str) -> Any:
-    # Older providers stored form fields as extra__kubernetes__<name>.
-    value = extra.get(name)
-    return value if value not in (None, "") else extra.get(f"extra__kubernetes__{name}") or None
+def kubernetes_hook(conn_id: str = KUBERNETES_CONN_ID) -> KubernetesHook | None:
+    """The cncf-kubernetes provider's hook for the connection, or None when there is no such connection.
+
+    The provider's hook would fall back to whatever cluster the Airflow worker can reach; a
+    deploy without a connection is skipped instead, so no release lands on a cluster by accident.
+    """
+    try:
+        BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+    return KubernetesHook(conn_id=conn_id)
 
 
 @contextmanager
-def kube_access(conn_id: str = KUBERNETES_CONN_ID) -> Iterator[KubeAccess | None]:
-    """The connection's cluster access, or None when the connection does not exist.
+def kube_access(hook: KubernetesHook) -> Iterator[KubeAccess]:
+    """The hook's cluster as helm takes it: a kubeconfig file (and context), or the pod's own account.
 
-    An inline kubeconfig is written to a private temporary file that lives as long as the
-    block, since helm only reads kubeconfigs from files.
+    The fields are the hook's (``kube_config_path``, ``kube_config`` with the file's content,
+    ``in_cluster``, ``cluster_context``). An inline kubeconfig is written to a private temporary
+    file that lives as long as the block, since helm only reads kubeconfigs from files.
     """
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        yield None
-        return
-    extra: dict[str, Any] = conn.extra_dejson
-    context = _field(extra, "cluster_context")
-    if str(_field(extra, "in_cluster") or "").lower() in ("true", "1"):
+    context = hook._get_field("cluster_context")
+    if str(hook._get_field("in_cluster") or "").lower() in ("true", "1"):
         yield KubeAccess(None, context, True)
         return
-    inline = _field(extra, "kube_config")
+    inline = hook._get_field("kube_config")
     if inline:
         text = inline if isinstance(inline, str) else json.dumps(inline)
         with tempfile.TemporaryDirectory(prefix="queueplane-kube-") as tmp:
@@ -90,5 +92,5 @@ def kube_access(conn_id: str = KUBERNETES_CONN_ID) -> Iterator[KubeAccess | None
             os.chmod(path, 0o600)
             yield KubeAccess(path, context, False)
         return
-    path = _field(extra, "kube_config_path") or default_kubeconfig()
+    path = hook._get_field("kube_config_path") or default_kubeconfig()
     yield KubeAccess(str(path), context, False)

@@ -4,8 +4,8 @@ Airflow calls :func:`get_provider_info` for every installed distribution that de
 point, validates the dict against its ``provider_info.schema.json`` and lists the provider (``airflow
 providers list``, the UI's Providers page) under the distribution's version. ``package-name`` must be
 the distribution's name. queueplane's connections are the Kafka and cncf-kubernetes providers' own
-types (``kafka_default``, ``kubernetes_default``, see hooks.py): it defines no hook class, so it
-declares no ``connection-types``.
+types (``kafka_default``, ``kubernetes_default``, see hooks.py), read through those providers' hooks
+(its one hook class only changes what the Kafka hook builds), so it declares no ``connection-types``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,6 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "sensors": [{"integration-name": INTEGRATION, "python-modules": ["queueplane.operators.deploy"]}],
-        # Connection helpers over the Kafka and Kubernetes providers' connections; no hook class.
+        # The Kafka and Kubernetes providers' hooks, as queueplane reads their connections.
         "hooks": [{"integration-name": INTEGRATION, "python-modules": ["queueplane.operators.hooks"]}],
     }
