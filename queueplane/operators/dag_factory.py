@@ -4,7 +4,8 @@ The DAG files in dags/ call these functions at parse time. Parsing stays offline
 are checked against the schema and the rules that need no broker (the validate task
 checks the broker's bounds at run time). A spec that fails is left out of the queue DAGs
 and reported by the spec-check DAG file as an import error, so one team's typo never
-hides another team's DAG.
+hides another team's DAG. Parsing writes nothing (no spec cache in the DAG processor's
+working directory), and a task's parse, whose parsing context names its DAG, builds that one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, Param, TriggerRule
+from airflow.sdk import DAG, Param, TriggerRule, get_parsing_context
 
 from queueplane.errors import Problem, SpecInvalid, UsageError
 from queueplane.operators import (
@@ -47,7 +48,7 @@ def dag_id(queue: QueueSpec) -> str:
 def checked_specs(root: Path) -> tuple[list[QueueSpec], list[Problem]]:
     """The specs under ``root`` with no problem at all, and every problem of the others."""
     try:
-        loaded = check_specs([str(root)]).with_bounds(ShareBounds())
+        loaded = check_specs([str(root)], persist=False).with_bounds(ShareBounds())
     except UsageError as exc:  # no spec files at all: nothing to build, nothing broken
         return [], [Problem(str(root), "", str(exc))]
     broken = {p.file for p in loaded.problems}
@@ -125,9 +126,10 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
 
 
 def queue_dags(root: Path) -> dict[str, DAG]:
-    """One DAG per valid spec under ``root``, by dag_id."""
+    """One DAG per valid spec under ``root``, by dag_id; only the one a task runs in, when Airflow says which."""
     queues, _ = checked_specs(root)
-    return {dag_id(q): queue_dag(q) for q in queues}
+    wanted = get_parsing_context().dag_id
+    return {dag_id(q): queue_dag(q) for q in queues if wanted is None or dag_id(q) == wanted}
 
 
 def reconcile_dag(root: Path) -> DAG:

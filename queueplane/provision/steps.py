@@ -23,9 +23,10 @@ from queueplane.spec.rules import Loaded, ShareBounds, check_files
 VERIFY_TIMEOUT_S = 120.0
 
 
-def check_specs(paths: list[str]) -> Loaded:
-    """Read and check every spec under ``paths`` without broker bounds, reusing earlier verdicts."""
-    cache = SpecCache()
+def check_specs(paths: list[str], persist: bool = True) -> Loaded:
+    """Read and check every spec under ``paths`` without broker bounds, reusing earlier verdicts
+    (kept on disk unless ``persist`` is False)."""
+    cache = SpecCache(persist=persist)
     files = [read_spec_file(p, cache.lookup) for p in expand_paths(paths)]
     loaded = check_files(files, None)
     cache.remember(files)

@@ -34,10 +34,15 @@ def code_fingerprint() -> str:
 
 
 class SpecCache:
-    def __init__(self, path: Path | None = None):
+    """``persist`` False: in memory only, for the DAG processor, which must leave its working directory alone."""
+
+    def __init__(self, path: Path | None = None, persist: bool = True):
         self.path = path or home_dir() / "cache" / "spec-checks.json"
+        self.persist = persist
         self.entries: dict[str, dict] = {}
         self.hits = 0
+        if not persist:
+            return
         with contextlib.suppress(OSError, ValueError):
             stored = json.loads(self.path.read_text())
             if stored.get("code") == code_fingerprint():
@@ -61,7 +66,7 @@ class SpecCache:
                     changed = True
             elif self.entries.pop(spec.path, None) is not None:
                 changed = True
-        if changed:
+        if changed and self.persist:
             self._save()
 
     def _save(self) -> None:

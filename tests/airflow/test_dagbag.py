@@ -78,3 +78,21 @@ def test_a_broken_spec_is_one_import_error_naming_file_and_field_while_the_other
 def test_the_reconcile_schedule_is_configurable(airflow_db, monkeypatch):
     monkeypatch.setenv("QUEUEPLANE_RECONCILE_SCHEDULE", "*/15 * * * *")
     assert _bag().dags[RECONCILE_DAG_ID].timetable.expression == "*/15 * * * *"
+
+
+def test_parsing_writes_nothing_and_a_tasks_parse_builds_only_its_dag(airflow_db, monkeypatch, tmp_path):
+    monkeypatch.delenv(SPECS_DIR_ENV, raising=False)
+    monkeypatch.delenv("QUEUEPLANE_HOME", raising=False)  # state would go to the working directory
+    monkeypatch.chdir(tmp_path)
+    everything = _bag()
+    assert everything.import_errors == {}
+    queues = {d for d in everything.dag_ids if d != RECONCILE_DAG_ID}
+    assert len(queues) == 3
+    assert list(tmp_path.iterdir()) == [], "parsing wrote into the DAG processor's working directory"
+
+    # A task's parse: Airflow names the DAG in the parsing context, and only that queue's DAG is built.
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "queue__cafe__coffee-orders")
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", "plan")
+    one = _bag()
+    assert one.import_errors == {}
+    assert {d for d in one.dag_ids if d != RECONCILE_DAG_ID} == {"queue__cafe__coffee-orders"}
