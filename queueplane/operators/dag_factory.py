@@ -14,7 +14,7 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, Param, TriggerRule, get_parsing_context
+from airflow.sdk import DAG, AssetAlias, Param, TriggerRule, get_parsing_context
 
 from queueplane.errors import Problem, SpecInvalid, UsageError
 from queueplane.operators import (
@@ -43,6 +43,15 @@ def specs_dir(default: Path) -> Path:
 
 def dag_id(queue: QueueSpec) -> str:
     return f"queue__{queue.team}__{queue.name}"
+
+
+def provisioned_alias(queue: QueueSpec) -> str:
+    """The AssetAlias through which a queue's DAG publishes its topic's asset when apply succeeds.
+
+    Schedule a downstream DAG on ``Asset("kafka://SERVER/TOPIC")`` (the Kafka provider's form,
+    SERVER the first of the connection's bootstrap servers) or on this alias.
+    """
+    return f"queueplane/{queue.team}/{queue.name}"
 
 
 def checked_specs(root: Path) -> tuple[list[QueueSpec], list[Problem]]:
@@ -111,7 +120,12 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
         validate = ValidateSpecOperator(task_id="validate", **common)
         plan = PlanQueueOperator(task_id="plan", **common)
         topics = ApplyTopicsOperator(task_id="apply_topics", dry_run="{{ params.dry_run }}", **common)
-        groups = ApplyGroupConfigsOperator(task_id="apply_group_configs", dry_run="{{ params.dry_run }}", **common)
+        groups = ApplyGroupConfigsOperator(
+            task_id="apply_group_configs",
+            dry_run="{{ params.dry_run }}",
+            outlets=[AssetAlias(provisioned_alias(queue))],  # the topic's kafka:// asset, once applied
+            **common,
+        )
         deploy = HelmDeployOperator(
             task_id="deploy",
             spec_path=spec,

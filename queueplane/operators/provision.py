@@ -111,22 +111,41 @@ class _ApplyOperator(_SpecOperator):
 
     def execute(self, context: Any) -> dict[str, object]:
         with task_errors():
-            planned = steps.plan([self.spec_path], kafka_target(self.kafka_conn_id))
+            target = kafka_target(self.kafka_conn_id)
+            planned = steps.plan([self.spec_path], target)
             part = planned.plan.only(self.kinds)
             self.log.info("Plan (%s):\n%s", self.part, plan_text(part))
             part.raise_if_refused()
-            if not part.changes:
-                self.log.info("No %s changes.", self.part)
-                return {"applied": [], "failed": [], "not_attempted": []}
-            if str(self.dry_run).lower() == "true":
+            dry = str(self.dry_run).lower() == "true"
+            if dry and part.changes:
                 raise AirflowSkipException(f"dry run: {len(part.changes)} {self.part} change(s) not applied")
+            if part.changes:
 
-            def on_step(title: str, count: int) -> None:
-                self.log.info("%s%s", title, f" ({count})" if count else "")
+                def on_step(title: str, count: int) -> None:
+                    self.log.info("%s%s", title, f" ({count})" if count else "")
 
-            report = steps.apply(planned, on_step, kinds=self.kinds)
-        self.log.info("Applied %d %s change(s).", len(report.applied), self.part)
-        return report.as_dict()
+                report = steps.apply(planned, on_step, kinds=self.kinds).as_dict()
+                self.log.info("Applied %d %s change(s).", len(report["applied"]), self.part)
+            else:
+                self.log.info("No %s changes.", self.part)
+                report = {"applied": [], "failed": [], "not_attempted": []}
+        if not dry:  # a dry run provisions nothing, so it announces nothing
+            self._publish(context, planned.queues, target)
+        return report
+
+    def _publish(self, context: Any, queues: list[Any], target: Any) -> None:
+        """Through each AssetAlias outlet, an asset event for every queue's topic in the Kafka provider's
+        URI form (kafka://SERVER/TOPIC): the server is the connection's, known only at run time."""
+        from airflow.providers.apache.kafka.assets.kafka import create_asset
+        from airflow.sdk import AssetAlias
+
+        server = target.bootstrap.split(",")[0].strip()
+        for outlet in self.outlets:
+            if isinstance(outlet, AssetAlias):
+                for queue in queues:
+                    asset = create_asset(server=server, topic=queue.topic.name)
+                    context["outlet_events"][outlet].add(asset, extra={"team": queue.team, "queue": queue.name})
+                    self.log.info("Published %s through %s", asset.uri, outlet.name)
 
 
 class ApplyTopicsOperator(_ApplyOperator):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from urllib.parse import unquote
 
 import pytest
-from airflow_stack import AirflowStack
+from airflow_stack import DAGS, AirflowStack
 from airflow_support import kafka_connection
 from helpers import REPO, tagged_examples, unique_tag
 
@@ -22,6 +22,14 @@ from queueplane.kafka import clients
 pytestmark = pytest.mark.kafka
 
 DAG_ID = "queue__cafe__coffee-orders"
+DOWNSTREAM_ID = "cafe_menu_on_orders_provisioned"
+DOWNSTREAM = f"""
+from airflow.sdk import DAG, Asset
+from airflow.providers.standard.operators.empty import EmptyOperator
+
+with DAG("{DOWNSTREAM_ID}", schedule=[Asset("{{uri}}")], start_date=None, catchup=False):
+    EmptyOperator(task_id="publish_menu")
+"""
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package; `make test` installs it
 SCREENSHOT = REPO / "tests" / "results" / "airflow-trigger.png"
 
@@ -31,12 +39,17 @@ def airflow(tmp_path_factory, kafka) -> Iterator[tuple[AirflowStack, str]]:
     home = tmp_path_factory.mktemp("airflow-e2e")
     tag = unique_tag()
     tagged_examples(home / "specs", tag)
+    # queueplane's DAG files, and a team's DAG that waits for the coffee-orders topic to be provisioned.
+    dags = home / "dags"
+    shutil.copytree(DAGS, dags, ignore=shutil.ignore_patterns("__pycache__"))
+    (dags / "downstream.py").write_text(DOWNSTREAM.format(uri=f"kafka://{kafka.bootstrap}/{tag}.cafe.coffee-orders.v1"))
     stack = AirflowStack.create(
         home,
         {
             "QUEUEPLANE_SPECS_DIR": str(home / "specs"),
             "QUEUEPLANE_HOME": str(home / "queueplane"),
             "AIRFLOW_CONN_KAFKA_DEFAULT": kafka_connection(kafka),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         },
     )
     try:
@@ -64,6 +77,14 @@ def test_trigger_through_the_rest_api(airflow, kafka):
     assert finished["state"] == "success", (states, stack.log_tail("scheduler"))
     assert states["apply_topics"] == "success" and states["deploy"] == "skipped"
     assert {f"{tag}.cafe.coffee-orders.v1", f"{tag}.cafe.coffee-orders.v1.dlq"} <= _topics(kafka)
+
+    # The topic's asset, published by apply, schedules the team's downstream DAG.
+    def downstream_runs() -> list[dict]:
+        status, body = stack.api("GET", f"/dags/{DOWNSTREAM_ID}/dagRuns")
+        return body["dag_runs"] if status == 200 else []
+
+    (triggered,) = stack.wait_for(downstream_runs, f"a run of {DOWNSTREAM_ID}", 120)
+    assert triggered["run_type"] == "asset_triggered", triggered
 
 
 def test_trigger_by_clicking_in_the_ui(airflow, kafka):

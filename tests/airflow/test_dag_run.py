@@ -78,12 +78,29 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     assert len(_xcom(first, "apply_topics")["applied"]) == 3
     assert len(_xcom(first, "apply_group_configs")["applied"]) == 5
 
+    # The topic's asset in the Kafka provider's URI form, published once apply succeeded.
+    uri = f"kafka://{kafka.bootstrap}/{tag}.cafe.coffee-orders.v1"
+    assert _asset_events(uri) == [{"team": "cafe", "queue": "coffee-orders"}]
+
     second = dag.test(run_conf={"deploy": False})
 
     assert second.state == "success", _states(second)
     assert _xcom(second, "plan")["summary"] == {"create": 0, "change": 0, "refuse": 0}
     assert _xcom(second, "apply_topics")["applied"] == []
     assert _xcom(second, "apply_group_configs")["applied"] == []
+    assert len(_asset_events(uri)) == 2, "a run that finds the queue provisioned says so again"
+
+
+def _asset_events(uri: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+
+    with create_session() as session:
+        events = (
+            session.query(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .filter(AssetModel.uri == uri)
+        )
+        return [e.extra for e in events.all()]
 
 
 def test_dry_run_plans_and_applies_nothing(specs, kafka):
@@ -93,6 +110,7 @@ def test_dry_run_plans_and_applies_nothing(specs, kafka):
     assert _states(run)["apply_topics"] == "skipped"
     assert _xcom(run, "plan")["summary"]["create"] > 0
     assert f"{tag}.payments.events.v1" not in _admin(kafka).list_topics(timeout=10).topics
+    assert _asset_events(f"kafka://{kafka.bootstrap}/{tag}.payments.events.v1") == [], "a dry run announces nothing"
 
 
 def test_reconcile_passes_when_the_cluster_matches_and_fails_on_drift(specs, kafka):
