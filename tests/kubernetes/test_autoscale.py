@@ -33,7 +33,8 @@ from queueplane.run.scaling.simulation import simulate
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
 BASE, FACTOR = 4.0, 4  # records/s, and the step's multiple of it
-WARM_S, STEP_S, TAIL_S = 20, 60, 150  # the tail outlasts a 60 s scale-down cooldown and a drain
+# The tail outlasts a 60 s scale-down cooldown and a drain; it ends two decisions after the scale-down.
+WARM_S, STEP_S, TAIL_S = 20, 60, 150
 MAX_EXECUTORS, TARGET_LAG_S, INTERVAL_S = 4, 5, 10.0  # the policy's decision interval (its default)
 PER_EXECUTOR = 10.0  # 2 handler slots, 0.2 s per order
 PLOT = REPO / "tests" / "results" / "autoscale-kubernetes.png"
@@ -86,6 +87,15 @@ def _sample(cluster, namespace: str, driver_ip: str, started: float) -> dict:
     }
 
 
+def _scaled_down(samples: list[dict], after_s: float) -> bool:
+    """After the step, the executors asked for, running and in pods agree, below the peak."""
+    peak = max(s["requested"] or 0 for s in samples)
+    return peak >= 2 and any(
+        s["t"] > after_s and s["requested"] == s["running"] == s["pods"] and (s["requested"] or 0) < peak
+        for s in samples
+    )
+
+
 def _plot(samples: list[dict]) -> Path:
     import matplotlib
 
@@ -93,7 +103,7 @@ def _plot(samples: list[dict]) -> Path:
     import matplotlib.pyplot as plt
 
     policy = ScalingPolicy(min_executors=1, max_executors=MAX_EXECUTORS, target_lag_s=TARGET_LAG_S)
-    duration = WARM_S + STEP_S + TAIL_S
+    duration = max(WARM_S + STEP_S, samples[-1]["t"]) if samples else WARM_S + STEP_S + TAIL_S
     sim = simulate(policy, _rate, duration_s=duration, rate_per_executor=PER_EXECUTOR)
     fig, axes = plt.subplots(2, 2, figsize=(12, 6), sharex=True)
     t = [s["t"] for s in samples]
@@ -147,8 +157,13 @@ def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_afte
         started = time.monotonic()
         producer.start()
         try:
+            down_at = None  # the tail ends early once the step's executors are gone (and a drain logged)
             while time.monotonic() - started < WARM_S + STEP_S + TAIL_S:
                 samples.append(_sample(local_kubernetes, namespace, driver_ip, started))
+                if down_at is None and _scaled_down(samples, after_s=WARM_S + STEP_S):
+                    down_at = time.monotonic()
+                if down_at is not None and time.monotonic() - down_at > 2 * INTERVAL_S:
+                    break
                 time.sleep(1.0)
         finally:
             stop.set()
