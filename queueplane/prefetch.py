@@ -30,8 +30,9 @@ class Item:
     first_time: str  # what a cold fetch does and roughly how long it takes
     fetch: Callable[[], object]
     wanted: Callable[[], bool] = lambda: True
-    # Runs beside the items after it: it waits on downloads and the disk more than on the CPU
-    # the Go builds use, so a fresh machine's set-up is shorter by most of its time.
+    # Runs beside the items after it. The image waits on downloads and the disk more than on
+    # the CPU; the small Go builds fill the core the big one leaves idle while it links its
+    # binaries one at a time. A fresh machine's set-up is shorter by most of their time.
     alongside: bool = False
 
 
@@ -77,12 +78,16 @@ ITEMS = (
         alongside=True,
     ),
     Item(
-        f"helm {HELM_VERSION}", "a Helm 4 on PATH, else go install from the Go module proxy, a few minutes", helm_binary
+        f"helm {HELM_VERSION}",
+        "a Helm 4 on PATH, else go install from the Go module proxy, a few minutes",
+        helm_binary,
+        alongside=True,
     ),
     Item(
         f"toxiproxy {TOXIPROXY_VERSION} (the fault proxy of the network fault tests)",
         "go install from the Go module proxy, under a minute",
         toxiproxy_binary,
+        alongside=True,
     ),
     Item(
         f"local Kubernetes {kube_build.KUBERNETES_VERSION} binaries",
