@@ -83,3 +83,20 @@ def test_no_measured_rate_yet_adds_one_executor_for_a_backlog_and_holds_when_idl
     assert decide(policy, _obs(lag=500, executors=1), ScalerState()).desired == 2
     idle = Observation(100.0, {0: 0, 1: 0}, 0.0, 0.0, 1)
     assert decide(policy, idle, ScalerState()).desired == 1
+
+
+def test_a_rate_learned_low_rises_to_what_the_executors_did_so_a_past_peak_is_trimmed():
+    """Executors still warming up when the rate was learned made it low: at the base load the
+    learned rate asks for every executor of the peak, until what they actually handle raises it."""
+    policy = ScalingPolicy(min_executors=1, max_executors=4, target_lag_s=5.0)
+    low = ScalerState(last_change_s=0.0, rate_per_executor=1.2, last_executors=4)
+    idle = Observation(100.0, {0: 0, 1: 1}, input_rate=4.0, processing_rate=4.0, executors=4, requested=4)
+    assert decide(policy, idle, low).desired == 4, "at 1.2 records/s an executor, 4 records/s need all four"
+
+    # A drain after the peak: 4 executors handled 20 records/s with no second of work waiting.
+    busy = Observation(100.0, {0: 3, 1: 2}, input_rate=4.0, processing_rate=20.0, executors=4, requested=4)
+    trimmed = decide(policy, busy, low)
+    assert trimmed.state.rate_per_executor == 5.0
+    assert trimmed.desired == 3 and "need only" in trimmed.reason, trimmed
+    # Demand alone never sets a first rate: with none learned, an idle queue holds.
+    assert decide(policy, idle, ScalerState(last_executors=4)).state.rate_per_executor is None

@@ -90,13 +90,18 @@ def _saturated(obs: Observation, lag: int) -> bool:
 
 
 def _learn_rate(policy: ScalingPolicy, obs: Observation, state: ScalerState, lag: int) -> float | None:
-    """One executor's sustained rate, measured only while the executors are the bottleneck (else the
-    rate shows demand, not capacity) and their count held still over the interval (else it blends
-    two counts)."""
+    """One executor's sustained rate, measured while the executors are the bottleneck (else the rate
+    shows demand, not capacity) and their count held still over the interval (else it blends two
+    counts); otherwise only raised to what they were seen doing."""
     steady = state.last_executors == obs.executors
-    if not steady or obs.executors <= 0 or obs.processing_rate <= 0 or not _saturated(obs, lag):
+    if not steady or obs.executors <= 0 or obs.processing_rate <= 0:
         return state.rate_per_executor
     sample = obs.processing_rate / obs.executors
+    if not _saturated(obs, lag):
+        # Not the bottleneck, so the rate shows demand; still, what the executors just did they can
+        # do. A rate learned low (executors warming up when it was measured) rises to it, else the
+        # executors of a past peak would never look idle enough to remove.
+        return None if state.rate_per_executor is None else max(state.rate_per_executor, sample)
     if state.rate_per_executor is None:
         return sample
     return 0.5 * state.rate_per_executor + 0.5 * sample
