@@ -135,9 +135,8 @@ class QueueReadySensor(BaseSensorOperator):
             hook = kubernetes_hook(self.kubernetes_conn_id)
             if hook is None:
                 raise AirflowSkipException(f"no connection {self.kubernetes_conn_id!r}: no worker to wait for")
-            ready, status = release.deployment_verdict(
-                rendered.namespace, name, _deployment_status(hook, name, rendered)
-            )
+            current = _deployment_status(hook, name, rendered.namespace)
+            ready, status = release.deployment_verdict(rendered.namespace, name, current)
             self.log.info(status)
             if not ready:
                 return False
