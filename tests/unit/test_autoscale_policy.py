@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -100,3 +101,18 @@ def test_a_rate_learned_low_rises_to_what_the_executors_did_so_a_past_peak_is_tr
     assert trimmed.desired == 3 and "need only" in trimmed.reason, trimmed
     # Demand alone never sets a first rate: with none learned, an idle queue holds.
     assert decide(policy, idle, ScalerState(last_executors=4)).state.rate_per_executor is None
+
+
+def test_executors_added_faster_than_their_rate_was_measured_are_trimmed_one_at_a_time():
+    """A step that scaled up every cooldown never held a count still long enough to measure a rate:
+    once the backlog is gone, executors go one per down cooldown, and none while work waits."""
+    policy = ScalingPolicy(min_executors=1, max_executors=4, target_lag_s=5.0)
+    peak = ScalerState(last_change_s=0.0, last_executors=4)
+    calm = Observation(30.0, {0: 1, 1: 0}, input_rate=4.0, processing_rate=4.0, executors=4, requested=4)
+    assert decide(policy, calm, peak).desired == 4, "within the down cooldown"
+    later = decide(policy, replace(calm, now_s=61.0), peak)
+    assert later.desired == 3 and "one executor fewer" in later.reason, later
+    busy = Observation(61.0, {0: 40, 1: 40}, input_rate=16.0, processing_rate=12.0, executors=4, requested=4)
+    assert decide(policy, busy, replace(peak, last_executors=3)).desired == 4, "saturated: no step down"
+    at_min = Observation(61.0, {0: 0}, input_rate=0.0, processing_rate=0.0, executors=1, requested=1)
+    assert decide(policy, at_min, ScalerState(last_change_s=0.0)).desired == 1

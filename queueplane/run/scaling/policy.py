@@ -127,8 +127,15 @@ def decide(policy: ScalingPolicy, obs: Observation, state: ScalerState) -> Decis
     if current < policy.min_executors or current > policy.ceiling:
         return change(min(max(current, policy.min_executors), policy.ceiling), "outside the bounds")
     if rate is None:
-        if _saturated(obs, lag) and current < policy.ceiling and since_change >= policy.up_cooldown_s:
-            return change(current + 1, "backlog and no measured rate yet: one more executor")
+        # Without a measured rate the policy steps one executor at a time: up while the executors
+        # are the bottleneck, down after a cooldown without that (a peak's executors, added faster
+        # than their rate could be measured, would otherwise stay). Running at the bottleneck is
+        # what measures the rate.
+        if _saturated(obs, lag):
+            if current < policy.ceiling and since_change >= policy.up_cooldown_s:
+                return change(current + 1, "backlog and no measured rate yet: one more executor")
+        elif current > policy.min_executors and since_change >= policy.down_cooldown_s:
+            return change(current - 1, "no backlog and no measured rate yet: one executor fewer")
         return hold("no measured rate yet")
     needed_rate = obs.input_rate + lag / policy.target_lag_s
     wanted = math.ceil(needed_rate / (rate * policy.headroom)) if needed_rate > 0 else 0
