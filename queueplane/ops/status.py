@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import ConsumerGroupState, KafkaException
+from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from queueplane.deploy.helm import HelmError, run_helm
@@ -62,8 +62,13 @@ def _existing(admin: AdminClient, topics: list[str]) -> dict[str, int]:
 def _consumer_group(admin: AdminClient, queue: QueueSpec) -> tuple[str, list[Member]]:
     try:
         described = admin.describe_consumer_groups([queue.group.id], request_timeout=15)[queue.group.id].result()
-    except KafkaException:  # a group never joined is "not found" for the new protocol's describe
-        return ConsumerGroupState.DEAD.name.title(), []
+    except KafkaException as exc:
+        code = exc.args[0].code()
+        # A group never joined: the broker answers "not found", or "not coordinator" when no
+        # coordinator has loaded it. Anything else (authorization, ...) is shown, not hidden.
+        if code in (KafkaError.GROUP_ID_NOT_FOUND, KafkaError.NOT_COORDINATOR):
+            return ConsumerGroupState.DEAD.name.title(), []
+        return f"unknown ({exc.args[0].name()})", []
     members = [
         Member(
             m.client_id,
