@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from queueplane import __version__
 from queueplane.cli import deploy_commands, local_commands, ops_commands, run_commands, spec_commands
-from queueplane.cli.common import EPILOG, emit, err, no_color, print_error, print_problems
+from queueplane.cli.common import EPILOG, emit_error, err, no_color, print_error, print_problems
 from queueplane.errors import EXIT_FAILED, EXIT_OK, QueueplaneError, SpecInvalid
 
 NO_COLOR_HELP = "plain text, no colours (as $NO_COLOR)"
@@ -55,27 +55,29 @@ def _print_completion(parser: argparse.ArgumentParser, shell: str) -> int:
 
     kinds = {"file": shtab.FILE, "directory": shtab.DIRECTORY}
 
-    def mark_paths(node: argparse.ArgumentParser) -> None:
+    for node in (parser, *_subparsers(parser)):
         for action in node._actions:
             kind = _PATH_METAVARS.get(str(action.metavar))
             if kind is not None:
                 action.complete = kinds[kind]  # type: ignore[attr-defined]
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in set(action.choices.values()):
-                    mark_paths(sub)
-
-    mark_paths(parser)
     sys.stdout.write(shtab.complete(parser, shell=shell))
     return EXIT_OK
 
 
-def _flag_on_every_command(parser: argparse.ArgumentParser) -> None:
-    """--no-color after the command too (`queueplane plan specs --no-color`), as terraform takes it."""
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's parser below ``parser``, at any depth (`local kubernetes status` too)."""
+    found = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for sub in set(action.choices.values()):
-                sub.add_argument("--no-color", action="store_true", default=argparse.SUPPRESS, help=NO_COLOR_HELP)
-                _flag_on_every_command(sub)
+            for sub in dict.fromkeys(action.choices.values()):
+                found += [sub, *_subparsers(sub)]
+    return found
+
+
+def _flag_on_every_command(parser: argparse.ArgumentParser) -> None:
+    """--no-color after the command too (`queueplane plan specs --no-color`), as terraform takes it."""
+    for sub in _subparsers(parser):
+        sub.add_argument("--no-color", action="store_true", default=argparse.SUPPRESS, help=NO_COLOR_HELP)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,8 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get("QUEUEPLANE_DEBUG"):
             raise
-        if output in ("json", "yaml"):
-            emit(output, {"error": {"kind": "InternalError", "exit_code": EXIT_FAILED, "message": str(exc)}})
+        emit_error(output, "InternalError", EXIT_FAILED, str(exc))
         err.print(
             f"internal error: {type(exc).__name__}: {exc}. Run again with QUEUEPLANE_DEBUG=1 for a "
             "traceback, and report it.",

@@ -67,11 +67,22 @@ def no_color() -> None:
     out.no_color = err.no_color = True
 
 
-def print_error(exc: QueueplaneError, output: str) -> None:
-    """One paragraph on stderr; under -o json|yaml also an error object on stdout for scripts."""
+def emit_error(output: str, kind: str, exit_code: int, message: str) -> None:
+    """Under -o json|yaml, the error as an object on stdout for scripts (people read stderr)."""
     if output in ("json", "yaml"):
-        emit(output, {"error": {"kind": type(exc).__name__, "exit_code": exc.exit_code, "message": str(exc)}})
+        emit(output, {"error": {"kind": kind, "exit_code": exit_code, "message": message}})
+
+
+def print_error(exc: QueueplaneError, output: str) -> None:
+    """One paragraph on stderr, and the error object under -o json|yaml."""
+    emit_error(output, type(exc).__name__, exc.exit_code, str(exc))
     err.print(f"error: {exc}", markup=False)
+
+
+def kube_flags(parser: argparse.ArgumentParser, kubeconfig_help: str) -> None:
+    """The cluster a command reaches with helm and the Kubernetes API, as kubectl names it."""
+    parser.add_argument("--kubeconfig", metavar="FILE", help=kubeconfig_help)
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
 
 
 def command(commands: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:

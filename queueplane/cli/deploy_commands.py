@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from queueplane.cli.common import command, duration_flag, err, one_spec, out
+from queueplane.cli.common import command, duration_flag, err, kube_flags, one_spec, out
 from queueplane.deploy.cluster_values import from_flags
 from queueplane.errors import EXIT_OK
 
@@ -36,9 +36,8 @@ def register(commands: Any) -> None:
         "task does the same.",
     )
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig of the cluster")
+    kube_flags(p, "kubeconfig of the cluster")
     _values_flag(p)
-    p.add_argument("--context", metavar="NAME", help="kubeconfig context")
     p.add_argument("--timeout", default="10m", metavar="DURATION", help="how long helm waits for the worker (10m)")
     p.add_argument("--dry-run", action="store_true", help="render and check, print the helm command, change nothing")
     p.set_defaults(handler=cmd_deploy)

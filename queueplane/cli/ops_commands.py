@@ -14,6 +14,7 @@ from queueplane.cli.common import (
     duration_flag,
     emit,
     err,
+    kube_flags,
     one_spec,
     out,
     output_flag,
@@ -42,8 +43,7 @@ def _register_status(commands: Any) -> None:
         "worker's pods.",
     )
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig of the cluster (default: $KUBECONFIG if set)")
-    p.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    kube_flags(p, "kubeconfig of the cluster (default: $KUBECONFIG if set)")
     cluster_flags(p)
     output_flag(p)
     p.set_defaults(handler=cmd_status)
@@ -71,6 +71,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _status_lines(status: Any, spec: str) -> list[tuple[str, str]]:
+    from queueplane.ops.status import MISSING
+
     lines = [("queue", f"{status.queue} (team {status.team}, {status.group_type} group)")]
     if status.partitions is None:
         lines.append(("topic", f"{status.topic}: not there; create it with `queueplane apply {spec}`"))
@@ -87,7 +89,7 @@ def _status_lines(status: Any, spec: str) -> list[tuple[str, str]]:
     lines.append(("dead letters", f"{pending} in {status.dead_letter_topic}"))
     if status.release is not None:
         r = status.release
-        detail = "" if r["status"] == "missing" else f", revision {r['revision']}, updated {r['updated']}"
+        detail = "" if r["status"] == MISSING else f", revision {r['revision']}, updated {r['updated']}"
         lines.append(("release", f"{r['name']} in {r['namespace']}: {r['status']}{detail}"))
         for pod in status.pods or []:
             ready = "ready" if pod["ready"] else "not ready"

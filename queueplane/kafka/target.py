@@ -36,12 +36,17 @@ class KafkaTarget:
     def bootstrap(self) -> str:
         return str(self.settings.get("bootstrap.servers", ""))
 
+    @property
+    def first_server(self) -> str:
+        """The first of the bootstrap servers, HOST:PORT."""
+        return self.bootstrap.split(",")[0].strip()
+
     def plaintext_address(self) -> tuple[str, int] | None:
         """The first bootstrap host and port, when the cluster speaks PLAINTEXT (queueplane's own
         protocol client, for share-group offsets, speaks nothing else); else None."""
         if self.settings.get("security.protocol", "plaintext").lower() != "plaintext":
             return None
-        host, _, port = self.bootstrap.split(",")[0].strip().rpartition(":")
+        host, _, port = self.first_server.rpartition(":")
         return (host, int(port)) if host and port.isdigit() else None
 
 

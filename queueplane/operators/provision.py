@@ -17,9 +17,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from rich.console import Console
 
 from queueplane.errors import EXIT_FAILED, QueueplaneError
+from queueplane.kafka.target import KafkaTarget
 from queueplane.operators.hooks import KAFKA_CONN_ID, kafka_target
 from queueplane.provision import steps
+from queueplane.provision.apply import ApplyReport
 from queueplane.provision.plan import GROUP_KINDS, TOPIC_KINDS, Plan, brief
+from queueplane.spec.model import QueueSpec
 
 
 @contextmanager
@@ -128,22 +131,21 @@ class _ApplyOperator(_SpecOperator):
                 self.log.info("Applied %d %s change(s).", len(report["applied"]), self.part)
             else:
                 self.log.info("No %s changes.", self.part)
-                report = {"applied": [], "failed": [], "not_attempted": []}
+                report = ApplyReport().as_dict()
         if not dry:  # a dry run provisions nothing, so it announces nothing
             self._publish(context, planned.queues, target)
         return report
 
-    def _publish(self, context: Any, queues: list[Any], target: Any) -> None:
+    def _publish(self, context: Any, queues: list[QueueSpec], target: KafkaTarget) -> None:
         """Through each AssetAlias outlet, an asset event for every queue's topic in the Kafka provider's
         URI form (kafka://SERVER/TOPIC): the server is the connection's, known only at run time."""
         from airflow.providers.apache.kafka.assets.kafka import create_asset
         from airflow.sdk import AssetAlias
 
-        server = target.bootstrap.split(",")[0].strip()
         for outlet in self.outlets:
             if isinstance(outlet, AssetAlias):
                 for queue in queues:
-                    asset = create_asset(server=server, topic=queue.topic.name)
+                    asset = create_asset(server=target.first_server, topic=queue.topic.name)
                     context["outlet_events"][outlet].add(asset, extra={"team": queue.team, "queue": queue.name})
                     self.log.info("Published %s through %s", asset.uri, outlet.name)
 
