@@ -112,7 +112,7 @@ def _cmd_kubernetes(args: argparse.Namespace) -> int:
                 worker_image=not args.no_worker_image,
             )
             # The broker listens on the node address too once the cluster's bridge exists.
-            kafka = LocalStack.default().up(say=lambda message: status.update(f"local Kafka: {message}"))
+            kafka = LocalStack.default().up(say=lambda message: status.update(f"local Kafka: {message}"), pods=True)
         out.print(f"KUBECONFIG={info['kubeconfig']}", markup=False)
         if not args.no_worker_image and kafka.pod_bootstrap:
             path = write_local_values(cluster.home / "cluster-values.yaml", images.worker_image(), kafka.pod_bootstrap)

@@ -200,17 +200,22 @@ class LocalStack:
             return None
         return state
 
-    def up(self, say: Callable[[str], None] = lambda _m: None) -> StackState:
-        """Start the broker unless it already runs; return once it serves requests."""
+    def up(self, say: Callable[[str], None] = lambda _m: None, pods: bool | None = None) -> StackState:
+        """Start the broker unless it already runs; return once it serves requests.
+
+        ``pods`` asks for the listener Kubernetes pods reach the broker at (True) or for none
+        (False): a running broker without it is restarted, on the same data and ports. None
+        leaves a running broker as it is, so ``local up`` never restarts one that clients use,
+        and a broker it starts listens for pods when the local cluster's bridge exists.
+        """
         with self._lock():
             state = self.running_state()
-            pods = node_address_present()
+            if pods is None:
+                pods = state.pod_port is not None if state is not None else node_address_present()
             if state is not None and port_open(HOST, state.port):
                 if pods == (state.pod_port is not None):
                     say("already running")
                     return state
-                # The local Kubernetes came up (or went) since the broker started: restart it, on
-                # the same data and ports, with or without the listener pods reach it at.
                 say("restarting to " + ("add" if pods else "drop") + " the listener for Kubernetes pods")
                 terminate(state.pid)
             self.fetch(say)

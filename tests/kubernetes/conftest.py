@@ -29,7 +29,7 @@ def local_kubernetes(queueplane_home: Path) -> Iterator[LocalKubernetes]:
 @pytest.fixture(scope="session")
 def pod_kafka(local_kubernetes: LocalKubernetes, local_kafka: StackState, queueplane_home: Path) -> StackState:
     """The session's broker, listening on the node address as well (what pods use)."""
-    state = LocalStack(queueplane_home / "local").up()
+    state = LocalStack(queueplane_home / "local").up(pods=True)
     assert state.pod_bootstrap, "the broker should listen for pods once the cluster's bridge exists"
     assert state.bootstrap == local_kafka.bootstrap, "host clients keep their address across the restart"
     return state
