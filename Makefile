@@ -101,11 +101,11 @@ test-host:
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; }
 
-# The suite runs in TEST_PROCESSES pytest processes; tests/conftest.py groups the tests that share
-# a session resource (the local Kubernetes, Airflow's DB) and orders the long groups first.
+# The suite runs in TEST_PROCESSES pytest processes, split by file; tests/parallel.py keeps the
+# folders that share a session resource (the local Kubernetes, Airflow's DB) in one process.
 TEST_PROCESSES ?= 3
 test: lint test-host
-	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 bench: setup
 	$(BIN)/python bench/provision.py
