@@ -15,11 +15,15 @@ import sys
 
 from queueplane.errors import QueueplaneError, SpecInvalid, UsageError
 from queueplane.kafka.lag import queue_backlog
-from queueplane.kafka.target import named_target
+from queueplane.kafka.target import KafkaTarget, named_target
+from queueplane.ops import dlq
+from queueplane.ops.backlog_age import oldest_waiting_seconds
 from queueplane.provision import steps
 from queueplane.run.driver import run_queue
 from queueplane.run.options import STARTUP_WAIT_S, RunOptions
+from queueplane.run.queue_status import InClusterStatusPatch, StatusSources
 from queueplane.spec import durations
+from queueplane.spec.model import QueueSpec
 
 
 def _scaling(args: argparse.Namespace) -> dict[str, float]:
@@ -33,6 +37,18 @@ def _scaling(args: argparse.Namespace) -> dict[str, float]:
     except ValueError as exc:
         raise UsageError(f"--scale-interval / --scale-down-cooldown: {exc}") from None
     return overrides
+
+
+def _status_sources(resource: str, target: KafkaTarget, queue: QueueSpec) -> StatusSources:
+    try:
+        patch = InClusterStatusPatch(resource)
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    return StatusSources(
+        patch=patch,
+        oldest_seconds=lambda: oldest_waiting_seconds(target, queue),
+        dead_letters=lambda: dlq.pending_by_offsets(target, queue),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-records", type=int, help="consumer and kmq groups: most records per micro-batch")
     parser.add_argument("--scale-interval", help="autoscaling decision interval (default 10s)")
     parser.add_argument("--scale-down-cooldown", help="wait after a change before scaling down (default 60s)")
+    parser.add_argument(
+        "--status-resource",
+        metavar="NAMESPACE/NAME",
+        help="the Queue object whose status this driver reports (in a pod: through its service account)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     # py4j logs every call between Python and the JVM at INFO: the pod's log would be little else.
@@ -73,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             target,
             options,
             backlog=queue_backlog(target, queue),
+            status=_status_sources(args.status_resource, target, queue) if args.status_resource else None,
         )
     except SpecInvalid as exc:
         for problem in exc.problems:

@@ -88,20 +88,46 @@ def _validator(schema_name: str) -> Draft202012Validator:
     return Draft202012Validator({"$ref": _REF_PREFIX + schema_name, "components": {"schemas": schemas}})
 
 
-def object_problems(obj: dict[str, Any]) -> list[str]:
-    """What is wrong with one object, as 'Kind/name: /json/pointer: message' lines; empty if it is valid."""
+CustomKinds = dict[tuple[str, str], Draft202012Validator]
+
+
+def custom_kinds(definitions: list[dict[str, Any]]) -> CustomKinds:
+    """Validators for the kinds that CustomResourceDefinitions add, from each served version's schema.
+
+    A chart that ships its own CRDs (crds/) renders objects of those kinds; they are checked
+    as strictly as built-in ones (closed to unknown fields, as ``kubectl apply --validate=strict``).
+    """
+    kinds: CustomKinds = {}
+    for crd in definitions:
+        spec = crd.get("spec") or {}
+        for version in spec.get("versions") or []:
+            schema = (version.get("schema") or {}).get("openAPIV3Schema")
+            if version.get("served") and schema:
+                api_version = f"{spec['group']}/{version['name']}"
+                kinds[(api_version, spec["names"]["kind"])] = Draft202012Validator(_close(copy.deepcopy(schema)))
+    return kinds
+
+
+def object_problems(obj: dict[str, Any], custom: CustomKinds | None = None) -> list[str]:
+    """What is wrong with one object, as 'Kind/name: /json/pointer: message' lines; empty if it is valid.
+
+    ``custom``: the kinds of CustomResourceDefinitions shipped beside the objects (custom_kinds).
+    """
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     name = (obj.get("metadata") or {}).get("name", "?")
     label = f"{kind}/{name}"
     _, kinds = _schemas()
     schema_name = kinds.get((api_version, kind))  # type: ignore[arg-type]
-    if schema_name is None:
+    validator = (custom or {}).get((api_version, kind))  # type: ignore[arg-type]
+    if schema_name is None and validator is None:
         return [
             f"{label}: apiVersion {api_version!r} kind {kind!r} is not among the kinds checked against "
-            f"Kubernetes {KUBERNETES_VERSION} (deploy/kube_schema.py CHECKED_KINDS)"
+            f"Kubernetes {KUBERNETES_VERSION} (deploy/kube_schema.py CHECKED_KINDS) or defined by the chart's CRDs"
         ]
+    if validator is None:
+        validator = _validator(schema_name)  # type: ignore[arg-type]
     problems = []
-    for error in sorted(_validator(schema_name).iter_errors(obj), key=lambda e: list(e.absolute_path)):
+    for error in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
         pointer = "/" + "/".join(str(p) for p in error.absolute_path)
         problems.append(f"{label}: {pointer}: {error.message}")
     return problems

@@ -11,13 +11,17 @@ from collections.abc import Sequence
 from typing import Any
 
 # The driver creates, watches and deletes its executor pods, and creates the config maps,
-# services and on-demand volume claims that go with them. Nothing else.
-DRIVER_RBAC: dict[str, frozenset[str]] = {
-    "pods": frozenset({"get", "list", "watch", "create", "delete", "deletecollection"}),
-    "services": frozenset({"get", "list", "create", "delete", "deletecollection"}),
-    "configmaps": frozenset({"get", "list", "create", "delete", "deletecollection"}),
-    "persistentvolumeclaims": frozenset({"get", "list", "create", "delete", "deletecollection"}),
+# services and on-demand volume claims that go with them; and it reports its own Queue's
+# status. Nothing else. Keys: (API group, resource).
+DRIVER_RBAC: dict[tuple[str, str], frozenset[str]] = {
+    ("", "pods"): frozenset({"get", "list", "watch", "create", "delete", "deletecollection"}),
+    ("", "services"): frozenset({"get", "list", "create", "delete", "deletecollection"}),
+    ("", "configmaps"): frozenset({"get", "list", "create", "delete", "deletecollection"}),
+    ("", "persistentvolumeclaims"): frozenset({"get", "list", "create", "delete", "deletecollection"}),
+    ("queueplane.io", "queues/status"): frozenset({"get", "patch"}),
 }
+# Resources a rule must name one object of: the Queue of the release (named like its Role).
+NAMED_ONLY = frozenset({("queueplane.io", "queues/status")})
 CLUSTER_WIDE_KINDS = frozenset({"ClusterRole", "ClusterRoleBinding"})
 REQUIRED_RESOURCES = (("requests", "cpu"), ("requests", "memory"), ("limits", "memory"))
 
@@ -76,20 +80,26 @@ def _container_problems(label: str, spec: dict[str, Any], workload: bool) -> lis
 
 def _role_problems(label: str, role: dict[str, Any]) -> list[str]:
     problems = []
+    own = (role.get("metadata") or {}).get("name")
     for number, rule in enumerate(role.get("rules") or []):
         where = f"{label}: rule {number}"
-        if set(rule.get("apiGroups") or []) != {""}:
-            problems.append(f"{where} reaches API groups {rule.get('apiGroups')} beyond the core group")
-        if rule.get("resourceNames") or rule.get("nonResourceURLs"):
-            problems.append(f"{where} names resources or URLs the driver does not use")
-        for resource in rule.get("resources") or []:
-            allowed = DRIVER_RBAC.get(resource)
-            if allowed is None:
-                problems.append(f"{where} grants access to {resource!r}, which the driver does not manage")
-                continue
-            extra = sorted(set(rule.get("verbs") or []) - allowed)
-            if extra:
-                problems.append(f"{where} grants {extra} on {resource}; the driver needs only {sorted(allowed)}")
+        if rule.get("nonResourceURLs"):
+            problems.append(f"{where} reaches URLs the driver does not use")
+        names = rule.get("resourceNames") or []
+        for group in rule.get("apiGroups") or []:
+            for resource in rule.get("resources") or []:
+                allowed = DRIVER_RBAC.get((group, resource))
+                shown = f"{group}/{resource}" if group else resource
+                if allowed is None:
+                    problems.append(f"{where} grants access to {shown!r}, which the driver does not manage")
+                    continue
+                extra = sorted(set(rule.get("verbs") or []) - allowed)
+                if extra:
+                    problems.append(f"{where} grants {extra} on {shown}; the driver needs only {sorted(allowed)}")
+                if (group, resource) in NAMED_ONLY and names != [own]:
+                    problems.append(f"{where} must name only the release's own Queue {own!r} in resourceNames")
+                elif (group, resource) not in NAMED_ONLY and names:
+                    problems.append(f"{where} names {shown} objects; the driver's own objects have generated names")
     return problems
 
 

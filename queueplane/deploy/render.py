@@ -11,6 +11,7 @@ import math
 import re
 import tempfile
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 
 from queueplane.deploy.cluster_values import merge_values
 from queueplane.deploy.helm import run_helm
-from queueplane.deploy.kube_schema import KUBERNETES_VERSION, object_problems
+from queueplane.deploy.kube_schema import KUBERNETES_VERSION, CustomKinds, custom_kinds, object_problems
 from queueplane.deploy.policy import policy_problems
 from queueplane.errors import Problem, QueueplaneError, SpecInvalid
 from queueplane.paths import shipped_file
@@ -124,6 +125,8 @@ def helm_values(queue: QueueSpec) -> dict:
             "name": _checked(queue, "/metadata/name", queue.name, label),
             "team": _checked(queue, "/metadata/team", queue.team, label),
             "groupType": queue.group.type,
+            "topic": queue.topic.name,
+            "deadLetterTopic": queue.dead_letter.name,
             "spec": _spec_text(queue),
         },
         "image": _image(queue),
@@ -170,6 +173,21 @@ def render(queue: QueueSpec, *, output_dir: Path | None = None, overrides: dict 
     return Rendered(queue.name, namespace, chart, values, values_file, manifests, objects)
 
 
+def chart_crds() -> list[dict]:
+    """The CustomResourceDefinitions the chart ships (crds/): Helm installs them before the release."""
+    return [
+        doc
+        for path in sorted((chart_path() / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if doc
+    ]
+
+
+@cache
+def chart_kinds() -> CustomKinds:
+    return custom_kinds(chart_crds())
+
+
 def executor_pod_templates(objects: list[dict]) -> list[dict]:
     """The executor pod templates the chart hands to Spark inside its ConfigMaps."""
     return [
@@ -182,7 +200,8 @@ def executor_pod_templates(objects: list[dict]) -> list[dict]:
 def validate_manifests(objects: list[dict]) -> None:
     """Every object (and executor pod template) against the pinned Kubernetes API, strictly, then the policy."""
     templates = executor_pod_templates(objects)
-    problems = [problem for obj in [*objects, *templates] for problem in object_problems(obj)]
+    custom = chart_kinds()
+    problems = [problem for obj in [*objects, *templates] for problem in object_problems(obj, custom)]
     problems += policy_problems(objects, templates)
     if problems:
         listing = "; ".join(problems)

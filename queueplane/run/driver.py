@@ -29,6 +29,16 @@ from queueplane.run.health import Health, stall_seconds
 from queueplane.run.metrics import WorkerMetrics
 from queueplane.run.options import STARTUP_WAIT_S, BatchProgress, DeadLetters, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
+from queueplane.run.queue_status import (
+    DRAINING,
+    FAILED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    Observation,
+    StatusReporter,
+    StatusSources,
+)
 from queueplane.run.range_ends import batch_range_ends
 from queueplane.run.scaling.controller import ExecutorController
 from queueplane.run.session import ship_handler_modules, spark_session
@@ -114,14 +124,26 @@ class BacklogWatcher:
         self._stop.set()
 
 
+def _quietly(read: Callable[[], Any]) -> Any:
+    """A status read that may fail (Kafka away): unknown this time, never an error of the worker."""
+    try:
+        return read()
+    except Exception:  # the status is advisory
+        return None
+
+
 def run_queue(
     queue: QueueSpec,
     target: KafkaTarget,
     options: RunOptions,
     on_batch: Callable[[BatchProgress], None] = lambda _p: None,
     backlog: BacklogReader | None = None,
+    status: StatusSources | None = None,
 ) -> RunSummary:
-    """Run the worker until a stop condition holds; return what it did."""
+    """Run the worker until a stop condition holds; return what it did.
+
+    ``status``: where to report the queue's status (the Queue resource on Kubernetes).
+    """
     # A worker on a topic that is not there would idle and look healthy: it fails instead.
     topics = {queue.topic.name: "queue topic", queue.dead_letter.name: "dead-letter topic"}
     if queue.markers is not None:
@@ -143,7 +165,13 @@ def run_queue(
     )
     health = Health(stall_seconds(queue))
     metrics = WorkerMetrics(queue.name)
-    controller.on_executors = metrics.set_executors
+    executors = {"running": 0, "requested": controller.requested}
+
+    def on_executors(running: int, requested: int) -> None:
+        metrics.set_executors(running, requested)
+        executors.update(running=running, requested=requested)
+
+    controller.on_executors = on_executors
     if options.metrics_port is not None:
         metrics.serve(options.metrics_port, options.metrics_host, health)
 
@@ -151,7 +179,7 @@ def run_queue(
     dead = DeadLetters()
     # Idleness counts from the first micro-batch: a worker that waited for its broker or for
     # Spark to start has not been idle, whatever the clock says.
-    state: dict[str, Any] = {"batches": 0, "last_activity": None, "draining": False}
+    state: dict[str, Any] = {"batches": 0, "last_activity": None, "draining": False, "last_error": None}
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
     watcher = BacklogWatcher(backlog or (lambda: None), health)
@@ -160,6 +188,30 @@ def run_queue(
     termination = Termination()
 
     checkpoint = runtime.checkpoint()
+
+    def observe(phase: str | None = None, error: str | None = None) -> Observation:
+        now = time.monotonic()
+        ready = health.ready(now)
+        if phase is None:
+            stopping = state["draining"] or stop_requested.is_set() or termination.requested.is_set()
+            phase = STARTING if not health.started else DRAINING if stopping else RUNNING
+        return Observation(
+            at=time.time(),
+            phase=phase,
+            ready=ready,
+            lag=total_lag(watcher.latest),
+            oldest_s=_quietly(status.oldest_seconds) if status is not None else None,
+            finished=sum(counts[o] for o in FINAL_OUTCOMES),
+            dead_lettered=counts[DEAD_LETTERED],
+            dead_letters=_quietly(status.dead_letters) if status is not None else None,
+            executors_running=executors["running"],
+            executors_requested=executors["requested"],
+            max_executors=controller.policy.ceiling,
+            target_lag_s=float(queue.target_lag_seconds),
+            last_error=error or (None if ready.ok else ready.reason) or state["last_error"],
+        )
+
+    reporter = StatusReporter(observe, status.patch) if status is not None else None
 
     def sink(frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
@@ -172,6 +224,7 @@ def run_queue(
             mask = pc.equal(table.column("outcome"), DEAD_LETTERED)
             for row in table.filter(mask).select(["partition", "offset", "key", "delivery_count", "error"]).to_pylist():
                 dead.add(row)
+            state["last_error"] = f"partition {row['partition']} offset {row['offset']}: {row['error']}"
         metrics.observe(batch_counts, table)
         runtime.after_batch(table, batch_range_ends(checkpoint, batch_id, queue.topic.name))
         lag = watcher.latest
@@ -230,6 +283,8 @@ def run_queue(
         return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
 
     watcher.start()
+    if reporter is not None:
+        reporter.start()
     runtime.start(spark)
     ceiling = controller.policy.ceiling if controller.enabled else None
     query = (
@@ -267,8 +322,11 @@ def run_queue(
             stopper.join()
         error = query.exception() or runtime.failed()
         if error is not None:
-            health.query_stopped(str(error).splitlines()[0])
-            raise WorkerFailed(f"the streaming query of {queue.name} failed: {str(error).splitlines()[0]}")
+            first_line = str(error).splitlines()[0]
+            health.query_stopped(first_line)
+            if reporter is not None:
+                reporter.stop(observe(FAILED, first_line))
+            raise WorkerFailed(f"the streaming query of {queue.name} failed: {first_line}")
     finally:
         may_return.set()
         if query.isActive:
@@ -277,6 +335,8 @@ def run_queue(
         metrics.stop()
         watcher.stop()
         termination.restore()
+    if reporter is not None:
+        reporter.stop(observe(STOPPED))
     duration = time.monotonic() - started
     lag = watcher.read_now()
     spark.stop()

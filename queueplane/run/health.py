@@ -45,6 +45,11 @@ class Health:
         self._kafka_ok_at: float | None = None
         self._kafka_error: str | None = None
 
+    @property
+    def started(self) -> bool:
+        with self._lock:
+            return self._started
+
     def query_started(self) -> None:
         with self._lock:
             self._started = True

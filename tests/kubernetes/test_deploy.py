@@ -12,6 +12,7 @@ the driver pod is deleted: it drains on SIGTERM and exits, and the new driver go
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -126,6 +127,40 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         ids, dead = wait_for("both loads to settle", settled, 420)
         assert len(ids) == 800 - poison, "every accepted record has its output"
         assert dead == poison, "only the poison is dead-lettered"
+
+        # `kubectl get queues` shows what the driver reports on its Queue: the backlog gone, the
+        # poison counted in the DLQ, the handler's error, and its conditions in `describe`.
+        name = doc["metadata"]["name"]
+
+        settled_conditions = {"Ready": "True", "Lagging": "False", "DeadLettering": "False", "Degraded": "False"}
+
+        def reported_drained() -> dict | None:
+            queue = json.loads(local_kubernetes.kubectl("-n", namespace, "get", "queue", name, "-o", "json"))
+            status = queue.get("status", {})
+            drained = status.get("lag") == 0 and status.get("deadLetters") == poison
+            conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+            return queue if drained and status.get("phase") == "Running" and conditions == settled_conditions else None
+
+        queue = wait_for("the Queue status to show the loads settled", reported_drained, 60)
+        assert queue["spec"] == {
+            "team": doc["metadata"]["team"],
+            "groupType": kind,
+            "topic": doc["spec"]["topic"]["name"],
+            "deadLetterTopic": doc["spec"]["topic"]["name"] + ".dlq",
+        }
+        assert queue["status"]["executorsRunning"] >= 1 and "not JSON" in queue["status"]["lastError"], queue
+        table = local_kubernetes.kubectl("get", "queues", "-A")
+        header, *rows = table.splitlines()
+        assert header.split() == [
+            *("NAMESPACE", "NAME", "TEAM", "TYPE", "PHASE", "LAG", "OLDEST", "RATE", "EXECUTORS", "DLQ"),
+            *("LAST", "ERROR", "AGE"),
+        ], table
+        (row,) = [r.split() for r in rows if r.split()[:2] == [namespace, name]]
+        assert row[2:5] == [doc["metadata"]["team"], kind, "Running"] and row[5] == "0" and row[9] == str(poison), table
+        described = local_kubernetes.kubectl("-n", namespace, "describe", "queue", name)
+        printed = re.findall(r"Status:\s+(True|False|Unknown)\s+Type:\s+(\w+)", described)
+        shown = {condition: value for value, condition in printed}
+        assert shown == settled_conditions, described
 
         # A third load, and the driver pod deleted as a rollout or a node drain deletes it: SIGTERM,
         # then SIGKILL after the grace period. The worker drains and exits by itself well before.

@@ -53,7 +53,7 @@ def test_every_example_renders_to_valid_labelled_objects(spec, tmp_path):
     rendered = render(queue, output_dir=tmp_path)
     assert (tmp_path / "manifests.yaml").read_text() == rendered.manifests
     kinds = sorted(o["kind"] for o in rendered.objects)
-    assert kinds == ["ConfigMap", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds == ["ConfigMap", "Deployment", "Queue", "Role", "RoleBinding", "Service", "ServiceAccount"]
     for obj in rendered.objects:
         labels = obj["metadata"]["labels"]
         assert labels["queueplane.io/team"] == queue.team and labels["queueplane.io/queue"] == queue.name
@@ -163,6 +163,11 @@ def _driver(objects):
         (lambda o: _find(o, "Role")["rules"][0]["verbs"].append("patch"), "grants \\['patch'\\] on pods"),
         (lambda o: _find(o, "Role")["rules"][1]["resources"].append("secrets"), "'secrets'"),
         (lambda o: _find(o, "Role")["rules"][0]["verbs"].append("*"), "grants \\['\\*'\\]"),
+        (lambda o: _find(o, "Role")["rules"][2]["resourceNames"].append("other-queue"), "only the release's own"),
+        (lambda o: _find(o, "Role")["rules"][2]["resources"].append("queues"), "'queueplane.io/queues'"),
+        (lambda o: _find(o, "Role")["rules"][0].update(resourceNames=["x"]), "generated names"),
+        (lambda o: _find(o, "Queue")["spec"].update(groupType="fifo"), "/spec/groupType"),
+        (lambda o: _find(o, "Queue")["spec"].update(colour="red"), "/spec"),
     ],
 )
 def test_policy_rejects(coffee, mutate, needle):
@@ -173,11 +178,38 @@ def test_policy_rejects(coffee, mutate, needle):
 
 
 def test_the_role_grants_exactly_the_driver_verbs(coffee):
-    granted: dict[str, set[str]] = {}
+    granted: dict[tuple[str, str], set[str]] = {}
     for rule in _find(coffee.objects, "Role")["rules"]:
-        for resource in rule["resources"]:
-            granted.setdefault(resource, set()).update(rule["verbs"])
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
     assert granted == {k: set(v) for k, v in DRIVER_RBAC.items()}
+    (status_rule,) = [r for r in _find(coffee.objects, "Role")["rules"] if r["apiGroups"] == ["queueplane.io"]]
+    assert status_rule["resourceNames"] == ["coffee-orders"], "only the release's own Queue"
+
+
+def test_the_queue_object_carries_the_spec_and_the_driver_reports_to_it(coffee):
+    queue = _find(coffee.objects, "Queue")
+    assert queue["metadata"] == {
+        "name": "coffee-orders",
+        "namespace": "cafe",
+        "labels": queue["metadata"]["labels"],
+    }
+    assert queue["spec"] == {
+        "team": "cafe",
+        "groupType": "share",
+        "topic": "cafe.coffee-orders.v1",
+        "deadLetterTopic": "cafe.coffee-orders.v1.dlq",
+    }
+    args = _driver(coffee.objects)["args"]
+    assert args[args.index("--status-resource") + 1] == "cafe/coffee-orders"
+
+
+def test_without_the_queue_resource_there_is_no_object_no_grant_and_no_report(tmp_path):
+    rendered = render(_queue(), output_dir=tmp_path, overrides={"queueResource": {"enabled": False}})
+    assert not [o for o in rendered.objects if o["kind"] == "Queue"]
+    assert all(r["apiGroups"] == [""] for r in _find(rendered.objects, "Role")["rules"])
+    assert "--status-resource" not in _driver(rendered.objects)["args"]
 
 
 def test_free_text_in_a_spec_cannot_inject_yaml_or_template_syntax(tmp_path):
