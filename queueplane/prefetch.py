@@ -19,6 +19,7 @@ from importlib.util import find_spec
 from queueplane.deploy.helm import HELM_VERSION, helm_binary
 from queueplane.local.fault_proxy import TOXIPROXY_VERSION, toxiproxy_binary
 from queueplane.local.kubernetes import build as kube_build
+from queueplane.local.prometheus import PROMETHEUS_VERSION, build_both
 from queueplane.local.stack import KAFKA_VERSION, LocalStack
 
 HEARTBEAT_S = 15.0
@@ -87,6 +88,12 @@ ITEMS = (
         f"toxiproxy {TOXIPROXY_VERSION} (the fault proxy of the network fault tests)",
         "go install from the Go module proxy, under a minute",
         toxiproxy_binary,
+        alongside=True,
+    ),
+    Item(
+        f"Prometheus and promtool {PROMETHEUS_VERSION} (the monitoring tests)",
+        "go install from the Go module proxy, a few minutes",
+        build_both,
         alongside=True,
     ),
     Item(

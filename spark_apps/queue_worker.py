@@ -15,15 +15,13 @@ import sys
 
 from queueplane.errors import QueueplaneError, SpecInvalid, UsageError
 from queueplane.kafka.lag import queue_backlog
-from queueplane.kafka.target import KafkaTarget, named_target
-from queueplane.ops import dlq
-from queueplane.ops.backlog_age import oldest_waiting_seconds
+from queueplane.kafka.target import named_target
+from queueplane.ops.status import queue_reads
 from queueplane.provision import steps
 from queueplane.run.driver import run_queue
 from queueplane.run.options import STARTUP_WAIT_S, RunOptions
-from queueplane.run.queue_status import InClusterStatusPatch, StatusSources
+from queueplane.run.queue_status import InClusterStatusPatch
 from queueplane.spec import durations
-from queueplane.spec.model import QueueSpec
 
 
 def _scaling(args: argparse.Namespace) -> dict[str, float]:
@@ -39,16 +37,11 @@ def _scaling(args: argparse.Namespace) -> dict[str, float]:
     return overrides
 
 
-def _status_sources(resource: str, target: KafkaTarget, queue: QueueSpec) -> StatusSources:
+def _status_patch(resource: str) -> InClusterStatusPatch:
     try:
-        patch = InClusterStatusPatch(resource)
-    except (ValueError, OSError) as exc:
+        return InClusterStatusPatch(resource)
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return StatusSources(
-        patch=patch,
-        oldest_seconds=lambda: oldest_waiting_seconds(target, queue),
-        dead_letters=lambda: dlq.pending_by_offsets(target, queue),
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-records", type=int, help="consumer and kmq groups: most records per micro-batch")
     parser.add_argument("--scale-interval", help="autoscaling decision interval (default 10s)")
     parser.add_argument("--scale-down-cooldown", help="wait after a change before scaling down (default 60s)")
+    parser.add_argument("--event-log-dir", help="Spark event logs (for a history server): a path or object-store URL")
     parser.add_argument(
         "--status-resource",
         metavar="NAMESPACE/NAME",
@@ -88,13 +82,15 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint_dir=args.checkpoint_dir,
             max_batch_records=args.max_batch_records,
             scaling=_scaling(args),
+            event_log_dir=args.event_log_dir,
         )
         summary = run_queue(
             queue,
             target,
             options,
             backlog=queue_backlog(target, queue),
-            status=_status_sources(args.status_resource, target, queue) if args.status_resource else None,
+            reads=queue_reads(target, queue),
+            status_patch=_status_patch(args.status_resource) if args.status_resource else None,
         )
     except SpecInvalid as exc:
         for problem in exc.problems:

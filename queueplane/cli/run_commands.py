@@ -54,6 +54,11 @@ def register(commands: Any) -> None:
         metavar="N",
         help="consumer and kmq groups: most records per micro-batch (consumer 50000, kmq maxInFlight per partition)",
     )
+    p.add_argument(
+        "--event-log-dir",
+        metavar="DIR",
+        help="write Spark event logs here (a folder or an object-store URL), for a Spark history server",
+    )
     cluster_flags(p)
     output_flag(p)
     p.set_defaults(handler=cmd_run)
@@ -94,6 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         checkpoint_dir=args.checkpoint_dir,
         max_batch_records=args.max_batch_records,
+        event_log_dir=args.event_log_dir,
     )
     show = args.output == "text" and err.is_terminal
     if not show:  # no progress bars: one log line per micro-batch instead

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from queueplane.kafka.lag import queue_backlog, total_lag
 from queueplane.kafka.target import KafkaTarget
+from queueplane.ops.status import queue_reads
 from queueplane.run.driver import run_queue
 from queueplane.run.options import BatchProgress, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, REDELIVERED, RELEASED, SKIPPED
@@ -18,9 +19,10 @@ def run_with_progress(
     queue: QueueSpec, target: KafkaTarget, options: RunOptions, console: Console, show: bool
 ) -> RunSummary:
     backlog = queue_backlog(target, queue)
-
+    # Served metrics include the oldest wait and the DLQ count, read every few seconds.
+    reads = queue_reads(target, queue) if options.metrics_port is not None else None
     if not show:
-        return run_queue(queue, target, options, backlog=backlog)
+        return run_queue(queue, target, options, backlog=backlog, reads=reads)
     initial = total_lag(backlog()) or 0
     total = options.max_records or initial or None
     with Progress(
@@ -45,7 +47,7 @@ def run_with_progress(
                 peak = max(initial, p.backlog)
                 progress.update(backlog_bar, total=peak, completed=peak - p.backlog, description=f"backlog {p.backlog}")
 
-        return run_queue(queue, target, options, on_batch=on_batch, backlog=backlog)
+        return run_queue(queue, target, options, on_batch=on_batch, backlog=backlog, reads=reads)
 
 
 def summary_table(summary: RunSummary) -> Table:

@@ -1,6 +1,6 @@
 """Command-line tools built with `go install` from the Go module proxy into queueplane's cache.
 
-helm and the fault proxy the tests use come this way: pinned to a version, built once per
+helm, and the fault proxy and Prometheus the tests use, come this way: pinned to a version, built once per
 machine (the set-up step does it), and found again by path afterwards.
 """
 
@@ -19,9 +19,17 @@ BUILD_TIMEOUT_S = 1800
 
 
 def go_install(
-    package: str, version: str, folder: Path, name: str, error: type[QueueplaneError] = QueueplaneError
+    package: str,
+    version: str,
+    folder: Path,
+    name: str,
+    error: type[QueueplaneError] = QueueplaneError,
+    tags: tuple[str, ...] = (),
 ) -> Path:
-    """``folder/name``, built from ``package@version`` on first use; one build at a time across processes."""
+    """``folder/name``, built from ``package@version`` on first use; one build at a time across processes.
+
+    ``tags``: Go build tags, e.g. to leave out parts of a large program that are never used here.
+    """
     binary = folder / name
     if os.access(binary, os.X_OK):
         return binary
@@ -36,7 +44,7 @@ def go_install(
         with tempfile.TemporaryDirectory(dir=folder) as staging:
             env = {**os.environ, "GOBIN": staging, "CGO_ENABLED": "0"}
             result = subprocess.run(
-                [go, "install", "-ldflags=-s -w", f"{package}@{version}"],
+                [go, "install", "-ldflags=-s -w", *(["-tags", ",".join(tags)] if tags else []), f"{package}@{version}"],
                 env=env,
                 cwd=staging,
                 capture_output=True,

@@ -21,6 +21,7 @@ from queueplane.kafka.protocol import describe_share_group
 from queueplane.kafka.target import KafkaTarget
 from queueplane.ops import dlq
 from queueplane.ops.backlog_age import oldest_waiting_seconds
+from queueplane.run.queue_status import QueueReads
 from queueplane.spec.model import QueueSpec
 
 MISSING = "missing"
@@ -89,6 +90,14 @@ def _share_group(target: KafkaTarget, queue: QueueSpec) -> tuple[str, list[Membe
     except (OSError, ValueError):
         return "unknown", []
     return group.state, [Member(m.client_id, m.client_host, list(m.partitions)) for m in group.members]
+
+
+def queue_reads(target: KafkaTarget, queue: QueueSpec) -> QueueReads:
+    """The reads a watched worker makes every few seconds (its gauges, its Queue status)."""
+    return QueueReads(
+        oldest_seconds=lambda: oldest_waiting_seconds(target, queue),
+        dead_letters=lambda: dlq.pending_by_offsets(target, queue),
+    )
 
 
 def kafka_status(target: KafkaTarget, queue: QueueSpec) -> QueueStatus:

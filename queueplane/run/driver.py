@@ -36,8 +36,8 @@ from queueplane.run.queue_status import (
     STARTING,
     STOPPED,
     Observation,
+    QueueReads,
     StatusReporter,
-    StatusSources,
 )
 from queueplane.run.range_ends import batch_range_ends
 from queueplane.run.scaling.controller import ExecutorController
@@ -138,11 +138,14 @@ def run_queue(
     options: RunOptions,
     on_batch: Callable[[BatchProgress], None] = lambda _p: None,
     backlog: BacklogReader | None = None,
-    status: StatusSources | None = None,
+    reads: QueueReads | None = None,
+    status_patch: Callable[[dict[str, Any]], None] | None = None,
 ) -> RunSummary:
     """Run the worker until a stop condition holds; return what it did.
 
-    ``status``: where to report the queue's status (the Queue resource on Kubernetes).
+    ``reads``: the queue's oldest wait and DLQ count, for the gauges and the status, read every
+    few seconds while the worker runs. ``status_patch``: where the status goes (on Kubernetes,
+    the release's Queue resource).
     """
     # A worker on a topic that is not there would idle and look healthy: it fails instead.
     topics = {queue.topic.name: "queue topic", queue.dead_letter.name: "dead-letter topic"}
@@ -165,6 +168,7 @@ def run_queue(
     )
     health = Health(stall_seconds(queue))
     metrics = WorkerMetrics(queue.name)
+    metrics.set_bounds(float(queue.target_lag_seconds), controller.policy.ceiling)
     executors = {"running": 0, "requested": controller.requested}
 
     def on_executors(running: int, requested: int) -> None:
@@ -195,15 +199,18 @@ def run_queue(
         if phase is None:
             stopping = state["draining"] or stop_requested.is_set() or termination.requested.is_set()
             phase = STARTING if not health.started else DRAINING if stopping else RUNNING
+        oldest_s = _quietly(reads.oldest_seconds) if reads is not None else None
+        pending = _quietly(reads.dead_letters) if reads is not None else None
+        metrics.set_queue_reads(oldest_s, pending)
         return Observation(
             at=time.time(),
             phase=phase,
             ready=ready,
             lag=total_lag(watcher.latest),
-            oldest_s=_quietly(status.oldest_seconds) if status is not None else None,
+            oldest_s=oldest_s,
             finished=sum(counts[o] for o in FINAL_OUTCOMES),
             dead_lettered=counts[DEAD_LETTERED],
-            dead_letters=_quietly(status.dead_letters) if status is not None else None,
+            dead_letters=pending,
             executors_running=executors["running"],
             executors_requested=executors["requested"],
             max_executors=controller.policy.ceiling,
@@ -211,7 +218,8 @@ def run_queue(
             last_error=error or (None if ready.ok else ready.reason) or state["last_error"],
         )
 
-    reporter = StatusReporter(observe, status.patch) if status is not None else None
+    watched = reads is not None or status_patch is not None
+    reporter = StatusReporter(observe, status_patch or (lambda _status: None)) if watched else None
 
     def sink(frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the

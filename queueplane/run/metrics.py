@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from queueplane.run.health import Health, Verdict
-from queueplane.run.outcomes import DLQ_WRITE_FAILED, RELEASED
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DLQ_WRITE_FAILED, RELEASED
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DELIVERY_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 20)
@@ -96,6 +96,38 @@ class WorkerMetrics:
             ["queue", "state"],
             registry=self.registry,
         )
+        self.oldest_waiting = Gauge(
+            "queueplane_oldest_waiting_seconds",
+            "How long the oldest record the group has not finished has waited (read every few seconds).",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.dead_letters_pending = Gauge(
+            "queueplane_dead_letters_pending",
+            "Records waiting in the dead-letter topic after its redrive position (read every few seconds).",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.target_lag = Gauge(
+            "queueplane_target_lag_seconds",
+            "The spec's autoscaling.targetLagSeconds: the oldest wait the queue should stay under.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.max_executors = Gauge(
+            "queueplane_max_executors",
+            "The most executors the autoscaler may ask for (the spec's bound, or the partitions' cap).",
+            ["queue"],
+            registry=self.registry,
+        )
+        # Every labelled series exists from the start, at 0: a rate over a series that appears
+        # with its first increment misses that increment, and an absent series reads as no data.
+        for outcome in (ACCEPTED, RELEASED, DEAD_LETTERED):
+            self.records.labels(queue, outcome)
+        self.dlq_write_failures.labels(queue)
+        self.latency.labels(queue)
+        self.deliveries.labels(queue)
+        self.inflight.labels(queue)
         self._server: Any = None
 
     def serve(self, port: int, host: str, health: Health) -> None:
@@ -123,6 +155,17 @@ class WorkerMetrics:
 
     def set_removed_unread(self, count: int) -> None:
         self.removed_unread.labels(self.queue).set(count)
+
+    def set_bounds(self, target_lag_s: float, max_executors: int) -> None:
+        self.target_lag.labels(self.queue).set(target_lag_s)
+        self.max_executors.labels(self.queue).set(max_executors)
+
+    def set_queue_reads(self, oldest_s: float | None, dead_letters: int | None) -> None:
+        """The latest reads; an unknown one keeps its last value (Prometheus would see a gap as a reset)."""
+        if oldest_s is not None:
+            self.oldest_waiting.labels(self.queue).set(oldest_s)
+        if dead_letters is not None:
+            self.dead_letters_pending.labels(self.queue).set(dead_letters)
 
     def set_executors(self, running: int, requested: int) -> None:
         self.executors.labels(self.queue, "running").set(running)

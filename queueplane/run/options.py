@@ -20,6 +20,7 @@ class RunOptions:
     checkpoint_dir: str | None = None
     max_batch_records: int | None = None  # consumer groups: most records per micro-batch (maxOffsetsPerTrigger)
     scaling: dict[str, float] = field(default_factory=dict)  # autoscaling policy overrides (intervals, cooldowns)
+    event_log_dir: str | None = None  # Spark event logs (for a history server): a path or an object-store URL
 
 
 @dataclass

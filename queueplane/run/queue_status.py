@@ -197,20 +197,21 @@ class StatusBuilder:
 
 
 @dataclass(frozen=True)
-class StatusSources:
-    """Where a driver's Queue status goes, and the Kafka reads only it needs (none in the batch path).
+class QueueReads:
+    """The Kafka reads behind a watched worker's status and gauges, made off the batch path.
 
-    The worker's entrypoint builds this: reading the oldest record's age and the DLQ's count
-    belongs to the operations on a queue, not to the runtime.
+    How old the oldest waiting record is and how many records wait in the DLQ are questions
+    about the queue, answered by queueplane.ops; the entrypoint hands them in (ops.status.queue_reads).
     """
 
-    patch: Callable[[dict[str, Any]], None]
     oldest_seconds: Callable[[], float | None]
     dead_letters: Callable[[], int | None]
 
 
 class StatusReporter:
-    """Patches the status every REPORT_EVERY_S on a thread of its own, and once more at the end.
+    """Observes the queue every REPORT_EVERY_S on a thread of its own, and once more at the end.
+
+    Each observation becomes a status document for ``patch`` (the Queue resource), when there is one.
 
     A patch that fails (the API server away, the Queue object or its definition missing, the
     Role not allowing it) is logged when it starts failing and when it works again, and never
@@ -270,30 +271,32 @@ class InClusterStatusPatch:
 
     def __init__(self, resource: str, timeout_s: float = 10.0, account: Path = SERVICE_ACCOUNT):
         namespace, _, name = resource.partition("/")
-        if not namespace or not name:
+        if not namespace or not name or "/" in name:
             raise ValueError(f"--status-resource {resource!r}: expected NAMESPACE/NAME")
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise ValueError("--status-resource needs the Kubernetes API (KUBERNETES_SERVICE_HOST is not set)")
-        host = f"[{host}]" if ":" in host else host
-        self.url = f"https://{host}:{port}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        self.path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         self.account = account
         self.timeout_s = timeout_s
-        self._context = ssl.create_default_context(cafile=str(account / "ca.crt"))
 
     def __call__(self, status: dict[str, Any]) -> None:
+        # Outside a pod (no API address, no service account) each call fails, and the reporter
+        # says so once: the worker itself runs anywhere.
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise OSError("not in a Kubernetes pod: KUBERNETES_SERVICE_HOST is not set")
+        url = f"https://[{host}]:{port}{self.path}" if ":" in host else f"https://{host}:{port}{self.path}"
+        context = ssl.create_default_context(cafile=str(self.account / "ca.crt"))
         token = (self.account / "token").read_text().strip()
         request = urllib.request.Request(
-            self.url,
+            url,
             data=json.dumps({"status": status}).encode(),
             method="PATCH",
             headers={"Content-Type": "application/merge-patch+json", "Authorization": f"Bearer {token}"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._context):
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=context):
                 return
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
             with contextlib.suppress(ValueError):  # the API server's Status object, when it sent one
                 detail = json.loads(detail).get("message", detail)
-            raise OSError(f"PATCH {self.url}: {exc.code} {detail}") from None
+            raise OSError(f"PATCH {self.path}: {exc.code} {detail}") from None

@@ -37,6 +37,8 @@ def spark_session(runtime: QueueRuntime) -> Any:
         builder = builder.config("spark.driver.memory", f"{heap_mi}m")
     elif os.environ.get("POD_NAME"):  # the chart's driver pod
         builder = builder.config("spark.kubernetes.executor.podNamePrefix", executor_prefix(queue.name))
+    if options.event_log_dir:
+        builder = with_event_logs(builder, options.event_log_dir)
     spark = (
         builder.config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", DAEMON_MODULE)
@@ -47,6 +49,24 @@ def spark_session(runtime: QueueRuntime) -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+# A streaming worker runs for weeks: its event log rolls over in files of this size, which a
+# history server compacts, instead of one file that only grows.
+EVENT_LOG_FILE_SIZE = "128m"
+
+
+def with_event_logs(builder: Any, directory: str) -> Any:
+    """Spark event logs to ``directory`` (a local path is created: Spark refuses a missing one)."""
+    if "://" not in directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        directory = Path(directory).resolve().as_uri()
+    return (
+        builder.config("spark.eventLog.enabled", "true")
+        .config("spark.eventLog.dir", directory)
+        .config("spark.eventLog.rolling.enabled", "true")
+        .config("spark.eventLog.rolling.maxFileSize", EVENT_LOG_FILE_SIZE)
+    )
 
 
 def executor_prefix(queue_name: str) -> str:

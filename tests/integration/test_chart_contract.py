@@ -50,8 +50,8 @@ def _mounts(pod: dict, container: dict, objects: list[dict], properties: str, ro
                 (folder / item["path"]).write_text(data[item["key"]])
         elif "secret" in volume:  # the cluster's Secret: a librdkafka properties file
             (folder / "client.properties").write_text(properties)
-        else:
-            assert "emptyDir" in volume, f"unexpected volume {volume}"
+        else:  # a claim starts as empty as an emptyDir
+            assert "emptyDir" in volume or "persistentVolumeClaim" in volume, f"unexpected volume {volume}"
         mapped[mount["mountPath"]] = str(folder)
     return mapped
 
@@ -65,7 +65,8 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
     overrides = {
         "kafka": {"configSecret": {"name": "test-kafka"}, "bootstrapServers": ""},
         "metrics": {"port": metrics_port},
-        "spark": {"driverPort": free_port(), "blockManagerPort": free_port()},
+        "spark": {"driverPort": free_port(), "blockManagerPort": free_port(), "eventLog": {"enabled": True, "dir": ""}},
+        "checkpoint": {"persistentVolumeClaim": {"enabled": True}},
     }
     rendered = render(queue, output_dir=tmp_path / "render", overrides=overrides)
     deployment = next(o for o in rendered.objects if o["kind"] == "Deployment")
@@ -131,6 +132,9 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
                 assert answer.status == 200, (kind, answer.read())
         handled = {e["id"] for e in queue_dir.events() if e.get("result") == "ok"}
         assert len(handled) == total
+        # Event logs on the checkpoint volume, rolled (a folder of numbered files), for a history server.
+        logs = sorted(Path(mounts["/var/queueplane/checkpoints"]).glob("spark-events/eventlog_v2_*/events_*"))
+        assert logs and "SparkListenerApplicationStart" in logs[0].read_text(), logs
 
         # What the kubelet does to a deleted pod: SIGTERM to the worker, which stops cleanly.
         driver.send_signal(signal.SIGTERM)

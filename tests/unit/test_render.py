@@ -13,7 +13,7 @@ from helpers import EXAMPLES, run_cli
 from queueplane.deploy.helm import HelmError, run_helm
 from queueplane.deploy.policy import DRIVER_RBAC
 from queueplane.deploy.render import ManifestInvalid, chart_path, executor_pod_templates, render, validate_manifests
-from queueplane.errors import SpecInvalid
+from queueplane.errors import QueueplaneError, SpecInvalid
 from queueplane.provision import steps
 
 SPECS = sorted(EXAMPLES.glob("*.yaml"))
@@ -97,6 +97,26 @@ def test_checkpoint_claim_and_kafka_secrets_come_from_values(tmp_path):
     (template,) = executor_pod_templates(rendered.objects)
     assert {v["name"] for v in template["spec"]["volumes"]} >= {"kafka-tls", "spark-local-dir-1", "tmp"}
     assert "Secret" not in {o["kind"] for o in rendered.objects}, "secrets are referenced, never rendered"
+
+
+@pytest.mark.parametrize(
+    ("event_log", "checkpoint", "expected"),
+    [
+        ({"dir": "s3a://spark-history/events"}, {}, "s3a://spark-history/events"),
+        ({"dir": ""}, {"persistentVolumeClaim": {"enabled": True}}, "/var/queueplane/checkpoints/spark-events"),
+        ({"dir": ""}, {}, None),
+    ],
+)
+def test_event_logs_go_to_the_dir_given_else_beside_the_checkpoints_else_the_render_says_why(
+    tmp_path, event_log, checkpoint, expected
+):
+    overrides = {"spark": {"eventLog": {"enabled": True, **event_log}}, "checkpoint": checkpoint}
+    if expected is None:
+        with pytest.raises(QueueplaneError, match=r"spark\.eventLog\.enabled needs spark\.eventLog\.dir"):
+            render(_queue(), output_dir=tmp_path, overrides=overrides)
+        return
+    args = _driver(render(_queue(), output_dir=tmp_path, overrides=overrides).objects)["args"]
+    assert args[args.index("--event-log-dir") + 1] == expected
 
 
 def test_probes_ask_the_worker_its_health_and_the_driver_uses_the_refreshing_in_cluster_token(tmp_path):
