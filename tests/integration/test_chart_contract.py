@@ -28,6 +28,7 @@ from queueplane.provision import steps
 
 pytestmark = pytest.mark.kafka
 
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 FIELD_VALUES = {"metadata.name": "contract-driver-0", "metadata.namespace": "test"}
 
 
@@ -132,9 +133,10 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
                 assert answer.status == 200, (kind, answer.read())
         handled = {e["id"] for e in queue_dir.events() if e.get("result") == "ok"}
         assert len(handled) == total
-        # Event logs on the checkpoint volume, rolled (a folder of numbered files), for a history server.
+        # Event logs on the checkpoint volume, rolled (a folder of numbered files) and compressed
+        # (Spark 4 writes zstd by default), for a history server.
         logs = sorted(Path(mounts["/var/queueplane/checkpoints"]).glob("spark-events/eventlog_v2_*/events_*"))
-        assert logs and "SparkListenerApplicationStart" in logs[0].read_text(), logs
+        assert logs and logs[0].read_bytes()[:4] == ZSTD_MAGIC, logs
 
         # What the kubelet does to a deleted pod: SIGTERM to the worker, which stops cleanly.
         driver.send_signal(signal.SIGTERM)

@@ -128,6 +128,9 @@ class ExecutorController:
         if not self.synced and ids:
             self._sync(ids)
             ids = self.executor_ids()
+        # Every batch, not only at decisions: no decision is taken while the backlog cannot be
+        # read, and the executors running then are what an operator most wants to see.
+        self.on_executors(len(ids), self.requested)
         now = self.clock()
         if self.window_start is None:
             self.window_start = now
