@@ -102,8 +102,9 @@ test-host:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; }
 
 # The suite runs in TEST_PROCESSES pytest processes, split by file; tests/parallel.py keeps the
-# folders that share a session resource (the local Kubernetes, Airflow's DB) in one process.
-TEST_PROCESSES ?= 3
+# folders that share a session resource (the local Kubernetes, Airflow's DB) in one process and
+# runs the tests marked heavy one at a time, beside light ones.
+TEST_PROCESSES ?= 2
 test: lint test-host
 	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 

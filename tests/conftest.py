@@ -25,6 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     parallel.in_run_order(items)
 
 
+@pytest.fixture(autouse=True)
+def _heavy_tests_one_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    with parallel.one_heavy_at_a_time(request.node):
+        yield
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """`make test`'s split (``--dist loadfile``): shared folders go to one process whole."""

@@ -3,12 +3,21 @@
 Each process has its own Kafka broker and Airflow home, so most test files can run beside any
 other. Some folders share a session resource and go to one process whole: the machine has one
 local Kubernetes (a second process would stop it under the first), Airflow's migrated metadata
-DB and the packaging tests' wheel are each made once per process. Long folders come first, so
-they start at once and the short files fill the gaps behind them.
+DB and the packaging tests' wheel are each made once per process.
+
+Tests marked ``heavy`` (pods, many JVMs, broker restarts, timed load steps) run one at a time
+across the processes, beside light tests only: two of them at once on a small machine starve
+each other past the time bounds they wait with. The Kubernetes folder comes first and the
+other heavy files last, so the light files fill the other process while the cluster's tests run.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +26,7 @@ from xdist.scheduler import LoadScopeScheduling
 TESTS = Path(__file__).parent
 SHARED_BY_FOLDER = ("kubernetes", "airflow", "packaging")
 FOLDER_ORDER = ("kubernetes", "integration", "packaging", "airflow", "unit")
+HEAVY = "heavy"
 
 
 def folder(nodeid: str) -> str:
@@ -26,9 +36,29 @@ def folder(nodeid: str) -> str:
 
 
 def in_run_order(items: list[pytest.Item]) -> None:
-    """Sort the collected tests by FOLDER_ORDER, keeping each file's own order."""
+    """FOLDER_ORDER, except that heavy files outside the Kubernetes folder go last; each file keeps its order."""
     rank = {name: index for index, name in enumerate(FOLDER_ORDER)}
-    items.sort(key=lambda item: rank.get(folder(item.nodeid), len(rank)))
+
+    def key(item: pytest.Item) -> tuple[bool, int]:
+        name = folder(item.nodeid)
+        return (name != "kubernetes" and item.get_closest_marker(HEAVY) is not None, rank.get(name, len(rank)))
+
+    items.sort(key=key)
+
+
+@contextmanager
+def one_heavy_at_a_time(item: pytest.Item) -> Iterator[None]:
+    """Hold the run's heavy-test lock while a heavy test runs (only when processes share the run)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if item.get_closest_marker(HEAVY) is None or run is None:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"queueplane-tests-{run}.heavy.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class SharedFolderScheduling(LoadScopeScheduling):

@@ -20,7 +20,7 @@ from helpers import REPO
 from spark_standalone import SPARK_SUBMIT, free_port, spark_env, start_standalone
 from worker_support import make_queue, order, produce
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
 MAX_EXECUTORS = 3
 LOAD_SECONDS, PER_SECOND = 40, 40  # ~40 records/s; one executor (2 slots, 100 ms each) handles ~20/s

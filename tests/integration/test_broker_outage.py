@@ -20,7 +20,7 @@ from worker_support import make_queue, order, produce, produce_steadily, read_al
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
 OUTAGE_S = 20
 START_OUTAGE_S = 30

@@ -22,7 +22,7 @@ from queueplane.local.fault_proxy import FaultProxy
 from queueplane.local.processes import free_port
 from queueplane.local.stack import HOST, LocalStack
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
 RATE, PRODUCE_S = 50, 100  # records a second, arriving while the faults come and go
 TOTAL = RATE * PRODUCE_S

@@ -17,7 +17,7 @@ from helpers import REPO
 sys.path.insert(0, str(REPO / "bench"))
 import soak
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
 
 def test_three_minutes_of_steady_load_lose_nothing_and_python_memory_stays_flat(kafka, tmp_path, record_property):

@@ -30,7 +30,7 @@ from queueplane.ops.load import make_order
 from queueplane.run.scaling.policy import ScalingPolicy
 from queueplane.run.scaling.simulation import simulate
 
-pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
+pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka, pytest.mark.heavy]
 
 BASE, FACTOR = 4.0, 4  # records/s, and the step's multiple of it
 # The tail outlasts a 60 s scale-down cooldown and a drain; it ends two decisions after the scale-down.
