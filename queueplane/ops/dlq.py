@@ -170,6 +170,36 @@ def pending_by_offsets(target: KafkaTarget, queue: QueueSpec) -> int:
         reader.close()
 
 
+class DeadLetterCounter:
+    """Records waiting in the DLQ, asked every few seconds (a worker's gauge and Queue status).
+
+    Counted by reading, as `dlq list` counts, while at most ``exact_up_to`` offsets lie between
+    the redrive position and the end: an exactly-once worker's transaction markers sit between
+    its dead letters, and offsets alone would count each of them. Beyond that the offsets are
+    the answer (an upper bound). The DLQ is read again only when its position or ends moved.
+    """
+
+    def __init__(self, target: KafkaTarget, queue: QueueSpec, exact_up_to: int = 10_000):
+        self.target, self.queue, self.exact_up_to = target, queue, exact_up_to
+        self._seen: tuple[object, int] | None = None
+
+    def __call__(self) -> int:
+        reader = _DlqReader(self.target, self.queue)
+        try:
+            where = (sorted(reader.position.items()), sorted(reader.ends.items()))
+            if self._seen is not None and self._seen[0] == where:
+                return self._seen[1]
+            count = reader.pending()
+            if count <= self.exact_up_to:
+                count = 0
+                while reader.read() is not None:
+                    count += 1
+            self._seen = (where, count)
+            return count
+        finally:
+            reader.close()
+
+
 def list_dead_letters(
     target: KafkaTarget, queue: QueueSpec, limit: int = 100, include_redriven: bool = False
 ) -> tuple[list[DeadLetter], int]:

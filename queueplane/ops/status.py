@@ -96,7 +96,7 @@ def queue_reads(target: KafkaTarget, queue: QueueSpec) -> QueueReads:
     """The reads a watched worker makes every few seconds (its gauges, its Queue status)."""
     return QueueReads(
         oldest_seconds=lambda: oldest_waiting_seconds(target, queue),
-        dead_letters=lambda: dlq.pending_by_offsets(target, queue),
+        dead_letters=dlq.DeadLetterCounter(target, queue),
     )
 
 

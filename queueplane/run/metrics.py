@@ -104,7 +104,7 @@ class WorkerMetrics:
         )
         self.dead_letters_pending = Gauge(
             "queueplane_dead_letters_pending",
-            "Records waiting in the dead-letter topic after its redrive position (read every few seconds).",
+            "Records waiting in the dead-letter topic after its redrive position (counted every few seconds).",
             ["queue"],
             registry=self.registry,
         )
