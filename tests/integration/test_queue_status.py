@@ -13,6 +13,7 @@ from helpers import run_cli
 from specs_factory import dump, spec
 
 from queueplane.kafka import clients
+from queueplane.ops import dlq
 from queueplane.provision import steps
 
 pytestmark = pytest.mark.kafka
@@ -96,3 +97,28 @@ def test_status_shows_members_backlog_and_dead_letters(kafka, tmp_path, cli_env)
         sharer.close()
     text = run_cli(["status", str(consumer_spec), "--bootstrap-servers", kafka.bootstrap], cli_env)
     assert "backlog       7 record(s)" in text.stdout and f"2 pending in {tag}.orders.dlq" in text.stdout, text.stdout
+
+
+def test_the_dlq_count_of_a_watched_worker_skips_transaction_markers_and_follows_new_dead_letters(kafka, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    path = _write(tmp_path, spec("consumer", name=f"t-{tag}", group=f"gt-{tag}", topic=f"{tag}.orders"))
+    steps.apply(steps.plan([str(tmp_path)], kafka))
+    (queue,) = steps.validate([str(path)], kafka)
+    dlq_topic = f"{tag}.orders.dlq"
+    producer = Producer({**kafka.settings, "transactional.id": f"eos-{tag}"})
+    producer.init_transactions(30)
+
+    def dead_letter(n: int) -> None:  # as an exactly-once worker writes them: a transaction each time
+        for i in range(n):
+            producer.begin_transaction()
+            producer.produce(dlq_topic, key=f"k{i}".encode(), value=b"not json", partition=i % 3)
+            producer.commit_transaction(30)
+
+    dead_letter(5)
+    count = dlq.DeadLetterCounter(kafka, queue)
+    assert dlq.pending_by_offsets(kafka, queue) == 10, "offsets count each commit marker too"
+    assert count() == 5
+    dead_letter(2)
+    assert count() == 7, "read again once the DLQ moved"
+    estimate = dlq.DeadLetterCounter(kafka, queue, exact_up_to=3)
+    assert estimate() == 14, "past the reading limit, the offsets"
