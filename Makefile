@@ -103,7 +103,7 @@ test-host:
 
 # The suite runs in TEST_PROCESSES pytest processes, split by file; tests/parallel.py keeps the
 # folders that share a session resource (the local Kubernetes, Airflow's DB) in one process and
-# runs the tests marked heavy one at a time, beside light ones.
+# runs the tests marked heavy alone.
 TEST_PROCESSES ?= 2
 test: lint test-host
 	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder

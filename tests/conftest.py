@@ -26,8 +26,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _heavy_tests_one_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
-    with parallel.one_heavy_at_a_time(request.node):
+def _heavy_tests_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    with parallel.heavy_tests_alone(request.node):
         yield
 
 

@@ -5,10 +5,9 @@ other. Some folders share a session resource and go to one process whole: the ma
 local Kubernetes (a second process would stop it under the first), Airflow's migrated metadata
 DB and the packaging tests' wheel are each made once per process.
 
-Tests marked ``heavy`` (pods, many JVMs, broker restarts, timed load steps) run one at a time
-across the processes, beside light tests only: two of them at once on a small machine starve
-each other past the time bounds they wait with. The Kubernetes folder comes first and the
-other heavy files last, so the light files fill the other process while the cluster's tests run.
+Tests marked ``heavy`` (pods, many JVMs, broker restarts, timed load steps) run alone: on a
+small machine anything beside them starves them past the time bounds they wait with (a share
+lock expiring, a Python worker not connecting back in time). Light tests run side by side.
 """
 
 from __future__ import annotations
@@ -47,18 +46,32 @@ def in_run_order(items: list[pytest.Item]) -> None:
 
 
 @contextmanager
-def one_heavy_at_a_time(item: pytest.Item) -> Iterator[None]:
-    """Hold the run's heavy-test lock while a heavy test runs (only when processes share the run)."""
+def heavy_tests_alone(item: pytest.Item) -> Iterator[None]:
+    """A heavy test runs alone; light tests run beside each other (only when processes share the run).
+
+    A readers-writer lock over files: light tests hold the run's lock shared, a heavy test holds it
+    exclusive. A heavy test waiting holds the gate, so no new light test starts and it is not
+    starved by light tests that follow each other.
+    """
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if item.get_closest_marker(HEAVY) is None or run is None:
+    if run is None:
         yield
         return
-    with open(Path(tempfile.gettempdir()) / f"queueplane-tests-{run}.heavy.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    files = Path(tempfile.gettempdir()) / f"queueplane-tests-{run}"
+    heavy = item.get_closest_marker(HEAVY) is not None
+    with open(f"{files}.gate", "w") as gate, open(f"{files}.lock", "w") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if heavy else fcntl.LOCK_SH)
+        finally:
+            if not heavy:
+                fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+            if heavy:
+                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 class SharedFolderScheduling(LoadScopeScheduling):

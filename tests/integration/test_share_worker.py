@@ -184,6 +184,8 @@ def test_worker_serves_prometheus_metrics_while_it_runs(kafka, tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     worker = start_worker(queue, kafka, "--until-idle", "5s", "--metrics-port", str(port))
+    labels = f'queue="{queue.spec_path.parent.name.replace("queue-", "w-")}"'
+    dead_lettered = f'queueplane_records_total{{outcome="dlq",{labels}}} 1.0'
     try:
         deadline, text = time.monotonic() + 120, ""
         while time.monotonic() < deadline:
@@ -192,10 +194,9 @@ def test_worker_serves_prometheus_metrics_while_it_runs(kafka, tmp_path):
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
             except OSError:
                 continue
-            if 'queueplane_records_total{outcome="dlq"' in text and "queueplane_backlog_records" in text:
+            if dead_lettered in text and "queueplane_backlog_records" in text:
                 break
-        labels = f'queue="{queue.spec_path.parent.name.replace("queue-", "w-")}"'
-        assert f'queueplane_records_total{{outcome="dlq",{labels}}} 1.0' in text
+        assert dead_lettered in text
         assert f"queueplane_handler_latency_seconds_count{{{labels}}}" in text
         assert f'queueplane_delivery_count_bucket{{le="1.0",{labels}}}' in text
         assert "queueplane_inflight" in text
