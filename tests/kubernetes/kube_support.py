@@ -11,6 +11,8 @@ import yaml
 from helpers import run_cli
 from worker_support import read_all
 
+from queueplane.run.dead_letters import HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION
+
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
@@ -68,10 +70,29 @@ def load(spec: str, count: int, host: list[str], env: dict[str, str]) -> int:
     return json.loads(loaded.stdout)["poison"]
 
 
-def outcomes(kafka, doc: dict, accepted: int, dead: int) -> tuple[set[str], int]:
-    """Distinct output ids and the DLQ's record count, once at least the expected numbers are there."""
+def _dlq_topic(doc: dict) -> str:
     spec = doc["spec"]
-    dlq = spec.get("deadLetter", {}).get("topic", f"{spec['topic']['name']}.dlq")
+    return spec.get("deadLetter", {}).get("topic", f"{spec['topic']['name']}.dlq")
+
+
+def dlq_records(kafka, doc: dict, at_least: int) -> int:
+    """Every record in the queue's DLQ, duplicates of one dead letter included."""
+    return len(read_all(kafka, _dlq_topic(doc), expect_at_least=at_least, timeout_s=5))
+
+
+def outcomes(kafka, doc: dict, accepted: int, dead: int) -> tuple[set[str], int]:
+    """Distinct output ids and distinct dead-lettered records, once at least the expected numbers are there.
+
+    Dead letters are told apart by the source partition and offset in their headers: an executor
+    killed between its DLQ write and the broker taking its reject sees the record again and
+    writes it again (at least once), and that is still one record put aside.
+    """
+    spec = doc["spec"]
+    dlq = _dlq_topic(doc)
     outputs = read_all(kafka, spec["processing"]["output"]["topic"], expect_at_least=accepted, timeout_s=5)
     values = [json.loads(m.value()) for m in outputs]
-    return {v.get("id") or v.get("order") for v in values}, len(read_all(kafka, dlq, expect_at_least=dead, timeout_s=5))
+    sources = {
+        (headers.get(HEADER_SOURCE_PARTITION), headers.get(HEADER_SOURCE_OFFSET))
+        for headers in (dict(m.headers() or []) for m in read_all(kafka, dlq, expect_at_least=dead, timeout_s=5))
+    }
+    return {v.get("id") or v.get("order") for v in values}, len(sources)
