@@ -7,7 +7,8 @@ DB and the packaging tests' wheel are each made once per process.
 
 Tests marked ``heavy`` (pods, many JVMs, broker restarts, timed load steps) run alone: on a
 small machine anything beside them starves them past the time bounds they wait with (a share
-lock expiring, a Python worker not connecting back in time). Light tests run side by side.
+lock expiring, a Python worker not connecting back in time). Light tests run side by side,
+and first.
 """
 
 from __future__ import annotations
@@ -35,14 +36,13 @@ def folder(nodeid: str) -> str:
 
 
 def in_run_order(items: list[pytest.Item]) -> None:
-    """FOLDER_ORDER, except that heavy files outside the Kubernetes folder go last; each file keeps its order."""
+    """Light tests first, by FOLDER_ORDER, then the heavy ones; each file keeps its order.
+
+    While light tests remain, a heavy test waits for the one beside it to end; at the end only
+    heavy tests are left, and the processes hand the lock to each other without waiting.
+    """
     rank = {name: index for index, name in enumerate(FOLDER_ORDER)}
-
-    def key(item: pytest.Item) -> tuple[bool, int]:
-        name = folder(item.nodeid)
-        return (name != "kubernetes" and item.get_closest_marker(HEAVY) is not None, rank.get(name, len(rank)))
-
-    items.sort(key=key)
+    items.sort(key=lambda item: (item.get_closest_marker(HEAVY) is not None, rank.get(folder(item.nodeid), len(rank))))
 
 
 @contextmanager
