@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -61,3 +62,14 @@ def tagged_examples(directory: Path, tag: str) -> dict[str, Path]:
 
 def unique_tag() -> str:
     return f"af{uuid.uuid4().hex[:8]}"
+
+
+def wait_for(what: str, check, timeout_s: float, every_s: float = 2.0):
+    """``check()``'s first truthy answer, asked every ``every_s``; past ``timeout_s``, an error naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
-from helpers import REPO, run_cli, tagged_examples, unique_tag
+from helpers import REPO, run_cli, tagged_examples, unique_tag, wait_for
 from monitoring_support import dashboard_queries, write_rules
 
 from queueplane.local.processes import free_port
@@ -32,15 +31,6 @@ EMPTY_IN_LOCAL_MODE = {"Executors / {{state}}"}
 def _value(prometheus: LocalPrometheus, expr: str) -> float | None:
     result = prometheus.query(expr)
     return float(result[0]["value"][1]) if result else None
-
-
-def _wait(what: str, check, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (found := check()) is not None:
-            return found
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def test_prometheus_scrapes_a_running_worker_and_evaluates_the_rules_and_dashboard(kafka, cli_env, tmp_path):
@@ -66,13 +56,17 @@ def test_prometheus_scrapes_a_running_worker_and_evaluates_the_rules_and_dashboa
         with LocalPrometheus(tmp_path / "prometheus", targets, rule_files=(rules,)) as prometheus:
             selector = f'namespace="{namespace}",queue="{name}"'
             finished = f'sum(queueplane_records_total{{{selector},outcome=~"accepted|dlq"}})'
-            _wait("every record finished, scraped", lambda: _value(prometheus, finished) == COUNT or None, 300)
+            wait_for(
+                "every record finished, scraped", lambda: _value(prometheus, finished) == COUNT or None, 300, every_s=1
+            )
             dlq = _value(prometheus, f'sum(queueplane_records_total{{{selector},outcome="dlq"}})')
             assert dlq == poison, "the DLQ count Prometheus scraped is the poison loaded"
             pending = f"max(queueplane_dead_letters_pending{{{selector}}})"
-            assert _wait("the DLQ's count", lambda: _value(prometheus, pending) == poison or None, 60)
+            assert wait_for("the DLQ's count", lambda: _value(prometheus, pending) == poison, 60, every_s=1)
             oldest = f"max(queueplane_oldest_waiting_seconds{{{selector}}})"
-            assert _wait("the drained queue's oldest wait", lambda: _value(prometheus, oldest) == 0 or None, 60)
+            assert wait_for(
+                "the drained queue's oldest wait", lambda: _value(prometheus, oldest) == 0 or None, 60, every_s=1
+            )
             assert _value(prometheus, f"max(queueplane_target_lag_seconds{{{selector}}})") == queue.target_lag_seconds
 
             # The chart's alert rules load and evaluate on the scraped series without error.
@@ -82,7 +76,7 @@ def test_prometheus_scrapes_a_running_worker_and_evaluates_the_rules_and_dashboa
                 done = all(r.get("lastEvaluation", "0001").startswith("20") for r in loaded_rules)
                 return loaded_rules if loaded_rules and done else None
 
-            loaded_rules = _wait("the rules to be evaluated", evaluated, 60)
+            loaded_rules = wait_for("the rules to be evaluated", evaluated, 60, every_s=1)
             assert {r["name"] for r in loaded_rules} == {
                 "QueueplaneLagOverTarget",
                 "QueueplaneDeadLettering",
@@ -98,7 +92,7 @@ def test_prometheus_scrapes_a_running_worker_and_evaluates_the_rules_and_dashboa
                 empty = {title for title, expr in queries.items() if not prometheus.query(expr)}
                 return empty if empty == EMPTY_IN_LOCAL_MODE else None
 
-            _wait("every dashboard query but the executors' to have data", only_executors_empty, 30)
+            wait_for("every dashboard query but the executors' to have data", only_executors_empty, 30, every_s=1)
     finally:
         worker.terminate()
         _out, err = worker.communicate(timeout=120)

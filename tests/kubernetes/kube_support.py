@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -39,16 +38,6 @@ def pods(cluster, namespace: str, selector: str) -> list[dict]:
 
 def ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
-
-
-def wait_for(what: str, check, timeout_s: float, every_s: float = 2.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def restricted_namespace(cluster, name: str) -> None:

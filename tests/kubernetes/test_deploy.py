@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 from airflow_stack import AirflowStack
 from airflow_support import kafka_connection
-from helpers import run_cli, tagged_examples, unique_tag
+from helpers import run_cli, tagged_examples, unique_tag, wait_for
 from kube_support import (
     DRIVER,
     EXECUTOR,
@@ -32,7 +32,6 @@ from kube_support import (
     restricted_namespace,
     show,
     sized_for_the_node,
-    wait_for,
 )
 
 from queueplane.local.kubernetes import images

@@ -12,8 +12,8 @@ import json
 
 import pytest
 import yaml
-from helpers import run_cli, tagged_examples, unique_tag
-from kube_support import DRIVER, load, outcomes, pods, ready, restricted_namespace, show, sized_for_the_node, wait_for
+from helpers import run_cli, tagged_examples, unique_tag, wait_for
+from kube_support import DRIVER, load, outcomes, pods, ready, restricted_namespace, show, sized_for_the_node
 
 from queueplane.deploy.helm import run_helm
 from queueplane.local.kubernetes import images
