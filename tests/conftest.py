@@ -20,6 +20,16 @@ import pytest
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack, StackState
 
+# The Spark drivers the tests start (local mode, spark-submit) compile with C1 only and collect
+# with the serial collector. A test's worker lives seconds to minutes: on two cores, C2's and
+# G1's threads take about a third of a short run's CPU from the test beside it. What the
+# worker does is the same; bench/ and deployed workers keep the JVM's defaults.
+TEST_SPARK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_SPARK_JVM)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     parallel.in_run_order(items)

@@ -96,6 +96,30 @@ class LocalKubernetes:
         say(f"ready in {time.time() - started:.1f}s")
         return self.status()
 
+    def preload_worker_image(self, say: Say = _quiet) -> None:
+        """Import the worker image into the node's containerd ahead of the first `up`.
+
+        The import unpacks about a gigabyte; in the set-up it runs beside the Go builds, which
+        leave the disk idle, instead of inside the first start of the cluster. A containerd
+        started here is stopped again; one already running (the cluster is up) is used.
+        """
+        self._check_host(binaries=False)
+        image = images.worker_image(say)
+        with self._lock():
+            for folder in (self.layout.logs, self.layout.run, self.layout.state):
+                folder.mkdir(parents=True, exist_ok=True)
+            self._forget_stale_pids()
+            ensure_pki(self.layout.pki, NODE_NAME, NODE_IP, SERVICE_IP)
+            configs.write_all(self.layout)
+            started_here = not self._pid("containerd")
+            self._start("containerd", say)
+            try:
+                self._wait("containerd", lambda: self._ctr("version").returncode == 0, 30)
+                self._import(image, say)
+            finally:
+                if started_here:
+                    self._stop(["containerd"])
+
     def down(self, purge: bool = False, say: Say = _quiet) -> bool:
         """Stop every daemon and every pod's processes; ``purge`` also deletes state and host rules."""
         with self._lock():
@@ -137,7 +161,7 @@ class LocalKubernetes:
         return info
 
     # -- host checks ---------------------------------------------------------------------------
-    def _check_host(self) -> None:
+    def _check_host(self, binaries: bool = True) -> None:
         if os.geteuid() != 0:
             raise LocalStackError("the local Kubernetes runs containerd and a kubelet, which need root")
         missing = build.missing_host_tools()
@@ -146,7 +170,7 @@ class LocalKubernetes:
                 f"the local Kubernetes needs Debian packages that are not installed: {' '.join(missing)}; "
                 "run `make kubernetes-host` (apt-get install) and try again"
             )
-        if not build.built():
+        if binaries and not build.built():
             raise LocalStackError(
                 f"the Kubernetes {build.KUBERNETES_VERSION} binaries are not built yet; "
                 "run `queueplane local fetch` (it builds them from Go modules, about 6 minutes the first time)"
@@ -287,14 +311,30 @@ class LocalKubernetes:
         wanted = [images.pause_image(say)]
         if worker_image:
             wanted.append(images.worker_image(say))
-        present = set(self._ctr("images", "list", "--quiet").stdout.split())
         for image in wanted:
-            if image.reference in present:
-                continue
+            self._import(image, say)
+
+    def _import(self, image: images.Image, say: Say) -> None:
+        if image.reference not in self._images():
             say(f"importing {image.reference} into containerd")
             done = self._ctr("images", "import", str(image.archive))
             if done.returncode != 0:
                 raise LocalStackError(f"importing {image.archive} failed: {done.stderr.strip()}")
+        # Each code change makes a new worker image of about a gigabyte: the node keeps the
+        # current one only, or its disk fills over a few weeks of work. The CRI plugin names each
+        # image a second time by its config digest (``sha256:...``); those names go with it.
+        listing = self._images()
+        repository = image.reference.rsplit(":", 1)[0]
+        older = [ref for ref in listing if ref.rsplit(":", 1)[0] == repository and ref != image.reference]
+        kept = {digest for ref, digest in listing.items() if ref not in older and not ref.startswith("sha256:")}
+        orphans = [ref for ref, digest in listing.items() if ref.startswith("sha256:") and digest not in kept]
+        if older or orphans:
+            self._ctr("images", "remove", "--sync", *older, *orphans)  # --sync: collected before containerd may stop
+
+    def _images(self) -> dict[str, str]:
+        """The node's image names and the digest each names."""
+        lines = self._ctr("images", "list").stdout.splitlines()[1:]
+        return {fields[0]: fields[2] for fields in (line.split() for line in lines) if len(fields) >= 3}
 
     def _kill_pod_tasks(self) -> None:
         tasks = self._ctr("tasks", "list", "--quiet").stdout.split()
