@@ -87,5 +87,9 @@ class PlanRefused(QueueplaneError):
     exit_code = EXIT_REFUSED
 
 
+class DeployError(QueueplaneError):
+    """A worker could not be submitted, started or stopped on its cluster."""
+
+
 class LocalStackError(QueueplaneError):
     """The embedded local Kafka could not be fetched, started or stopped."""

@@ -33,6 +33,7 @@ class Standalone:
     master_url: str
     master_ui: str
     processes: list[subprocess.Popen]
+    rest_port: int | None = None  # the REST submission server (cluster deploy mode's status and kill)
 
     def state(self) -> dict:
         with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
@@ -51,10 +52,14 @@ class Standalone:
                 process.kill()
 
 
-def start_standalone(work: Path, cores: int, memory: str) -> Standalone:
+def start_standalone(work: Path, cores: int, memory: str, rest: bool = False) -> Standalone:
     port, ui, worker_ui = free_port(), free_port(), free_port()
+    rest_port = free_port() if rest else None
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    master_env = spark_env()
+    if rest_port:
+        master_env["SPARK_MASTER_OPTS"] = f"-Dspark.master.rest.enabled=true -Dspark.master.rest.port={rest_port}"
     master = subprocess.Popen(
         [
             str(SPARK_CLASS),
@@ -66,11 +71,11 @@ def start_standalone(work: Path, cores: int, memory: str) -> Standalone:
             "--webui-port",
             str(ui),
         ],
-        env=spark_env(),
+        env=master_env,
         stdout=(logs / "master.log").open("w"),
         stderr=subprocess.STDOUT,
     )
-    cluster = Standalone(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}", [master])
+    cluster = Standalone(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}", [master], rest_port)
     worker = subprocess.Popen(
         [
             str(SPARK_CLASS),

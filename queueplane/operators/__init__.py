@@ -2,7 +2,7 @@
 
 They live under `queueplane.` so that installing queueplane never puts a generic
 top-level `operators` module into site-packages. Each one is a thin wrapper: the Kafka
-work is in queueplane.provision, the Helm work in queueplane.deploy; hooks.py holds the
+work is in queueplane.provision, the Helm and spark-submit work in queueplane.deploy; hooks.py holds the
 connections, dag_factory.py builds one DAG per spec.
 
 The names below load on first use: Airflow imports every provider's entry point
@@ -22,6 +22,8 @@ _HOMES = {
     "ValidateSpecOperator": "queueplane.operators.provision",
     "HelmDeployOperator": "queueplane.operators.deploy",
     "QueueReadySensor": "queueplane.operators.deploy",
+    "SparkSubmitDeployOperator": "queueplane.operators.spark_submit",
+    "SparkDriverReadySensor": "queueplane.operators.spark_submit",
 }
 __all__ = sorted(_HOMES)
 

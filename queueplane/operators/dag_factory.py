@@ -14,7 +14,7 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, AssetAlias, Param, TriggerRule, get_parsing_context
+from airflow.sdk import DAG, AssetAlias, BaseOperator, Param, TriggerRule, get_parsing_context
 
 from queueplane.errors import Problem, SpecInvalid, UsageError
 from queueplane.operators import (
@@ -23,6 +23,8 @@ from queueplane.operators import (
     HelmDeployOperator,
     PlanQueueOperator,
     QueueReadySensor,
+    SparkDriverReadySensor,
+    SparkSubmitDeployOperator,
     ValidateSpecOperator,
 )
 from queueplane.operators.hooks import KAFKA_CONN_ID
@@ -71,6 +73,9 @@ def raise_spec_problems(root: Path) -> None:
         raise SpecInvalid(problems)
 
 
+_HOW = {"kubernetes": "with Helm", "spark-submit": "with spark-submit"}
+
+
 def _doc_md(queue: QueueSpec) -> str:
     source = Path(queue.source).read_text(encoding="utf-8")
     rows = [
@@ -80,19 +85,45 @@ def _doc_md(queue: QueueSpec) -> str:
         ("dead-letter topic", f"`{queue.dead_letter.name}`"),
         ("handler", f"`{queue.handler}`"),
         ("executors", f"{queue.min_executors}..{queue.max_executors}, target lag {queue.target_lag_seconds}s"),
-        ("namespace", f"`{queue.namespace}`"),
+        ("deploy", f"`{queue.namespace}` (Helm)" if queue.deploy_target == "kubernetes" else "spark-submit"),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return (
         f"# {queue.team}/{queue.name}\n\n{queue.description}\n\n| | |\n|---|---|\n{table}\n\n"
-        "Trigger to validate, plan and apply the Kafka side, then deploy the worker with Helm and wait until it "
-        "keeps up. `dry_run` shows the plan and applies nothing; `deploy` off stops after Kafka.\n\n"
+        "Trigger to validate, plan and apply the Kafka side, then deploy the worker "
+        f"({_HOW[queue.deploy_target]}) and wait until it keeps up. `dry_run` shows the plan and applies "
+        "nothing; `deploy` off stops after Kafka.\n\n"
         f"```yaml\n{source}\n```\n"
     )
 
 
+def _target_params(queue: QueueSpec) -> dict[str, Param]:
+    """The trigger form's settings of the queue's deploy target, over the platform's Variable."""
+    if queue.deploy_target == "spark-submit":
+        return {
+            "spark_submit": Param(
+                {},
+                type="object",
+                description="Submission settings for this run over the Variable queueplane_spark_submit "
+                "(conf, kafka_config, spark_home, worker_script, checkpoint_dir, metrics_port).",
+            )
+        }
+    return {
+        "cluster_values": Param(
+            {},
+            type="object",
+            description="Chart values for this run over the Variable queueplane_cluster_values "
+            "(e.g. an image override); never the spec's own values.",
+        )
+    }
+
+
 def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
-    """validate → plan → apply topics → apply group configs → deploy → wait until ready."""
+    """validate → plan → apply topics → apply group configs → deploy → wait until ready.
+
+    The deploy is a Helm release (``deployment.target: kubernetes``) or a spark-submit to a
+    standalone master (``spark-submit``); the readiness check follows the target.
+    """
     spec = str(Path(queue.source).resolve())
     with DAG(
         dag_id=dag_id(queue),
@@ -105,13 +136,10 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
         default_args={"owner": queue.team, "retries": 1, "retry_delay": timedelta(seconds=30)},
         params={
             "dry_run": Param(False, type="boolean", description="Show the plan, change nothing."),
-            "deploy": Param(True, type="boolean", description="Deploy the worker with Helm after Kafka."),
-            "cluster_values": Param(
-                {},
-                type="object",
-                description="Chart values for this run over the Variable queueplane_cluster_values "
-                "(e.g. an image override); never the spec's own values.",
+            "deploy": Param(
+                True, type="boolean", description=f"Deploy the worker ({_HOW[queue.deploy_target]}) after Kafka."
             ),
+            **_target_params(queue),
         },
         render_template_as_native_obj=True,
         max_active_runs=1,
@@ -126,15 +154,25 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
             outlets=[AssetAlias(provisioned_alias(queue))],  # the topic's kafka:// asset, once applied
             **common,
         )
-        deploy = HelmDeployOperator(
-            task_id="deploy",
-            spec_path=spec,
-            deploy="{{ params.deploy }}",
-            dry_run="{{ params.dry_run }}",
-            cluster_values="{{ params.cluster_values }}",
-            trigger_rule=TriggerRule.NONE_FAILED,  # a dry run skips the applies but still renders
-        )
-        ready = QueueReadySensor(task_id="wait_until_ready", **common)
+        switches = {"deploy": "{{ params.deploy }}", "dry_run": "{{ params.dry_run }}"}
+        if queue.deploy_target == "spark-submit":
+            deploy: BaseOperator = SparkSubmitDeployOperator(
+                task_id="deploy",
+                submit_settings="{{ params.spark_submit }}",
+                trigger_rule=TriggerRule.NONE_FAILED,  # a dry run skips the applies but still shows the submission
+                **common,
+                **switches,
+            )
+            ready: BaseOperator = SparkDriverReadySensor(task_id="wait_until_ready", **common)
+        else:
+            deploy = HelmDeployOperator(
+                task_id="deploy",
+                spec_path=spec,
+                cluster_values="{{ params.cluster_values }}",
+                trigger_rule=TriggerRule.NONE_FAILED,  # a dry run skips the applies but still renders
+                **switches,
+            )
+            ready = QueueReadySensor(task_id="wait_until_ready", **common)
         validate >> plan >> topics >> groups >> deploy >> ready
     return dag
 

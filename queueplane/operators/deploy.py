@@ -9,6 +9,7 @@ valid use, and the log shows the manifests that would have been applied.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from collections.abc import Sequence
 from datetime import timedelta
@@ -22,9 +23,11 @@ from airflow.sdk.exceptions import AirflowSkipException
 from queueplane.deploy import release
 from queueplane.deploy.cluster_values import AIRFLOW_VARIABLE, checked, merge_values
 from queueplane.deploy.release import HELM_TIMEOUT_S
+from queueplane.kafka.target import KafkaTarget
 from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access, kubernetes_hook
 from queueplane.operators.provision import task_errors
 from queueplane.provision import steps
+from queueplane.spec.model import QueueSpec
 
 
 def _is_true(value: bool | str) -> bool:
@@ -126,7 +129,6 @@ class QueueReadySensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         from queueplane.deploy.render import render
-        from queueplane.ops.backlog_age import oldest_waiting_seconds
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
             (queue,) = steps.validate([self.spec_path])
@@ -140,10 +142,17 @@ class QueueReadySensor(BaseSensorOperator):
             self.log.info(status)
             if not ready:
                 return False
-            age = oldest_waiting_seconds(kafka_target(self.kafka_conn_id), queue)
-        target = queue.target_lag_seconds
-        self.log.info("oldest unfinished record: %s (target %ds)", "unknown" if age is None else f"{age:.1f}s", target)
-        return age is not None and age <= target
+            return keeps_up(queue, kafka_target(self.kafka_conn_id), self.log)
+
+
+def keeps_up(queue: QueueSpec, kafka: KafkaTarget, log: logging.Logger) -> bool:
+    """Whether the oldest record the group has not finished waits no longer than the spec's target lag."""
+    from queueplane.ops.backlog_age import oldest_waiting_seconds
+
+    age = oldest_waiting_seconds(kafka, queue)
+    target = queue.target_lag_seconds
+    log.info("oldest unfinished record: %s (target %ds)", "unknown" if age is None else f"{age:.1f}s", target)
+    return age is not None and age <= target
 
 
 def _deployment_status(hook: KubernetesHook, name: str, namespace: str) -> Any:

@@ -30,6 +30,7 @@ from queueplane.spec.model import config_value
 
 KAFKA_CONN_ID = "kafka_default"
 KUBERNETES_CONN_ID = "kubernetes_default"
+SPARK_CONN_ID = "spark_default"  # the spark-submit target's master, read by the Spark provider's hook
 
 
 class KafkaTargetHook(KafkaBaseHook):

@@ -80,6 +80,7 @@ class QueueSpec:
     min_executors: int
     max_executors: int
     target_lag_seconds: int
+    deploy_target: str  # "kubernetes" or "spark-submit"
     namespace: str
     image: str | None
     driver: dict[str, Any]
@@ -163,6 +164,7 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         min_executors=spec["autoscaling"]["minExecutors"],
         max_executors=spec["autoscaling"]["maxExecutors"],
         target_lag_seconds=spec["autoscaling"]["targetLagSeconds"],
+        deploy_target=deployment["target"],
         namespace=deployment.get("namespace", meta["team"]),
         image=deployment.get("image"),
         driver=deployment["driver"],

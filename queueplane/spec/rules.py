@@ -225,6 +225,14 @@ def semantic_problems(spec: SpecFile, queue: QueueSpec) -> list[Problem]:
         )
     if queue.min_executors > queue.max_executors:
         add("/spec/autoscaling/minExecutors", f"{queue.min_executors} is more than maxExecutors {queue.max_executors}")
+    if queue.deploy_target == "spark-submit":
+        for field in ("namespace", "image"):
+            if field in raw_spec.get("deployment", {}):
+                add(
+                    f"/spec/deployment/{field}",
+                    "applies to target kubernetes only",
+                    "a spark-submit worker runs on the Spark cluster's nodes with their Python; remove it",
+                )
     return out
 
 

@@ -21,7 +21,7 @@ OTHER_AIRFLOW = "3.2.2"
 AIRFLOW_ITSELF = {"apache-airflow", "apache-airflow-core", "apache-airflow-task-sdk"}
 
 
-def test_wheel_carries_license_py_typed_schema_chart_and_provider_entry_point(wheel: Path):
+def test_wheel_carries_license_py_typed_schema_chart_worker_script_and_provider_entry_point(wheel: Path):
     with zipfile.ZipFile(wheel) as whl:
         names = set(whl.namelist())
         dist_info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
@@ -32,6 +32,7 @@ def test_wheel_carries_license_py_typed_schema_chart_and_provider_entry_point(wh
     assert "queueplane/py.typed" in names
     assert "queueplane/_data/specs/queue-v1.schema.json" in names
     assert "queueplane/_data/charts/queue-worker/Chart.yaml" in names
+    assert "queueplane/_data/spark_apps/queue_worker.py" in names, "the spark-submit target submits it"
     assert "[apache_airflow_provider]\nprovider_info = queueplane.operators.provider:get_provider_info" in entry_points
     assert "Project-URL: Source, https://github.com/queueplane/queueplane" in metadata
 

@@ -144,6 +144,14 @@ CASES = [
     ("share", "spec/deployment/image", "Registry/Worker:1", "/spec/deployment/image", "image reference", None),
     ("share", "spec/deployment/executor/memory", "2GB", "/spec/deployment/executor/memory", "Spark memory size", None),
     ("share", "spec/deployment/namespace", "Kitchen", "/spec/deployment/namespace", "DNS-1123 label", None),
+    (
+        "share",
+        "spec/deployment/target",
+        "yarn",
+        "/spec/deployment/target",
+        "must be one of kubernetes, spark-submit",
+        None,
+    ),
     ("share", "spec/processing/concurrency", 0, "/spec/processing/concurrency", "must be at least 1", None),
     ("share", "spec/processing", DELETE, "/spec/processing", "is required", "handler"),
     (
