@@ -21,7 +21,7 @@ from queueplane.deploy.cluster_values import merge_values
 from queueplane.deploy.helm import run_helm
 from queueplane.deploy.kube_schema import KUBERNETES_VERSION, CustomKinds, custom_kinds, object_problems
 from queueplane.deploy.policy import policy_problems
-from queueplane.errors import Problem, QueueplaneError, SpecInvalid
+from queueplane.errors import Problem, QueueplaneError, SpecInvalid, UsageError
 from queueplane.paths import shipped_file
 from queueplane.spec.model import QueueSpec, memory_mi
 from queueplane.spec.schema import load_schema
@@ -146,6 +146,11 @@ def render(queue: QueueSpec, *, output_dir: Path | None = None, overrides: dict 
     ``overrides`` are cluster values the spec does not hold (kafka secrets, checkpoint claim),
     merged over the spec's values.
     """
+    if queue.deploy_target != "kubernetes":
+        raise UsageError(
+            f"{queue.source}: /spec/deployment/target is {queue.deploy_target}: the Helm chart is for target "
+            "kubernetes; a spark-submit queue is deployed by its Airflow DAG (docs/airflow.md)"
+        )
     namespace = _checked(queue, "/spec/deployment/namespace", queue.namespace, _schema_pattern("$defs", "dnsLabel"))
     values = merge_values(helm_values(queue), overrides or {})
     folder = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-"))

@@ -4,7 +4,7 @@ Airflow calls :func:`get_provider_info` for every installed distribution that de
 point, validates the dict against its ``provider_info.schema.json`` and lists the provider (``airflow
 providers list``, the UI's Providers page) under the distribution's version. ``package-name`` must be
 the distribution's name. queueplane's connections are the Kafka and cncf-kubernetes providers' own
-types (``kafka_default``, ``kubernetes_default``, see hooks.py), read through those providers' hooks
+types (``kafka_default``, ``kubernetes_default``, ``spark_default``, see hooks.py), read through those providers' hooks
 (its one hook class only changes what the Kafka hook builds), so it declares no ``connection-types``.
 """
 
@@ -23,7 +23,7 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "queueplane",
         "name": "queueplane",
         "description": "Kafka queues from a YAML spec: validate, plan and apply topics and group configs, "
-        "deploy the queue's Spark worker with Helm.",
+        "deploy the queue's Spark worker with Helm or spark-submit.",
         "versions": [__version__],
         "integrations": [
             {
@@ -35,10 +35,19 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["queueplane.operators.provision", "queueplane.operators.deploy"],
+                "python-modules": [
+                    "queueplane.operators.provision",
+                    "queueplane.operators.deploy",
+                    "queueplane.operators.spark_submit",
+                ],
             }
         ],
-        "sensors": [{"integration-name": INTEGRATION, "python-modules": ["queueplane.operators.deploy"]}],
-        # The Kafka and Kubernetes providers' hooks, as queueplane reads their connections.
+        "sensors": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["queueplane.operators.deploy", "queueplane.operators.spark_submit"],
+            }
+        ],
+        # The Kafka, Kubernetes and Spark providers' hooks, as queueplane reads their connections.
         "hooks": [{"integration-name": INTEGRATION, "python-modules": ["queueplane.operators.hooks"]}],
     }

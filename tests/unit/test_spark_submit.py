@@ -72,3 +72,12 @@ def test_kubernetes_only_fields_are_refused_on_the_spark_submit_target():
     problems = check_text(dump(doc), "specs/cafe/brew.yaml").problems
     assert {p.pointer for p in problems} == {"/spec/deployment/namespace", "/spec/deployment/image"}
     assert all("applies to target kubernetes only" in p.message for p in problems)
+
+
+def test_the_helm_chart_is_not_rendered_for_a_spark_submit_queue(tmp_path):
+    from queueplane.deploy.render import render
+
+    queue = _queue(tmp_path)
+    with pytest.raises(UsageError, match=r"brew\.yaml: /spec/deployment/target is spark-submit: the Helm chart"):
+        render(queue, output_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists(), "nothing written"
