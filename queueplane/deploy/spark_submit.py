@@ -36,8 +36,8 @@ from queueplane.paths import shipped_file
 from queueplane.spec.model import QueueSpec
 
 PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
-# The driver states of a standalone master (org.apache.spark.deploy.master.DriverState).
-LIVE_STATES = frozenset({"SUBMITTED", "RUNNING", "RELAUNCHING"})
+# The driver states of a standalone master (org.apache.spark.deploy.master.DriverState) after
+# which it runs no more; SUBMITTED, RUNNING and RELAUNCHING are the live ones.
 ENDED_STATES = frozenset({"FINISHED", "KILLED", "FAILED", "ERROR", "UNKNOWN"})
 DEFAULT_METRICS_PORT = 9404
 # Librdkafka settings that only name the cluster; any other (SASL, SSL) is a credential or a

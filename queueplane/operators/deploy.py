@@ -25,13 +25,9 @@ from queueplane.deploy.cluster_values import AIRFLOW_VARIABLE, checked, merge_va
 from queueplane.deploy.release import HELM_TIMEOUT_S
 from queueplane.kafka.target import KafkaTarget
 from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access, kubernetes_hook
-from queueplane.operators.provision import task_errors
+from queueplane.operators.provision import switched_on, task_errors
 from queueplane.provision import steps
 from queueplane.spec.model import QueueSpec
-
-
-def _is_true(value: bool | str) -> bool:
-    return str(value).lower() == "true"
 
 
 class HelmDeployOperator(BaseOperator):
@@ -62,7 +58,7 @@ class HelmDeployOperator(BaseOperator):
         self.helm_timeout_s = helm_timeout_s
 
     def execute(self, context: Any) -> dict[str, str]:
-        if not _is_true(self.deploy):
+        if not switched_on(self.deploy):
             raise AirflowSkipException("deploy is off for this run (param deploy): nothing rendered or deployed")
         from queueplane.deploy.render import render
 
@@ -77,7 +73,7 @@ class HelmDeployOperator(BaseOperator):
                 len(rendered.objects),
                 rendered.manifests,
             )
-            if _is_true(self.dry_run):
+            if switched_on(self.dry_run):
                 raise AirflowSkipException(f"dry run: release {rendered.release} rendered and validated, not deployed")
             hook = kubernetes_hook(self.kubernetes_conn_id)
             if hook is None:

@@ -25,6 +25,11 @@ from queueplane.provision.plan import GROUP_KINDS, TOPIC_KINDS, Plan, brief
 from queueplane.spec.model import QueueSpec
 
 
+def switched_on(value: bool | str) -> bool:
+    """A templated switch (``"{{ params.dry_run }}"``) as it renders: a bool, or its text."""
+    return str(value).lower() == "true"
+
+
 @contextmanager
 def task_errors() -> Iterator[None]:
     """A queueplane error ends the task with its one-paragraph message.
@@ -119,7 +124,7 @@ class _ApplyOperator(_SpecOperator):
             part = planned.plan.only(self.kinds)
             self.log.info("Plan (%s):\n%s", self.part, plan_text(part))
             part.raise_if_refused()
-            dry = str(self.dry_run).lower() == "true"
+            dry = switched_on(self.dry_run)
             if dry and part.changes:
                 raise AirflowSkipException(f"dry run: {len(part.changes)} {self.part} change(s) not applied")
             if part.changes:

@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from queueplane.deploy.spark_submit import ENDED_STATES, PYTHON_RUNNER, StandaloneDrivers, SubmitSettings, submission
 from queueplane.errors import DeployError, UsageError
 from queueplane.operators.hooks import KAFKA_CONN_ID, SPARK_CONN_ID, kafka_target
-from queueplane.operators.provision import task_errors
+from queueplane.operators.provision import switched_on, task_errors
 from queueplane.provision import steps
 from queueplane.spec.model import QueueSpec
 
@@ -33,10 +33,6 @@ SETTINGS_VARIABLE = "queueplane_spark_submit"
 def driver_variable(queue: QueueSpec) -> str:
     """The Variable holding the queue's running driver: ``{"driver": ID, "master": URL}``."""
     return f"queueplane_spark_driver__{queue.team}__{queue.name}"
-
-
-def _is_true(value: bool | str) -> bool:
-    return str(value).lower() == "true"
 
 
 def _master(conn_id: str) -> tuple[str, StandaloneDrivers]:
@@ -85,7 +81,7 @@ class SparkSubmitDeployOperator(BaseOperator):
         self._hook: SparkSubmitHook | None = None
 
     def execute(self, context: Any) -> dict[str, str]:
-        if not _is_true(self.deploy):
+        if not switched_on(self.deploy):
             raise AirflowSkipException("deploy is off for this run (param deploy): nothing submitted")
         with task_errors():
             (queue,) = steps.validate([self.spec_path])
@@ -93,7 +89,7 @@ class SparkSubmitDeployOperator(BaseOperator):
             plan = submission(queue, kafka_target(self.kafka_conn_id), settings)
             master, drivers = _master(self.spark_conn_id)
             self.log.info("Submission of %s/%s:\n%s", queue.team, queue.name, " ".join(plan.command(master)))
-            if _is_true(self.dry_run):
+            if switched_on(self.dry_run):
                 raise AirflowSkipException("dry run: the submission is above, nothing submitted")
             previous = Variable.get(driver_variable(queue), default=None, deserialize_json=True)
             if previous:
