@@ -9,7 +9,6 @@ valid use, and the log shows the manifests that would have been applied.
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
 from collections.abc import Sequence
 from datetime import timedelta
@@ -23,7 +22,6 @@ from airflow.sdk.exceptions import AirflowSkipException
 from queueplane.deploy import release
 from queueplane.deploy.cluster_values import AIRFLOW_VARIABLE, checked, merge_values
 from queueplane.deploy.release import HELM_TIMEOUT_S
-from queueplane.kafka.target import KafkaTarget
 from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access, kubernetes_hook
 from queueplane.operators.provision import switched_on, task_errors
 from queueplane.provision import steps
@@ -97,22 +95,19 @@ class HelmDeployOperator(BaseOperator):
         )
 
 
-class QueueReadySensor(BaseSensorOperator):
-    """Waits until the worker's Deployment is available and the queue's lag is under the spec's target.
+class QueueLagSensor(BaseSensorOperator):
+    """Base of the readiness sensors: the worker runs (each target asks its own cluster) and keeps up.
 
-    Lag is the age of the oldest record the group has not finished (see
-    queueplane.ops.backlog_age), compared with `autoscaling.targetLagSeconds`. Runs in
-    reschedule mode: between checks the task gives its worker slot back.
+    Keeping up: the age of the oldest record the group has not finished (see
+    queueplane.ops.backlog_age) is within `autoscaling.targetLagSeconds`. Runs in reschedule
+    mode: between checks the task gives its worker slot back.
     """
-
-    template_fields: Sequence[str] = ("kafka_conn_id", "kubernetes_conn_id")
 
     def __init__(
         self,
         *,
         spec_path: str,
         kafka_conn_id: str = KAFKA_CONN_ID,
-        kubernetes_conn_id: str = KUBERNETES_CONN_ID,
         poke_interval: timedelta | float = 30,
         timeout: timedelta | float = timedelta(minutes=30),
         mode: str = "reschedule",
@@ -121,6 +116,23 @@ class QueueReadySensor(BaseSensorOperator):
         super().__init__(poke_interval=poke_interval, timeout=timeout, mode=mode, **kwargs)
         self.spec_path = spec_path
         self.kafka_conn_id = kafka_conn_id
+
+    def keeps_up(self, queue: QueueSpec) -> bool:
+        from queueplane.ops.backlog_age import oldest_waiting_seconds
+
+        age = oldest_waiting_seconds(kafka_target(self.kafka_conn_id), queue)
+        target = queue.target_lag_seconds
+        self.log.info("oldest unfinished record: %s (target %ds)", "unknown" if age is None else f"{age:.1f}s", target)
+        return age is not None and age <= target
+
+
+class QueueReadySensor(QueueLagSensor):
+    """Waits until the worker's Deployment is available and the queue keeps up."""
+
+    template_fields: Sequence[str] = ("kafka_conn_id", "kubernetes_conn_id")
+
+    def __init__(self, *, kubernetes_conn_id: str = KUBERNETES_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.kubernetes_conn_id = kubernetes_conn_id
 
     def poke(self, context: Any) -> bool:
@@ -138,17 +150,7 @@ class QueueReadySensor(BaseSensorOperator):
             self.log.info(status)
             if not ready:
                 return False
-            return keeps_up(queue, kafka_target(self.kafka_conn_id), self.log)
-
-
-def keeps_up(queue: QueueSpec, kafka: KafkaTarget, log: logging.Logger) -> bool:
-    """Whether the oldest record the group has not finished waits no longer than the spec's target lag."""
-    from queueplane.ops.backlog_age import oldest_waiting_seconds
-
-    age = oldest_waiting_seconds(kafka, queue)
-    target = queue.target_lag_seconds
-    log.info("oldest unfinished record: %s (target %ds)", "unknown" if age is None else f"{age:.1f}s", target)
-    return age is not None and age <= target
+            return self.keeps_up(queue)
 
 
 def _deployment_status(hook: KubernetesHook, name: str, namespace: str) -> Any:

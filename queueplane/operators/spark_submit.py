@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator, Variable
+from airflow.sdk import BaseHook, BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
 from queueplane.deploy.spark_submit import ENDED_STATES, PYTHON_RUNNER, StandaloneDrivers, SubmitSettings, submission
 from queueplane.errors import DeployError, UsageError
+from queueplane.operators.deploy import QueueLagSensor
 from queueplane.operators.hooks import KAFKA_CONN_ID, SPARK_CONN_ID, kafka_target
 from queueplane.operators.provision import switched_on, task_errors
 from queueplane.provision import steps
@@ -130,30 +130,16 @@ class SparkSubmitDeployOperator(BaseOperator):
         return SubmitSettings.from_mapping(run, "the run's spark_submit").over(base)
 
 
-class SparkDriverReadySensor(BaseSensorOperator):
-    """Waits until the queue's driver runs on the master and the queue's lag is under the spec's target."""
+class SparkDriverReadySensor(QueueLagSensor):
+    """Waits until the queue's driver runs on the master and the queue keeps up."""
 
     template_fields: Sequence[str] = ("kafka_conn_id", "spark_conn_id")
 
-    def __init__(
-        self,
-        *,
-        spec_path: str,
-        kafka_conn_id: str = KAFKA_CONN_ID,
-        spark_conn_id: str = SPARK_CONN_ID,
-        poke_interval: timedelta | float = 30,
-        timeout: timedelta | float = timedelta(minutes=30),
-        mode: str = "reschedule",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(poke_interval=poke_interval, timeout=timeout, mode=mode, **kwargs)
-        self.spec_path = spec_path
-        self.kafka_conn_id = kafka_conn_id
+    def __init__(self, *, spark_conn_id: str = SPARK_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.spark_conn_id = spark_conn_id
 
     def poke(self, context: Any) -> bool:
-        from queueplane.operators.deploy import keeps_up
-
         with task_errors():
             (queue,) = steps.validate([self.spec_path])
             record = Variable.get(driver_variable(queue), default=None, deserialize_json=True)
@@ -166,4 +152,4 @@ class SparkDriverReadySensor(BaseSensorOperator):
                 if state in ENDED_STATES - {"UNKNOWN"}:  # UNKNOWN: the master is recovering
                     raise DeployError(f"driver {record['driver']} ended {state}")
                 return False
-            return keeps_up(queue, kafka_target(self.kafka_conn_id), self.log)
+            return self.keeps_up(queue)
