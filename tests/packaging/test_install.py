@@ -105,10 +105,12 @@ def test_airflow_extra_imports_operators_beside_another_airflow_patch(wheel: Pat
             "HelmDeployOperator",
             "PlanQueueOperator",
             "QueueReadySensor",
+            "SparkDriverReadySensor",
+            "SparkSubmitDeployOperator",
             "ValidateSpecOperator",
         ]
     )
-    assert seen["sensors"] == ["QueueReadySensor"]
+    assert seen["sensors"] == ["QueueReadySensor", "SparkDriverReadySensor"]
 
     listed = venv.run(venv.bin("airflow"), "providers", "list", "-o", "json")
     providers = {p["package_name"]: p for p in json.loads(listed.stdout)}
