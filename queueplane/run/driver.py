@@ -88,6 +88,8 @@ class BacklogWatcher:
         self.health = health
         self.latest: dict[int, int | None] | None = None
         self._failing = False
+        # Since when Kafka answers without a break (monotonic): the worker's start, or the end of an outage.
+        self.answering_since = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="qp-backlog", daemon=True)
 
@@ -113,6 +115,7 @@ class BacklogWatcher:
             self.health.kafka_answered(time.monotonic())
             if self._failing:
                 log.info("backlog read: Kafka answers again")
+                self.answering_since = time.monotonic()
             self._failing = False
         return self.latest
 
@@ -282,7 +285,10 @@ def run_queue(
             return True
         if state["last_activity"] is None:
             return options.max_duration_s is not None and time.monotonic() - started >= options.max_duration_s
-        idle = time.monotonic() - state["last_activity"]
+        # Idle time counts from the last batch with records, or from the end of an outage if later:
+        # right after one the source has not caught up yet and the group's offsets may still be
+        # unreadable (a broker's coordinator loads), which is not an empty queue either.
+        idle = time.monotonic() - max(state["last_activity"], watcher.answering_since)
         # Drained: the broker says no lag; where this listener cannot tell the lag, idleness alone
         # decides, but never while Kafka does not answer: an outage is not an empty queue.
         drained = ((lag is None and not watcher.failing) or total_lag(lag) == 0) and runtime.idle()

@@ -1,0 +1,33 @@
+"""The driver's backlog watcher: when Kafka answers again after an outage, idle time starts over."""
+
+from __future__ import annotations
+
+import time
+
+from queueplane.run.driver import BacklogWatcher
+from queueplane.run.health import Health
+
+
+def test_the_end_of_an_outage_restarts_the_time_kafka_has_answered_and_a_good_read_does_not():
+    answers = iter([RuntimeError("no leaders"), RuntimeError("no leaders"), None, {0: 3}, {0: 0}])
+
+    def read():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    watcher = BacklogWatcher(read, Health(stall_s=60))
+    before = watcher.answering_since
+    watcher.read_now()
+    watcher.read_now()
+    assert watcher.failing and watcher.latest is None
+    assert watcher.answering_since == before, "a failing read does not move it"
+    time.sleep(0.01)
+    watcher.read_now()  # Kafka answers again, though it cannot tell the lag yet (None)
+    recovered = watcher.answering_since
+    assert not watcher.failing and recovered > before
+    watcher.read_now()
+    watcher.read_now()
+    assert watcher.latest == {0: 0}
+    assert watcher.answering_since == recovered, "reads without a break in between do not move it"
