@@ -71,14 +71,9 @@ class LocalKubernetes:
         started = time.time()
         self._check_host()
         with self._lock():
-            for folder in (self.layout.logs, self.layout.run, self.layout.state):
-                folder.mkdir(parents=True, exist_ok=True)
-            self._forget_stale_pids()
+            self._write_node_files()
             host.prepare()
-            ensure_pki(self.layout.pki, NODE_NAME, NODE_IP, SERVICE_IP)
-            configs.write_all(self.layout)
-            self._start("containerd", say)
-            self._wait("containerd", lambda: self._ctr("version").returncode == 0, 30)
+            self._start_containerd(say)
             self._import_images(say, worker_image)
             self._start("etcd", say)
             self._wait("etcd", lambda: _http_ok("http://127.0.0.1:2381/health"), 30)
@@ -106,15 +101,10 @@ class LocalKubernetes:
         self._check_host(binaries=False)
         image = images.worker_image(say)
         with self._lock():
-            for folder in (self.layout.logs, self.layout.run, self.layout.state):
-                folder.mkdir(parents=True, exist_ok=True)
-            self._forget_stale_pids()
-            ensure_pki(self.layout.pki, NODE_NAME, NODE_IP, SERVICE_IP)
-            configs.write_all(self.layout)
+            self._write_node_files()
             started_here = not self._pid("containerd")
-            self._start("containerd", say)
             try:
-                self._wait("containerd", lambda: self._ctr("version").returncode == 0, 30)
+                self._start_containerd(say)
                 self._import(image, say)
             finally:
                 if started_here:
@@ -159,6 +149,18 @@ class LocalKubernetes:
             info["node_ready"] = self._node_ready()
             info["memory_mib"] = round(sum(_rss_kib(self._pid(n) or 0) for n in START_ORDER) / 1024)
         return info
+
+    def _write_node_files(self) -> None:
+        """Folders, certificates and config files; pid files of daemons that are gone are dropped."""
+        for folder in (self.layout.logs, self.layout.run, self.layout.state):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._forget_stale_pids()
+        ensure_pki(self.layout.pki, NODE_NAME, NODE_IP, SERVICE_IP)
+        configs.write_all(self.layout)
+
+    def _start_containerd(self, say: Say) -> None:
+        self._start("containerd", say)
+        self._wait("containerd", lambda: self._ctr("version").returncode == 0, 30)
 
     # -- host checks ---------------------------------------------------------------------------
     def _check_host(self, binaries: bool = True) -> None:
@@ -315,15 +317,16 @@ class LocalKubernetes:
             self._import(image, say)
 
     def _import(self, image: images.Image, say: Say) -> None:
-        if image.reference not in self._images():
+        listing = self._images()
+        if image.reference not in listing:
             say(f"importing {image.reference} into containerd")
             done = self._ctr("images", "import", str(image.archive))
             if done.returncode != 0:
                 raise LocalStackError(f"importing {image.archive} failed: {done.stderr.strip()}")
+            listing = self._images()
         # Each code change makes a new worker image of about a gigabyte: the node keeps the
         # current one only, or its disk fills over a few weeks of work. The CRI plugin names each
         # image a second time by its config digest (``sha256:...``); those names go with it.
-        listing = self._images()
         repository = image.reference.rsplit(":", 1)[0]
         older = [ref for ref in listing if ref.rsplit(":", 1)[0] == repository and ref != image.reference]
         kept = {digest for ref, digest in listing.items() if ref not in older and not ref.startswith("sha256:")}
