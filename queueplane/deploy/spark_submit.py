@@ -63,25 +63,23 @@ class SubmitSettings:
     start_timeout_s: float = 300.0
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None, where: str) -> SubmitSettings:
-        data = dict(data or {})
+    def layered(cls, *layers: tuple[Mapping[str, Any] | None, str]) -> SubmitSettings:
+        """Each layer's keys over the layer's before it (``conf`` key by key); each layer is a
+        mapping and where it comes from, which an unknown key or a malformed ``conf`` names."""
         known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        conf = data.get("conf", {})
-        if not isinstance(conf, dict):
-            raise UsageError(f"{where}: conf must be an object of Spark settings, got {type(conf).__name__}")
-        data["conf"] = {str(k): str(v) for k, v in conf.items()}
-        return cls(**data)
-
-    def over(self, base: SubmitSettings) -> SubmitSettings:
-        """These settings on top of ``base`` (a run's over the platform's); conf merges key by key."""
-        merged = {k: getattr(self, k) for k in self.__dataclass_fields__ if getattr(self, k) != _DEFAULTS[k]}
-        return SubmitSettings(**{**base.__dict__, **merged, "conf": {**base.conf, **self.conf}})
-
-
-_DEFAULTS = {name: getattr(SubmitSettings(), name) for name in SubmitSettings.__dataclass_fields__}
+        merged: dict[str, Any] = {}
+        conf: dict[str, str] = {}
+        for data, where in layers:
+            data = dict(data or {})
+            unknown = sorted(set(data) - known)
+            if unknown:
+                raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            layer_conf = data.pop("conf", {})
+            if not isinstance(layer_conf, dict):
+                raise UsageError(f"{where}: conf must be an object of Spark settings, got {type(layer_conf).__name__}")
+            conf.update({str(k): str(v) for k, v in layer_conf.items()})
+            merged.update(data)
+        return cls(conf=conf, **merged)
 
 
 @dataclass(frozen=True)

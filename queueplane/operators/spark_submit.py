@@ -126,8 +126,9 @@ class SparkSubmitDeployOperator(BaseOperator):
         """The Variable's settings for every queue, then this run's on top."""
         shared = Variable.get(self.settings_variable, default=None, deserialize_json=True)
         run = json.loads(self.submit_settings) if isinstance(self.submit_settings, str) else self.submit_settings
-        base = SubmitSettings.from_mapping(shared, f"Airflow Variable {self.settings_variable}")
-        return SubmitSettings.from_mapping(run, "the run's spark_submit").over(base)
+        return SubmitSettings.layered(
+            (shared, f"Airflow Variable {self.settings_variable}"), (run, "the run's spark_submit")
+        )
 
 
 class SparkDriverReadySensor(QueueLagSensor):

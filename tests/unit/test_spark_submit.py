@@ -57,12 +57,10 @@ def test_a_properties_file_on_the_nodes_names_the_cluster_and_credentials_never_
 
 def test_settings_refuse_unknown_keys_and_a_runs_values_go_over_the_platforms():
     with pytest.raises(UsageError, match=r"Airflow Variable queueplane_spark_submit: unknown key\(s\) sparkConf"):
-        SubmitSettings.from_mapping({"sparkConf": {}}, "Airflow Variable queueplane_spark_submit")
-    platform = SubmitSettings.from_mapping(
-        {"conf": {"spark.pyspark.python": "/py", "spark.eventLog.enabled": "true"}, "kafka_config": "/etc/k"}, "v"
-    )
-    run = SubmitSettings.from_mapping({"conf": {"spark.eventLog.enabled": "false"}, "metrics_port": 9500}, "run")
-    merged = run.over(platform)
+        SubmitSettings.layered(({"sparkConf": {}}, "Airflow Variable queueplane_spark_submit"))
+    platform = {"conf": {"spark.pyspark.python": "/py", "spark.eventLog.enabled": "true"}, "kafka_config": "/etc/k"}
+    run = {"conf": {"spark.eventLog.enabled": "false"}, "metrics_port": 9500}
+    merged = SubmitSettings.layered((platform, "v"), (run, "run"))
     assert merged.conf == {"spark.pyspark.python": "/py", "spark.eventLog.enabled": "false"}
     assert (merged.kafka_config, merged.metrics_port) == ("/etc/k", 9500)
 
