@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 import pytest
+from helpers import wait_for
 from worker_support import make_queue, order, produce, read_all, start_worker
 
 from queueplane.run import dead_letters as dlq
@@ -25,15 +26,6 @@ TRACKER_BATCH_SLACK_MS = 15_000
 
 def _header(message, name: str) -> str | None:
     return next((v.decode() for k, v in message.headers() or [] if k == name), None)
-
-
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def _finish(worker, timeout_s: float = 400) -> dict:
@@ -65,8 +57,8 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     worker = start_worker(queue, kafka, "--until-idle", "10s", "--checkpoint-dir", str(tmp_path / "ckpt"))
     try:
         # Both queries are up and through their first batches before the records under test arrive.
-        _wait_for(lambda: len(queue.events()) >= warmup, 240, "the warm-up records")
-        _wait_for(lambda: len(_markers(kafka, markers_topic)) >= 2 * warmup, 60, "the warm-up end markers")
+        wait_for("the warm-up records", lambda: len(queue.events()) >= warmup, 240, every_s=0.5)
+        wait_for("the warm-up end markers", lambda: len(_markers(kafka, markers_topic)) >= 2 * warmup, 60, every_s=0.5)
         hang, fail = warmup, warmup + 1
         produce(kafka, queue.topic, [order(hang, mode="hang", hang_s=12), order(fail, mode="retry"), b"not json"])
         summary = _finish(worker)
@@ -133,7 +125,7 @@ def test_kill_minus_9_between_start_and_end_markers_loses_nothing(kafka, tmp_pat
     worker = start_worker(queue, kafka, "--until-idle", "5s", *args)
     try:
         # A hung handler has started: its start marker is durable, no end marker can have been written.
-        _wait_for(lambda: any(e.get("result") == "started" for e in queue.events()), 300, "a hung handler")
+        wait_for("a hung handler", lambda: any(e.get("result") == "started" for e in queue.events()), 300, every_s=0.5)
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(30)
@@ -168,7 +160,9 @@ def test_without_any_checkpoint_the_tracker_rebuilds_open_deliveries_from_the_ma
     produce(kafka, queue.topic, [order(i, mode="hang", hang_s=60) if i == hung else order(i) for i in range(total)])
     worker = start_worker(queue, kafka, "--until-idle", "30s", "--checkpoint-dir", str(tmp_path / "first"))
     try:
-        _wait_for(lambda: any(e.get("result") == "started" for e in queue.events()), 300, "the hung handler")
+        wait_for(
+            "the hung handler", lambda: any(e.get("result") == "started" for e in queue.events()), 300, every_s=0.5
+        )
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(30)

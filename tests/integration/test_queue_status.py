@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from helpers import run_cli
+from helpers import run_cli, wait_for
 from specs_factory import dump, spec
 
 from queueplane.kafka import clients
@@ -36,15 +35,6 @@ def _produce(kafka, topic: str, count: int) -> None:
     for i in range(count):
         producer.produce(topic, key=f"k{i}".encode(), value=b"{}", partition=i % 3)
     assert producer.flush(30) == 0
-
-
-def _until(check, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.5)
 
 
 def test_status_of_a_queue_not_applied_says_what_to_run(kafka, tmp_path, cli_env):
@@ -80,14 +70,12 @@ def test_status_shows_members_backlog_and_dead_letters(kafka, tmp_path, cli_env)
             assigned = members and all(m["partitions"] for m in members)  # assignments follow the join
             return shown if shown["group_state"] == "Stable" and assigned else None
 
-        consumer_view = _until(lambda: joined(consumer_spec))
-        assert consumer_view, "the consumer joined its group"
+        consumer_view = wait_for("the consumer to join its group", lambda: joined(consumer_spec), 30, every_s=0.5)
         assert [(m["client_id"], m["partitions"]) for m in consumer_view["members"]] == [("barista-1", [0, 1, 2])]
         assert (consumer_view["partitions"], consumer_view["lag"], consumer_view["dead_letters"]) == (3, 7, 2)
         assert consumer_view["oldest_waiting_s"] is not None and consumer_view["oldest_waiting_s"] >= 0
 
-        share_view = _until(lambda: joined(share_spec))
-        assert share_view, "the share consumer joined its group"
+        share_view = wait_for("the share consumer to join its group", lambda: joined(share_spec), 30, every_s=0.5)
         assert [(m["client_id"], m["partitions"]) for m in share_view["members"]] == [
             ("sharer-1", list(range(share_view["partitions"])))
         ]
