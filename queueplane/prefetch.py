@@ -20,6 +20,7 @@ from queueplane.deploy.helm import HELM_VERSION, helm_binary
 from queueplane.local.fault_proxy import TOXIPROXY_VERSION, toxiproxy_binary
 from queueplane.local.kubernetes import build as kube_build
 from queueplane.local.prometheus import PROMETHEUS_VERSION, build_both
+from queueplane.local.spark_archive import build_archive
 from queueplane.local.stack import KAFKA_VERSION, LocalStack
 
 HEARTBEAT_S = 15.0
@@ -96,6 +97,12 @@ ITEMS = (
         "Maven Central, under a minute",
         _spark_connector,
         wanted=lambda: find_spec("pyspark") is not None,  # only where the worker extra is installed
+    ),
+    Item(
+        "a class-data archive of Spark's JVM (local Spark drivers start on about half the CPU)",
+        "one short Spark job, under a minute",
+        build_archive,
+        wanted=lambda: find_spec("pyspark") is not None,
     ),
     Item(
         "the worker image for the local Kubernetes",

@@ -16,19 +16,22 @@ from pathlib import Path
 
 import parallel
 import pytest
+import worker_support
 
 from queueplane.kafka.target import KafkaTarget
+from queueplane.local import spark_archive
 from queueplane.local.stack import LocalStack, StackState
 
 # The Spark drivers the tests start (local mode, spark-submit) compile with C1 only and collect
 # with the serial collector. A test's worker lives seconds to minutes: on two cores, C2's and
 # G1's threads take about a third of a short run's CPU from the test beside it. What the
-# worker does is the same; bench/ and deployed workers keep the JVM's defaults.
+# worker does is the same; bench/ and deployed workers keep the JVM's defaults. They also map
+# the classes Spark loads from the archive the set-up recorded (queueplane.local.spark_archive).
 TEST_SPARK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_SPARK_JVM)
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_SPARK_JVM} {spark_archive.java_options()}".strip())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -39,6 +42,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _heavy_tests_alone(request: pytest.FixtureRequest) -> Iterator[None]:
     with parallel.heavy_tests_alone(request.node):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    yield
+    worker_support.stop_started_workers()
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -6,8 +6,11 @@ appending JSON lines to files in the queue's folder, which the test reads afterw
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -284,9 +287,12 @@ def run_worker_logged(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout:
     return json.loads(result.stdout), result.stderr
 
 
+_started: list[subprocess.Popen] = []
+
+
 def start_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, log: Path | None = None) -> subprocess.Popen:
     """The same command, left running (to be killed, or scraped for metrics); its log appended to ``log``."""
-    return subprocess.Popen(
+    worker = subprocess.Popen(
         worker_command(queue, kafka, args),
         stdout=subprocess.PIPE,
         stderr=log.open("a") if log is not None else subprocess.DEVNULL,
@@ -294,3 +300,18 @@ def start_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, log: Path | N
         cwd=REPO,
         start_new_session=True,
     )
+    _started.append(worker)
+    return worker
+
+
+def stop_started_workers() -> None:
+    """Kill every process group start_worker began that is still there.
+
+    A failed assertion skips a test's own clean-up, and a worker left retrying against the
+    test's broker, gone with the test, would take CPU from every test after it.
+    """
+    while _started:
+        worker = _started.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
