@@ -22,8 +22,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Everything the project downloads or builds (Kafka and connector jars, helm, the Kubernetes
 # API schemas) is fetched here, with progress, so no demo step or timed test waits on it.
-setup: $(STAMP) kubernetes-host
-	$(QP) local fetch
+# The Go builds (the cluster's binaries, helm, toxiproxy, Prometheus) are most of a fresh
+# machine's set-up and need only Go and Python's standard library: they start before pip and
+# run beside it, and `local fetch` waits for any still building (queueplane/prefetch.py).
+GO_BUILDS_LOG := .queueplane/go-builds.log
+setup: kubernetes-host
+	@mkdir -p .queueplane
+	@echo "== the Go builds start beside pip (log: $(GO_BUILDS_LOG)); 'local fetch' waits for them"
+	@PYTHONPATH=$(CURDIR) $(PYTHON) -m queueplane.prefetch --go >$(GO_BUILDS_LOG) 2>&1 & builds=$$!; \
+	  if $(MAKE) --no-print-directory $(STAMP) && $(QP) local fetch; then status=0; else status=$$?; fi; \
+	  kill $$builds 2>/dev/null || true; wait $$builds 2>/dev/null || true; exit $$status
 
 demo: setup
 	@echo "== 1. start the local Kafka broker (jars from Maven Central, cached)"

@@ -3,10 +3,17 @@
 `make demo` and `make test` run this first (`queueplane local fetch`), so no timed test, demo
 step or Airflow task waits on a first download or build. Each item checks its own cache
 (``~/.cache/queueplane`` or ``$QUEUEPLANE_CACHE``) and returns at once when it is there.
+
+The Go builds are the longest part of a fresh machine's set-up and need nothing but Go and
+Python's standard library, so the set-up starts them (``python -m queueplane.prefetch --go``)
+before pip installs the project, and `local fetch` then finds them built or waits for them
+(each build holds a lock). This module and what GO_BUILDS reaches import nothing else.
 """
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import os
 import sys
 import threading
@@ -21,7 +28,6 @@ from queueplane.local.fault_proxy import TOXIPROXY_VERSION, toxiproxy_binary
 from queueplane.local.kubernetes import build as kube_build
 from queueplane.local.prometheus import PROMETHEUS_VERSION, build_both
 from queueplane.local.spark_archive import build_archive
-from queueplane.local.stack import KAFKA_VERSION, LocalStack
 
 HEARTBEAT_S = 15.0
 
@@ -61,11 +67,27 @@ def _kubernetes_binaries() -> object:
     """The cluster's binaries, then the sandbox (pause) image made from the one it builds."""
     from queueplane.local.kubernetes import images
 
-    kube_build.build_binaries()
-    return images.pause_image().reference
+    folder = kube_build.bin_dir().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the set-up's early start may be building them
+        kube_build.build_binaries()
+        return images.pause_image().reference
 
 
-ITEMS = (
+def _kafka_jars() -> object:
+    from queueplane.local.stack import LocalStack
+
+    return LocalStack.default().fetch()
+
+
+def _kafka_version() -> str:
+    from queueplane.local.stack import KAFKA_VERSION
+
+    return KAFKA_VERSION
+
+
+GO_BUILDS = (
     Item(
         f"local Kubernetes {kube_build.KUBERNETES_VERSION} binaries",
         "go build from the Go module proxy, about 6 minutes on 2 cores",
@@ -91,28 +113,33 @@ ITEMS = (
         build_both,
         alongside=True,
     ),
-    Item(f"Apache Kafka {KAFKA_VERSION} jars", "Maven Central, about a minute", lambda: LocalStack.default().fetch()),
-    Item(
-        "Spark's Kafka connector jars",
-        "Maven Central, under a minute",
-        _spark_connector,
-        wanted=lambda: find_spec("pyspark") is not None,  # only where the worker extra is installed
-    ),
-    Item(
-        "a class-data archive of Spark's JVM (local Spark drivers start on about half the CPU)",
-        "one short Spark job, under a minute",
-        build_archive,
-        wanted=lambda: find_spec("pyspark") is not None,
-    ),
-    Item(
-        "the worker image for the local Kubernetes",
-        "Debian packages, wheels and jars made into an OCI image and imported into the node's containerd, "
-        "a few minutes; again after each code change",
-        _worker_image,
-        wanted=lambda: _kubernetes_wanted() and find_spec("pyspark") is not None,
-        alongside=True,
-    ),
 )
+
+
+def _other_items() -> tuple[Item, ...]:
+    return (
+        Item(f"Apache Kafka {_kafka_version()} jars", "Maven Central, about a minute", _kafka_jars),
+        Item(
+            "Spark's Kafka connector jars",
+            "Maven Central, under a minute",
+            _spark_connector,
+            wanted=lambda: find_spec("pyspark") is not None,  # only where the worker extra is installed
+        ),
+        Item(
+            "the worker image for the local Kubernetes",
+            "Debian packages, wheels and jars made into an OCI image and imported into the node's containerd, "
+            "a few minutes; again after each code change",
+            _worker_image,
+            wanted=lambda: _kubernetes_wanted() and find_spec("pyspark") is not None,
+            alongside=True,
+        ),
+        Item(
+            "a class-data archive of Spark's JVM (local Spark drivers start on about half the CPU)",
+            "one short Spark job, under a minute",
+            build_archive,
+            wanted=lambda: find_spec("pyspark") is not None,
+        ),
+    )
 
 
 @contextmanager
@@ -141,10 +168,10 @@ def _fetch(item: Item, say: Callable[[str], None]) -> None:
     say(f"{item.label}: ready ({time.monotonic() - started:.1f}s)")
 
 
-def fetch_all(say: Callable[[str], None] = print) -> None:
+def fetch_all(say: Callable[[str], None] = print, go_only: bool = False) -> None:
     """Fetch or build every item not yet cached, one line per item; ``alongside`` items in a thread."""
     beside: list[tuple[threading.Thread, list[BaseException]]] = []
-    for item in ITEMS:
+    for item in GO_BUILDS if go_only else (*GO_BUILDS, *_other_items()):
         if not item.wanted():
             say(f"{item.label}: skipped (not needed by this installation)")
         elif item.alongside:
@@ -165,3 +192,20 @@ def _run_catching(item: Item, say: Callable[[str], None], failed: list[BaseExcep
         _fetch(item, say)
     except BaseException as exc:  # raised again on the main thread, after the other items
         failed.append(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m queueplane.prefetch --go``: the Go builds alone, with the standard library only."""
+    parser = argparse.ArgumentParser(prog="python -m queueplane.prefetch", description=main.__doc__)
+    parser.add_argument("--go", action="store_true", help="only the Go builds (before the venv exists)")
+    args = parser.parse_args(argv)
+    try:
+        fetch_all(lambda line: print(line, flush=True), go_only=args.go)
+    except Exception as exc:  # `local fetch` tries again and reports it where the user looks
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

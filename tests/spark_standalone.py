@@ -25,7 +25,10 @@ def free_port() -> int:
 
 
 def spark_env() -> dict[str, str]:
-    return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
+    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
+    # The master and worker JVMs start like the tests' drivers (tests/conftest.py's SPARK_SUBMIT_OPTS).
+    env["SPARK_DAEMON_JAVA_OPTS"] = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    return env
 
 
 @dataclass

@@ -20,8 +20,7 @@ from typing import Any
 
 from queueplane.errors import QueueplaneError
 from queueplane.local.go_install import go_install
-from queueplane.local.processes import free_port, port_open, terminate
-from queueplane.local.stack import HOST
+from queueplane.local.processes import HOST, free_port, port_open, terminate
 from queueplane.paths import cache_dir
 
 TOXIPROXY_VERSION = "v2.12.0"

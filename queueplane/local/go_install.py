@@ -16,6 +16,9 @@ from pathlib import Path
 from queueplane.errors import QueueplaneError
 
 BUILD_TIMEOUT_S = 1800
+# -trimpath as the cluster's build has it: Go's build cache then shares the standard library,
+# and any module two builds use at one version, between them.
+GO_FLAGS = ("-trimpath", "-ldflags=-s -w")
 
 
 def go_install(
@@ -44,7 +47,7 @@ def go_install(
         with tempfile.TemporaryDirectory(dir=folder) as staging:
             env = {**os.environ, "GOBIN": staging, "CGO_ENABLED": "0"}
             result = subprocess.run(
-                [go, "install", "-ldflags=-s -w", *(["-tags", ",".join(tags)] if tags else []), f"{package}@{version}"],
+                [go, "install", *GO_FLAGS, *(["-tags", ",".join(tags)] if tags else []), f"{package}@{version}"],
                 env=env,
                 cwd=staging,
                 capture_output=True,

@@ -8,6 +8,8 @@ import signal
 import socket
 import time
 
+HOST = "127.0.0.1"  # everything the local stack starts listens on loopback only
+
 
 def free_port(host: str) -> int:
     """A port the kernel just gave out on ``host``: free unless another process races for it."""

@@ -18,12 +18,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import yaml
-
 from queueplane.errors import QueueplaneError
 from queueplane.local.go_install import go_install
-from queueplane.local.processes import free_port, terminate
-from queueplane.local.stack import HOST
+from queueplane.local.processes import HOST, free_port, terminate
 from queueplane.paths import cache_dir
 
 # The Go module's version of Prometheus 3.16.0 (its releases v3.X.Y are module versions v0.3XX.Y).
@@ -106,8 +103,8 @@ class LocalPrometheus:
                 }
             ],
         }
-        config_file = self.directory / "prometheus.yml"
-        config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        config_file = self.directory / "prometheus.yml"  # JSON is YAML, and needs no YAML library
+        config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")
         log = (self.directory / "prometheus.log").open("w")
         self._process = subprocess.Popen(
             [

@@ -26,13 +26,12 @@ from queueplane.kafka.protocol import api_versions
 from queueplane.local.kubernetes.host import node_address_present
 from queueplane.local.kubernetes.layout import NODE_IP
 from queueplane.local.maven import COMPLETE, copy_dependencies
-from queueplane.local.processes import free_port, pid_alive, port_open, terminate
+from queueplane.local.processes import HOST, free_port, pid_alive, port_open, terminate
 from queueplane.paths import cache_dir, home_dir
 
 # Newest Kafka 4.x whose full dependency set Maven Central serves (4.4.0's kafka_2.13
 # depends on a kafka-tools-api 4.4.0 that is not published there).
 KAFKA_VERSION = "4.3.1"
-HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 POM = Path(__file__).with_name("kafka-pom.xml")
 
