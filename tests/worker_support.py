@@ -304,6 +304,39 @@ def start_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, log: Path | N
     return worker
 
 
+class Supervised:
+    """A worker started again when it gives up, as its Deployment would, at most ``limit`` times.
+
+    Fault tests use it: a worker that exits with an error under a fault (Kafka gone too long, a
+    Spark Python worker not connecting back in time on a starved machine) is allowed to, as long
+    as the records it left are handled by the next one. The restarts are counted and reported.
+    """
+
+    def __init__(self, queue: TestQueue, kafka: KafkaTarget, *args: str, log: Path, limit: int = 2):
+        self.queue, self.kafka, self.args, self.log, self.limit = queue, kafka, args, log, limit
+        self.restarts = 0
+        self.process = start_worker(queue, kafka, *args, log=log)
+
+    def _again(self) -> None:
+        self.restarts += 1
+        assert self.restarts <= self.limit, f"gave up {self.restarts} times: " + self.log.read_text()[-3000:]
+        self.process = start_worker(self.queue, self.kafka, *self.args, log=self.log)
+
+    def running(self) -> bool:
+        """True while a worker runs, starting one again if the last gave up; False once one ended well."""
+        code = self.process.poll()
+        if code is not None and code != 0:
+            self._again()
+            return True
+        return code is None
+
+    def summary(self, timeout: float = 600) -> dict:
+        """The JSON summary of the first worker that ends well."""
+        while self.process.wait(timeout) != 0:
+            self._again()
+        return json.loads(self.process.stdout.read())
+
+
 def stop_started_workers() -> None:
     """Kill every process group start_worker began that is still there.
 

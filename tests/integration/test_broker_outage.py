@@ -7,15 +7,12 @@ session's shared broker stays up for every other test.
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from worker_support import TestQueue as Queue
-from worker_support import make_queue, order, produce, produce_steadily, read_all, start_worker
+from worker_support import Supervised, make_queue, order, produce, produce_steadily, read_all
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack
@@ -39,11 +36,6 @@ def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Local
     stack.down(purge=True)
 
 
-def _start(queue: Queue, kafka: KafkaTarget, log: Path) -> subprocess.Popen:
-    # A short idle bound: the driver never counts an outage as idle (no batch yet, or no lag it can read).
-    return start_worker(queue, kafka, "--until-idle", "8s", log=log)
-
-
 def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_broker, tmp_path, record_property):
     """One worker per runtime on one broker, as teams share a cluster: the broker is down when they
     start (up 30 s later), then stopped for 20 s while records arrive. A worker that gives up is
@@ -62,10 +54,16 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
 
     stack.down()  # the workers start first (pods scheduled before their broker is back)
     try:
-        workers = {runtime: _start(queue, kafka, logs[runtime]) for runtime, queue in queues.items()}
+        # A short idle bound: the driver never counts an outage as idle (no batch yet, or no lag it can read).
+        workers = {
+            runtime: Supervised(queue, kafka, "--until-idle", "8s", log=logs[runtime])
+            for runtime, queue in queues.items()
+        }
         time.sleep(START_OUTAGE_S)
         for runtime, worker in workers.items():
-            assert worker.poll() is None, f"{runtime} waits for the broker: " + logs[runtime].read_text()[-2000:]
+            assert worker.process.poll() is None, (
+                f"{runtime} waits for the broker: " + logs[runtime].read_text()[-2000:]
+            )
     finally:
         stack.up()
     broker_up = threading.Event()
@@ -82,7 +80,7 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
     for runtime, queue in queues.items():
         while sum(1 for e in queue.events() if e.get("result") == "ok") < INITIAL // 2:
             assert time.monotonic() < deadline, logs[runtime].read_text()[-3000:]
-            assert workers[runtime].poll() is None, logs[runtime].read_text()[-3000:]
+            assert workers[runtime].running(), logs[runtime].read_text()[-3000:]
             time.sleep(0.3)
     assert producer.is_alive(), "records still arrive when the broker stops"
     broker_up.clear()
@@ -95,15 +93,7 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
 
     table = {}
     for runtime, queue in queues.items():
-        worker, restarts = workers[runtime], 0
-        while True:  # what a supervisor does: a worker that gave up is started again
-            code = worker.wait(600)
-            if code == 0:
-                summary = json.loads(worker.stdout.read())
-                break
-            restarts += 1
-            assert restarts <= 2, logs[runtime].read_text()[-3000:]
-            worker = _start(queue, kafka, logs[runtime])
+        summary = workers[runtime].summary()
         done_s = time.monotonic() - stopped_at
         read = read_all(kafka, queue.output, expect_at_least=TOTAL, timeout_s=60)
         outputs = [json.loads(m.value())["id"] for m in read]
@@ -112,6 +102,11 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
         assert read_all(kafka, queue.dlq, timeout_s=3) == [], f"{runtime}: every record is valid, none in the DLQ"
         assert summary["lag_at_exit"] == 0, runtime
         duplicates = len(outputs) - len(set(outputs))
-        table[runtime] = {"lost": 0, "duplicates": duplicates, "restarts": restarts, "done_s": round(done_s)}
+        table[runtime] = {
+            "lost": 0,
+            "duplicates": duplicates,
+            "restarts": workers[runtime].restarts,
+            "done_s": round(done_s),
+        }
     record_property("broker_outages", table)
     print(f"\n{START_OUTAGE_S}s down at start, {OUTAGE_S}s mid-run, {TOTAL} records per runtime: {table}")
