@@ -190,29 +190,63 @@ def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[byte
     assert producer.flush(30) == 0
 
 
-def produce_steadily(
-    kafka: KafkaTarget,
-    topics: list[str],
-    rate: int,
-    seconds: int,
-    *,
-    first_id: int = 0,
-    sleep_ms: int = 2,
-    gate: threading.Event | None = None,
-    done: threading.Event | None = None,
-) -> None:
-    """``rate`` records a second to each topic for ``seconds``, ids from ``first_id`` (run it in a thread).
+class SteadyLoad(threading.Thread):
+    """``rate`` records a second to each topic, paced by the clock, from ``start()`` until ``stop()``.
 
-    ``gate``: produce only while it is set (a test's broker outage is not the producer's to ride out).
+    One idempotent producer for the whole load: a producer per second (its id handshake, its
+    flush) took longer than the second on a busy machine, and the load ran at a third of its
+    rate for three times as long. ``gate``: produce only while it is set (a test's broker
+    outage is not the producer's to ride out). Ids run from ``first_id``; ``stop()`` says how
+    many went to each topic.
     """
-    for second in range(seconds):
-        if gate is not None:
-            gate.wait()
-        for topic in topics:
-            produce(kafka, topic, [order(first_id + second * rate + i, sleep_ms=sleep_ms) for i in range(rate)])
-        time.sleep(1)
-    if done is not None:
-        done.set()
+
+    def __init__(
+        self,
+        kafka: KafkaTarget,
+        topics: list[str],
+        rate: int,
+        *,
+        first_id: int = 0,
+        sleep_ms: int = 2,
+        gate: threading.Event | None = None,
+    ):
+        super().__init__(name="steady-load", daemon=True)
+        self.kafka, self.topics, self.rate, self.first_id, self.sleep_ms, self.gate = (
+            kafka,
+            topics,
+            rate,
+            first_id,
+            sleep_ms,
+            gate,
+        )
+        self.count = 0
+        self.failure: BaseException | None = None
+        self._stop_requested = threading.Event()
+
+    def run(self) -> None:
+        producer = Producer({**self.kafka.settings, "enable.idempotence": True})
+        next_second = time.monotonic()
+        try:
+            while not self._stop_requested.is_set():
+                if self.gate is not None and not self.gate.is_set():
+                    self.gate.wait()
+                    next_second = time.monotonic()
+                ids = range(self.first_id + self.count, self.first_id + self.count + self.rate)
+                for topic in self.topics:
+                    for i in ids:
+                        producer.produce(topic, value=order(i, sleep_ms=self.sleep_ms), key=f"k{i % 16}".encode())
+                assert producer.flush(60) == 0, "the load's records were not all written"
+                self.count += self.rate
+                next_second += 1
+                self._stop_requested.wait(max(0.0, next_second - time.monotonic()))
+        except BaseException as exc:  # the test sees it at stop()
+            self.failure = exc
+
+    def stop(self) -> int:
+        self._stop_requested.set()
+        self.join(120)
+        assert self.failure is None, f"the steady load failed: {self.failure!r}"
+        return self.count
 
 
 def order(i: int, **fields: object) -> bytes:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_support import Supervised, make_queue, order, produce, produce_steadily, read_all
+from worker_support import SteadyLoad, Supervised, make_queue, order, produce, read_all
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack
@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 OUTAGE_S = 20
 START_OUTAGE_S = 30
 INITIAL = 1000  # waiting before the workers start
-RATE, PRODUCE_S = 30, 60  # then arriving steadily, so the mid-run outage is mid-run for every worker
-TOTAL = INITIAL + RATE * PRODUCE_S
+RATE = 30  # then arriving steadily, so the mid-run outage is mid-run for every worker
+AFTER_S = 10  # and for a while after it
 HUNG = 5  # records whose first delivery runs past the lock: redelivered across the outages
 RUNTIMES = ("share", "consumer", "kmq")
 
@@ -68,36 +68,30 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
         stack.up()
     broker_up = threading.Event()
     broker_up.set()
-    topics = [q.topic for q in queues.values()]
-    producer = threading.Thread(
-        target=produce_steadily,
-        args=(kafka, topics, RATE, PRODUCE_S),
-        kwargs={"first_id": INITIAL, "gate": broker_up},
-        daemon=True,
-    )
-    producer.start()
+    load = SteadyLoad(kafka, [q.topic for q in queues.values()], RATE, first_id=INITIAL, gate=broker_up)
+    load.start()
     deadline = time.monotonic() + 180
     for runtime, queue in queues.items():
         while sum(1 for e in queue.events() if e.get("result") == "ok") < INITIAL // 2:
             assert time.monotonic() < deadline, logs[runtime].read_text()[-3000:]
             assert workers[runtime].running(), logs[runtime].read_text()[-3000:]
             time.sleep(0.3)
-    assert producer.is_alive(), "records still arrive when the broker stops"
     broker_up.clear()
     stack.down()  # mid-run, with hung records locked and the rest in flight
     stopped_at = time.monotonic()
     time.sleep(OUTAGE_S)
     stack.up()
     broker_up.set()
-    producer.join(180)
+    time.sleep(AFTER_S)
+    total = INITIAL + load.stop()
 
     table = {}
     for runtime, queue in queues.items():
         summary = workers[runtime].summary()
         done_s = time.monotonic() - stopped_at
-        read = read_all(kafka, queue.output, expect_at_least=TOTAL, timeout_s=60)
+        read = read_all(kafka, queue.output, expect_at_least=total, timeout_s=60)
         outputs = [json.loads(m.value())["id"] for m in read]
-        missing = {f"id-{i:06d}" for i in range(TOTAL)} - set(outputs)
+        missing = {f"id-{i:06d}" for i in range(total)} - set(outputs)
         assert not missing, f"{runtime}: {len(missing)} records never accepted, e.g. {sorted(missing)[:5]}"
         assert read_all(kafka, queue.dlq, timeout_s=3) == [], f"{runtime}: every record is valid, none in the DLQ"
         assert summary["lag_at_exit"] == 0, runtime
@@ -109,4 +103,4 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
             "done_s": round(done_s),
         }
     record_property("broker_outages", table)
-    print(f"\n{START_OUTAGE_S}s down at start, {OUTAGE_S}s mid-run, {TOTAL} records per runtime: {table}")
+    print(f"\n{START_OUTAGE_S}s down at start, {OUTAGE_S}s mid-run, {total} records per runtime: {table}")

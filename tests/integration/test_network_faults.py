@@ -10,12 +10,11 @@ worker bootstraps at the proxy and every connection it makes passes through it. 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-from worker_support import Supervised, make_queue, produce_steadily, read_all
+from worker_support import SteadyLoad, Supervised, make_queue, read_all
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.fault_proxy import FaultProxy
@@ -24,8 +23,8 @@ from queueplane.local.stack import HOST, LocalStack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
-RATE, PRODUCE_S = 50, 100  # records a second, arriving while the faults come and go
-TOTAL = RATE * PRODUCE_S
+RATE = 50  # records a second to each queue, arriving from before the faults until after them
+AFTER_S = 5
 # (toxic, attributes, seconds): ~400 ms more per response; every connection reset as it opens;
 # every connection stalled (no data either way, nothing closed) until healed.
 FAULTS = (
@@ -67,15 +66,8 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
         )
         logs[runtime] = folder / "worker.log"
         workers[runtime] = Supervised(queues[runtime], behind, "--until-idle", "8s", log=logs[runtime])
-    produced = threading.Event()
-    topics = [q.topic for q in queues.values()]
-    producer = threading.Thread(
-        target=produce_steadily,
-        args=(direct, topics, RATE, PRODUCE_S),
-        kwargs={"sleep_ms": 5, "done": produced},
-        daemon=True,
-    )
-    producer.start()
+    load = SteadyLoad(direct, [q.topic for q in queues.values()], RATE, sleep_ms=5)
+    load.start()
     deadline = time.monotonic() + 240
     for runtime, queue in queues.items():  # every worker under way
         while sum(1 for e in queue.events() if e.get("result") == "ok") < RATE * 3:
@@ -83,20 +75,20 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
             time.sleep(0.3)
     faulted_at = time.monotonic()
     for kind_of_fault, attributes, seconds in FAULTS:
-        assert not produced.is_set(), f"records were still arriving when {kind_of_fault} began"
         faults.toxic("broker", kind_of_fault, kind_of_fault, **attributes)
         time.sleep(seconds)
         faults.heal("broker", kind_of_fault)
         time.sleep(3)
-    producer.join(120)
+    time.sleep(AFTER_S)
+    total = load.stop()
 
     table = {}
     for runtime, queue in queues.items():
         summary = workers[runtime].summary()
         done_s = time.monotonic() - faulted_at
-        read = read_all(direct, queue.output, expect_at_least=TOTAL, timeout_s=60)
+        read = read_all(direct, queue.output, expect_at_least=total, timeout_s=60)
         outputs = [json.loads(m.value())["id"] for m in read]
-        missing = {f"id-{i:06d}" for i in range(TOTAL)} - set(outputs)
+        missing = {f"id-{i:06d}" for i in range(total)} - set(outputs)
         assert not missing, f"{runtime}: {len(missing)} records never accepted, e.g. {sorted(missing)[:5]}"
         assert read_all(direct, queue.dlq, timeout_s=3) == [], f"{runtime}: every record is valid, none in the DLQ"
         duplicates = len(outputs) - len(set(outputs))
@@ -110,4 +102,4 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
             "done_s": round(done_s),
         }
     record_property("network_faults", table)
-    print(f"\nlatency/reset/stall, {TOTAL} records per runtime: {table}")
+    print(f"\nlatency/reset/stall, {total} records per runtime: {table}")
