@@ -211,14 +211,8 @@ class SteadyLoad(threading.Thread):
         gate: threading.Event | None = None,
     ):
         super().__init__(name="steady-load", daemon=True)
-        self.kafka, self.topics, self.rate, self.first_id, self.sleep_ms, self.gate = (
-            kafka,
-            topics,
-            rate,
-            first_id,
-            sleep_ms,
-            gate,
-        )
+        self.kafka, self.topics, self.rate = kafka, topics, rate
+        self.first_id, self.sleep_ms, self.gate = first_id, sleep_ms, gate
         self.count = 0
         self.failure: BaseException | None = None
         self._stop_requested = threading.Event()
