@@ -75,18 +75,6 @@ def _kubernetes_binaries() -> object:
         return images.pause_image().reference
 
 
-def _kafka_jars() -> object:
-    from queueplane.local.stack import LocalStack
-
-    return LocalStack.default().fetch()
-
-
-def _kafka_version() -> str:
-    from queueplane.local.stack import KAFKA_VERSION
-
-    return KAFKA_VERSION
-
-
 GO_BUILDS = (
     Item(
         f"local Kubernetes {kube_build.KUBERNETES_VERSION} binaries",
@@ -117,8 +105,13 @@ GO_BUILDS = (
 
 
 def _other_items() -> tuple[Item, ...]:
+    """What needs the installed project (Kafka's clients, pyspark): imported only here."""
+    from queueplane.local.stack import KAFKA_VERSION, LocalStack
+
     return (
-        Item(f"Apache Kafka {_kafka_version()} jars", "Maven Central, about a minute", _kafka_jars),
+        Item(
+            f"Apache Kafka {KAFKA_VERSION} jars", "Maven Central, about a minute", lambda: LocalStack.default().fetch()
+        ),
         Item(
             "Spark's Kafka connector jars",
             "Maven Central, under a minute",

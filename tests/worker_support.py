@@ -178,11 +178,15 @@ def make_queue(
     return TestQueue(folder, spec_path, topic, f"{topic}.dlq", f"{topic}.out", f"g-{tag}")
 
 
+def idempotent_producer(kafka: KafkaTarget) -> Producer:
+    """The tests' producer. Idempotent: on a busy machine a request can time out and be retried,
+    and a plain producer's retry can write a batch twice and out of order (measured in CI: a key's
+    records out of produce order), which the tests would charge to the worker."""
+    return Producer({**kafka.settings, "enable.idempotence": True})
+
+
 def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[bytes] | None = None) -> None:
-    # Idempotent: on a busy machine a request can time out and be retried, and a plain producer's
-    # retry can write a batch twice and out of order (measured in CI: a key's records out of
-    # produce order), which the tests would charge to the worker.
-    producer = Producer({**kafka.settings, "enable.idempotence": True})
+    producer = idempotent_producer(kafka)
     for i, value in enumerate(values):
         producer.produce(topic, value=value, key=(keys[i] if keys else f"k{i % 16}".encode()))
         if i % 1000 == 0:
@@ -218,7 +222,7 @@ class SteadyLoad(threading.Thread):
         self._stop_requested = threading.Event()
 
     def run(self) -> None:
-        producer = Producer({**self.kafka.settings, "enable.idempotence": True})
+        producer = idempotent_producer(self.kafka)
         next_second = time.monotonic()
         try:
             while not self._stop_requested.is_set():

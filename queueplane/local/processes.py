@@ -41,15 +41,22 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    """Whether the process ended within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return not pid_alive(pid)
+
+
 def terminate(pid: int, grace_s: float = 20.0) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``; returns once the process is gone."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return
-        time.sleep(0.1)
+    if wait_gone(pid, grace_s):
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     while pid_alive(pid):

@@ -21,11 +21,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from queueplane.errors import LocalStackError
-from queueplane.local.processes import pid_alive
+from queueplane.local.processes import wait_gone
 from queueplane.paths import cache_dir
 
 DUMP_TIMEOUT_S = 600.0
@@ -78,18 +77,21 @@ def _java() -> Path | None:
     return Path(found).resolve() if found and Path(found).is_file() else None
 
 
-def _pyspark_jars() -> Path | None:
+def _spark_jars() -> Path | None:
+    """The jars on the driver's class path, which the archive records; None without pyspark."""
     from importlib.util import find_spec
 
-    spec = find_spec("pyspark")
-    if spec is None or spec.origin is None:
+    if find_spec("pyspark") is None:
         return None
-    return Path(spec.origin).resolve().parent / "jars"
+    # Imported here: the set-up's early Go builds import this module before pip has run.
+    from queueplane.run.kafka_input import pyspark_jars
+
+    return pyspark_jars().resolve()
 
 
 def archive_path() -> Path | None:
     """Where this JVM and this pyspark's archive belongs; None without a JVM or pyspark."""
-    java, jars = _java(), _pyspark_jars()
+    java, jars = _java(), _spark_jars()
     if java is None or jars is None or not jars.is_dir():
         return None
     digest = hashlib.sha256()
@@ -130,17 +132,11 @@ def build_archive() -> str:
         if job.returncode != 0 or not lines:
             tail = "\n".join((job.stdout + job.stderr).strip().splitlines()[-15:])
             raise LocalStackError(f"the Spark job that records the class-data archive failed:\n{tail}")
-        _wait_gone(int(lines[0]))
+        # The JVM outlives the Python that started it by the time it takes to write the archive.
+        pid = int(lines[0])
+        if not wait_gone(pid, DUMP_TIMEOUT_S):
+            raise LocalStackError(f"the Spark driver (pid {pid}) did not exit within {DUMP_TIMEOUT_S:.0f}s")
         if not partial.is_file():
             raise LocalStackError(f"the Spark driver exited without writing its class-data archive ({partial})")
         partial.replace(path)
     return str(path)
-
-
-def _wait_gone(pid: int) -> None:
-    """The JVM outlives the Python that started it by the time it takes to write the archive."""
-    deadline = time.monotonic() + DUMP_TIMEOUT_S
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            raise LocalStackError(f"the Spark driver (pid {pid}) did not exit within {DUMP_TIMEOUT_S:.0f}s")
-        time.sleep(0.2)

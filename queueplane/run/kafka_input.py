@@ -65,7 +65,7 @@ def jars_pyspark_lacks(folder: Path) -> list[Path]:
     snappy); pyspark's own must win, so only artifacts it lacks are added. The worker images
     (the Dockerfile's and the local one) bake in exactly this set.
     """
-    present = {_artifact(p.name) for p in _pyspark_jars().glob("*.jar")}
+    present = {_artifact(p.name) for p in pyspark_jars().glob("*.jar")}
     return sorted(p for p in folder.glob("*.jar") if _artifact(p.name) not in present)
 
 
@@ -73,7 +73,7 @@ def _artifact(jar_name: str) -> str:
     return re.sub(r"-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$", "", jar_name)
 
 
-def _pyspark_jars() -> Path:
+def pyspark_jars() -> Path:
     """The jars Spark runs with: SPARK_HOME's when it is set, else those of the pip package.
 
     SPARK_HOME first, because spark-submit puts ``$SPARK_HOME/python/lib/pyspark.zip`` on the
@@ -89,7 +89,7 @@ def _pyspark_jars() -> Path:
 
 def connector_in_pyspark() -> bool:
     """Whether the connector is baked into pyspark's own jars (the worker image), so nothing is fetched."""
-    return any(_pyspark_jars().glob(f"spark-sql-kafka-0-10_{SCALA_BINARY}-{SPARK_VERSION}.jar"))
+    return any(pyspark_jars().glob(f"spark-sql-kafka-0-10_{SCALA_BINARY}-{SPARK_VERSION}.jar"))
 
 
 def with_kafka_connector(builder: Any) -> Any:

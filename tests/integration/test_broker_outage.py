@@ -76,6 +76,7 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
             assert time.monotonic() < deadline, logs[runtime].read_text()[-3000:]
             assert workers[runtime].running(), logs[runtime].read_text()[-3000:]
             time.sleep(0.3)
+    assert load.is_alive(), "records still arrive when the broker stops"
     broker_up.clear()
     stack.down()  # mid-run, with hung records locked and the rest in flight
     stopped_at = time.monotonic()

@@ -75,6 +75,7 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
             time.sleep(0.3)
     faulted_at = time.monotonic()
     for kind_of_fault, attributes, seconds in FAULTS:
+        assert load.is_alive(), f"records were still arriving when {kind_of_fault} began"
         faults.toxic("broker", kind_of_fault, kind_of_fault, **attributes)
         time.sleep(seconds)
         faults.heal("broker", kind_of_fault)
