@@ -5,10 +5,12 @@ other. Some folders share a session resource and go to one process whole: the ma
 local Kubernetes (a second process would stop it under the first), Airflow's migrated metadata
 DB and the packaging tests' wheel are each made once per process.
 
-Tests marked ``heavy`` (pods, many JVMs, broker restarts, timed load steps) run alone: on a
-small machine anything beside them starves them past the time bounds they wait with (a share
-lock expiring, a Python worker not connecting back in time). Light tests run side by side,
-and first.
+Tests marked ``heavy`` (many JVMs, broker restarts, load steps timed in seconds) run alone: on
+a small machine anything beside them starves them past the time bounds they wait with (a share
+lock expiring, a Python worker not connecting back in time, executors due within two autoscaler
+decisions). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
+are not heavy although they run pods: their bounds are minutes, so they run beside the light
+tests, and their waits on pods and rollouts overlap the light tests' work.
 """
 
 from __future__ import annotations

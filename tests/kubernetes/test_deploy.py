@@ -37,7 +37,7 @@ from kube_support import (
 from queueplane.local.kubernetes import images
 from queueplane.local.kubernetes.values import local_values
 
-pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka, pytest.mark.heavy]
+pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
 GRACE_S = 90  # the driver's terminationGracePeriodSeconds (charts/queue-worker/templates/deployment.yaml)
 # One queue of each kind the chart runs differently: a share group and a consumer group

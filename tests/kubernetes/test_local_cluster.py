@@ -16,7 +16,7 @@ from queueplane.local.kubernetes import build, images
 from queueplane.local.kubernetes.cluster import LocalKubernetes
 from queueplane.local.kubernetes.layout import NODE_IP, NODE_NAME
 
-pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka, pytest.mark.heavy]
+pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",

@@ -19,7 +19,7 @@ from queueplane.deploy.helm import run_helm
 from queueplane.local.kubernetes import images
 from queueplane.local.kubernetes.values import local_values, write_local_values
 
-pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka, pytest.mark.heavy]
+pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
 
 def _history(cluster, release: str, namespace: str) -> list[dict]:
