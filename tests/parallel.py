@@ -10,7 +10,8 @@ a small machine anything beside them starves them past the time bounds they wait
 lock expiring, a Python worker not connecting back in time, executors due within two autoscaler
 decisions). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
 are not heavy although they run pods: their bounds are minutes, so they run beside the light
-tests, and their waits on pods and rollouts overlap the light tests' work.
+tests, and their waits on pods and rollouts overlap the light tests' work. So does the soak
+test, which asserts memory and counts rather than time.
 """
 
 from __future__ import annotations
