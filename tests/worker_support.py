@@ -185,10 +185,15 @@ def idempotent_producer(kafka: KafkaTarget) -> Producer:
     return Producer({**kafka.settings, "enable.idempotence": True})
 
 
+def default_key(i: int) -> bytes:
+    """The key of the ``i``-th record when a test names none: 16 keys, so per-key order is exercised."""
+    return f"k{i % 16}".encode()
+
+
 def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[bytes] | None = None) -> None:
     producer = idempotent_producer(kafka)
     for i, value in enumerate(values):
-        producer.produce(topic, value=value, key=(keys[i] if keys else f"k{i % 16}".encode()))
+        producer.produce(topic, value=value, key=(keys[i] if keys else default_key(i)))
         if i % 1000 == 0:
             producer.poll(0)
     assert producer.flush(30) == 0
@@ -227,12 +232,14 @@ class SteadyLoad(threading.Thread):
         try:
             while not self._stop_requested.is_set():
                 if self.gate is not None and not self.gate.is_set():
-                    self.gate.wait()
+                    while not (self.gate.wait(0.2) or self._stop_requested.is_set()):
+                        pass  # stop() is seen while the gate is closed too
                     next_second = time.monotonic()
+                    continue
                 ids = range(self.first_id + self.count, self.first_id + self.count + self.rate)
                 for topic in self.topics:
                     for i in ids:
-                        producer.produce(topic, value=order(i, sleep_ms=self.sleep_ms), key=f"k{i % 16}".encode())
+                        producer.produce(topic, value=order(i, sleep_ms=self.sleep_ms), key=default_key(i))
                 assert producer.flush(60) == 0, "the load's records were not all written"
                 self.count += self.rate
                 next_second += 1
@@ -243,6 +250,7 @@ class SteadyLoad(threading.Thread):
     def stop(self) -> int:
         self._stop_requested.set()
         self.join(120)
+        assert not self.is_alive(), "the steady load did not stop within 120 s"
         assert self.failure is None, f"the steady load failed: {self.failure!r}"
         return self.count
 
