@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from confluent_kafka import Consumer, Producer
 from helpers import REPO
 from specs_factory import dump
@@ -377,6 +378,31 @@ class Supervised:
         return json.loads(self.process.stdout.read())
 
 
+def kill_like_a_pod(worker: subprocess.Popen) -> None:
+    """SIGKILL the worker and every process under it at once, as when its pod dies.
+
+    Spark's Python daemon puts itself and the Python workers it forks in a process group of
+    their own, so killing the worker's group alone left them handling records for about half a
+    second after the driver was gone. Every process is stopped first, so none goes on while the
+    others die, and the daemon forks no new worker in between.
+    """
+    tree: list[psutil.Process] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(worker.pid)
+        for _ in range(2):  # again after stopping: a process forked while the first list was taken
+            for process in [root, *root.children(recursive=True)]:
+                if process not in tree:
+                    tree.append(process)
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        process.suspend()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    for process in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    worker.wait(30)
+
+
 def stop_started_workers() -> None:
     """Kill every process group start_worker began that is still there.
 
@@ -384,7 +410,4 @@ def stop_started_workers() -> None:
     test's broker, gone with the test, would take CPU from every test after it.
     """
     while _started:
-        worker = _started.pop()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
+        kill_like_a_pod(_started.pop())

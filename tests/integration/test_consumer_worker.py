@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
-import signal
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -17,6 +15,7 @@ import yaml
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from worker_support import (
+    kill_like_a_pod,
     make_queue,
     order,
     overlap_peak,
@@ -140,8 +139,7 @@ def _kill_midway_and_restart(kafka, tmp_path, *, exactly_once: bool) -> tuple[li
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(queue.events()) < total // 4:
         time.sleep(0.5)
-    os.killpg(worker.pid, signal.SIGKILL)
-    worker.wait(30)
+    kill_like_a_pod(worker)
     before = queue.events()
     handled_before_kill = len(before)
     assert 0 < handled_before_kill < total, "the kill must land mid-way"

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections import Counter
 
 import pytest
 from helpers import wait_for
-from worker_support import make_queue, order, produce, read_all, start_worker
+from worker_support import kill_like_a_pod, make_queue, order, produce, read_all, start_worker
 
 from queueplane.run import dead_letters as dlq
 from queueplane.run.kmq import markers as km
@@ -64,7 +62,7 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
         summary = _finish(worker)
     finally:
         if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
+            kill_like_a_pod(worker)
 
     events = queue.events()
     hung = sorted((e for e in events if e["id"] == f"id-{hang:06d}" and e["result"] == "ok"), key=lambda e: e["dc"])
@@ -127,8 +125,7 @@ def test_kill_minus_9_between_start_and_end_markers_loses_nothing(kafka, tmp_pat
         # A hung handler has started: its start marker is durable, no end marker can have been written.
         wait_for("a hung handler", lambda: any(e.get("result") == "started" for e in queue.events()), 300, every_s=0.5)
     finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(30)
+        kill_like_a_pod(worker)
     killed_at = time.time()
     markers = _markers(kafka, f"{queue.topic}.markers")
     ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
@@ -164,8 +161,7 @@ def test_without_any_checkpoint_the_tracker_rebuilds_open_deliveries_from_the_ma
             "the hung handler", lambda: any(e.get("result") == "started" for e in queue.events()), 300, every_s=0.5
         )
     finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(30)
+        kill_like_a_pod(worker)
     markers = _markers(kafka, f"{queue.topic}.markers")
     ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
     open_at_kill = {(m.partition, m.offset) for m in markers if m.kind == km.START} - ended

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message
@@ -32,7 +32,15 @@ from queueplane.run.outcomes import (
     unparked_dead_letter,
 )
 from queueplane.run.share.pool import Chunk, HandlerPool, Poll
-from queueplane.run.share.settings import ACCEPTED_RESULT, HANDLER_SHARE_OF_LOCK, STUCK_S, Result, ShareSettings
+from queueplane.run.share.settings import (
+    ACCEPTED_RESULT,
+    ACK_EVERY_S,
+    FETCH_WAIT_MS,
+    HANDLER_SHARE_OF_LOCK,
+    STUCK_S,
+    Result,
+    ShareSettings,
+)
 
 log = logging.getLogger("queueplane.worker")
 
@@ -78,6 +86,10 @@ class ShareFetcher:
                 "group.id": s.group_id,
                 "share.acknowledgement.mode": "explicit",
                 "max.poll.records": s.max_poll_records,
+                # The longest a fetch waits on the broker for records. Acknowledgements committed
+                # meanwhile wait for it (measured: commits of 0.5-0.7 s at the default 500 ms), and
+                # while they wait a killed worker's handled records come back as duplicates.
+                "fetch.wait.max.ms": FETCH_WAIT_MS,
                 "client.id": f"queueplane-{s.queue}-{os.getpid()}-{index}",
             },
         )
@@ -134,9 +146,10 @@ class ShareFetcher:
         pool = self.runtime.pool
         calls = self._calls(good, poll)
         chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
-        self._await(poll, chunks)
+        acked = [False] * len(good)
+        self._await(poll, chunks, lambda: self._acknowledge_accepted(good, poll, polled_at, outcomes, acked))
         self.parked = False
-        self._acknowledge(good, poll, polled_at, outcomes)
+        self._acknowledge(good, poll, polled_at, outcomes, [i for i, done in enumerate(acked) if not done])
         self.pending = True
         if time.monotonic() - polled_at > lock_s / 2 or self.parked:
             self.pending = not self._commit()
@@ -164,58 +177,97 @@ class ShareFetcher:
         return [i for i in range(len(messages)) if i not in skipped]
 
     def _acknowledge(
-        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns]
+        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], todo: list[int]
     ) -> None:
-        """Acknowledge each record of a poll and add its outcomes; latency runs from the poll.
+        """Acknowledge the records ``todo`` of a poll (those not acknowledged while it ran) and add
+        their outcomes; latency runs from the poll.
 
         A poll whose every record was accepted without outputs is the common case: its
         columns are built straight from the messages, one pass each, with no row per record.
         """
         acknowledge, results = self.consumer.acknowledge, poll.results
         latency_ms = (time.monotonic() - polled_at) * 1000
+        if len(todo) < len(messages):
+            messages = [messages[i] for i in todo]
+            records, results, inflights = (
+                [poll.records[i] for i in todo],
+                [results[i] for i in todo],
+                [poll.inflight[i] for i in todo],
+            )
+        else:
+            records, inflights = poll.records, poll.inflight
+        if not messages:
+            return
         if results.count(ACCEPTED_RESULT) == len(messages):
             accept = AcknowledgeType.ACCEPT
             for message in messages:
                 acknowledge(message, accept)
-            outcomes.append(accepted_columns(messages, latency_ms, poll.inflight))
+            outcomes.append(accepted_columns(messages, latency_ms, inflights))
             return
         rows = []
-        for message, record, result, inflight in zip(messages, poll.records, results, poll.inflight, strict=True):
+        for message, record, result, inflight in zip(messages, records, results, inflights, strict=True):
             outcome, ack = self._decide(record, result, inflight, polled_at, latency_ms)
             acknowledge(message, ack)
             rows.append(outcome)
         outcomes.append(columns_of(rows))
 
-    def _await(self, poll: Poll, chunks: list[Chunk]) -> None:
+    def _acknowledge_accepted(
+        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], acked: list[bool]
+    ) -> None:
+        """While a poll runs, acknowledge and commit what it has accepted so far.
+
+        A poll is a whole producer batch, often thousands of records: held back until its last
+        record ended, the acknowledgements of the first ones would be lost with a killed worker
+        and their records handled again (one poll's worth of duplicates). The commit waits for
+        the broker's answer: an asynchronous one was still unsent when a kill came 0.5 s later.
+        """
+        results = poll.results
+        ready = [i for i, result in enumerate(results) if result is ACCEPTED_RESULT and not acked[i]]
+        if not ready:
+            return
+        picked = [messages[i] for i in ready]
+        accept, acknowledge = AcknowledgeType.ACCEPT, self.consumer.acknowledge
+        for i, message in zip(ready, picked, strict=True):
+            acked[i] = True
+            acknowledge(message, accept)
+        latency_ms = (time.monotonic() - polled_at) * 1000
+        outcomes.append(accepted_columns(picked, latency_ms, [poll.inflight[i] for i in ready]))
+        self.pending = not self._commit()
+
+    def _await(self, poll: Poll, chunks: list[Chunk], early_acks: Callable[[], None]) -> None:
         """Wait until every call ended; at the deadline give up on the unfinished (RELEASE or DLQ).
 
         Every STUCK_S it looks for chunks whose call runs that long and hands their calls not
-        yet started to other threads. Calls already producing outputs get DELIVERY_TIMEOUT_S
-        more at the deadline: their outputs are on the way and must not be duplicated by a
-        redelivery if they can still land.
+        yet started to other threads, and every ACK_EVERY_S it calls ``early_acks``. Calls
+        already producing outputs get DELIVERY_TIMEOUT_S more at the deadline: their outputs
+        are on the way and must not be duplicated by a redelivery if they can still land.
         """
         pool, results = self.runtime.pool, poll.results
-        with poll.cond:
-            while True:
+        next_acks = time.monotonic() + ACK_EVERY_S
+        while True:
+            with poll.cond:
                 left = poll.deadline - time.monotonic()
                 if poll.cond.wait_for(lambda: poll.unsettled <= 0, max(0.0, min(left, STUCK_S))):
                     return
-                if left <= STUCK_S:
-                    break
-                chunks += pool.split_stuck(chunks)
+            if left <= STUCK_S:
+                break
+            chunks += pool.split_stuck(chunks)
+            if time.monotonic() >= next_acks:
+                early_acks()
+                next_acks = time.monotonic() + ACK_EVERY_S
+        with poll.cond:
             poll.abandoned = True
-            producing = [chunk.producing for chunk in chunks if chunk.producing >= 0]
             for chunk in chunks:
-                if chunk.since and chunk.producing < 0:
+                if chunk.since:
                     pool.replace_stuck()  # its thread is inside a call past the deadline
             timeout: Result = (RELEASED, Failure("Timeout", "the handler ran past its deadline"), 0.0)
             for i, result in enumerate(results):
-                if result is None and i not in producing:
+                if result is None and i not in poll.producing:
                     results[i] = timeout
-            if poll.cond.wait_for(lambda: all(results[i] is not None for i in producing), DELIVERY_TIMEOUT_S):
+            if poll.cond.wait_for(lambda: not poll.producing, DELIVERY_TIMEOUT_S):
                 return
             late: Result = (RELEASED, Failure("OutputTimeout", "outputs not delivered in time"), 0.0)
-            for i in producing:  # outputs still not delivered: another delivery may duplicate them, never lose
+            for i in poll.producing:  # outputs still not delivered: another delivery may duplicate them, never lose
                 if results[i] is None:
                     results[i] = late
 

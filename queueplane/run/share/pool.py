@@ -3,7 +3,11 @@
 A poll's records all go to the pool at once, so one slow record holds up no other record
 locked by the same poll. Quick calls go to one thread together in chunks (a hand-over per
 record cost more than a trivial call); a call stuck for STUCK_S hands the calls queued
-behind it to other threads.
+behind it to other threads. A call's outputs are handed to the producer and its thread goes
+on to the next call: the call settles when the broker has them. A poll is a whole producer
+batch of the queue's topic, thousands of records however small ``max.poll.records`` is, and a
+thread that waited for each call's outputs (a broker round trip) did not get through one
+before the acquisition lock ran out.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+from confluent_kafka import Producer
 
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Handler, MessageRecord, Output, Record, Reject, outputs_of
@@ -21,6 +27,8 @@ from queueplane.run.outcomes import (
     DEAD_LETTERED,
     RELEASED,
     ProducedRecord,
+    produce,
+    refused_write,
 )
 from queueplane.run.share.settings import ACCEPTED_RESULT, CHUNK_S, ROOM_ROUNDS, STUCK_S, Result
 
@@ -28,13 +36,13 @@ log = logging.getLogger("queueplane.worker")
 
 
 class PoolHost(Protocol):
-    """What the pool needs of its process: the handler, and where outputs go."""
+    """What the pool needs of its process: the handler, and where outputs go (a producer whose
+    delivery callbacks another thread serves)."""
 
     handler: Handler
+    producer: Producer
 
     def output_record(self, output: Output, record: Record) -> ProducedRecord: ...
-
-    def produce_and_wait(self, records: list[ProducedRecord]) -> None: ...
 
 
 class Poll:
@@ -45,10 +53,10 @@ class Poll:
     a trivial handler's record cost more in that object than in the handler. Pool threads
     write a result without the lock and report finished calls once per chunk; only the moves
     that must not cross the fetcher giving up on the poll take the condition: a call starting
-    to produce outputs, and the end of that.
+    to produce outputs, and its outputs' delivery settling it.
     """
 
-    __slots__ = ("abandoned", "cond", "deadline", "inflight", "records", "results", "unsettled")
+    __slots__ = ("abandoned", "cond", "deadline", "inflight", "producing", "records", "results", "unsettled")
 
     def __init__(self, records: list[MessageRecord], deadline: float):
         self.cond = threading.Condition(threading.Lock())
@@ -58,6 +66,7 @@ class Poll:
         self.unsettled = len(records)
         self.deadline = deadline
         self.abandoned = False  # the deadline passed: results written from now on are not waited for
+        self.producing: set[int] = set()  # calls whose outputs are on their way to the broker
 
     def finished(self, count: int) -> None:
         with self.cond:
@@ -72,17 +81,63 @@ class Chunk:
     ``todo`` is an iterator because taking its next index is one step under the interpreter
     lock: the thread and a fetcher splitting the chunk off a stuck call both take indices from
     it, and each is taken exactly once. ``since`` is when the thread started the call it is in,
-    0 while no call of it runs; ``producing`` is the index of the call whose outputs are on
-    their way (set under the poll's condition), -1 while none is.
+    0 while no call of it runs.
     """
 
-    __slots__ = ("poll", "producing", "since", "todo")
+    __slots__ = ("poll", "since", "todo")
 
     def __init__(self, poll: Poll, indices: Sequence[int]):
         self.poll = poll
         self.todo: Iterator[int] = iter(indices)
         self.since = 0.0
-        self.producing = -1
+
+
+class Outputs:
+    """One call's outputs on their way: the call settles when the last is delivered.
+
+    ``left`` counts outputs handed to the producer and not yet reported; ``sealed`` says every
+    output was handed over (or handing over failed), so a report that brings ``left`` to 0
+    before that settles nothing. All of it is changed under the poll's condition.
+    """
+
+    __slots__ = ("error", "index", "left", "poll", "sealed", "started")
+
+    def __init__(self, poll: Poll, index: int, started: float):
+        self.poll, self.index, self.started = poll, index, started
+        self.left = 0
+        self.sealed = False
+        self.error: Exception | None = None
+
+    def delivered(self, err: Any, _message: Any) -> None:
+        """The producer's delivery callback, on its serving thread."""
+        with self.poll.cond:
+            self.left -= 1
+            if err is not None and self.error is None:
+                self.error = refused_write(err) or RuntimeError(f"output delivery failed: {err}")
+            self._settle()
+
+    def seal(self, error: Exception | None = None) -> None:
+        with self.poll.cond:
+            self.sealed = True
+            if error is not None and self.error is None:
+                self.error = error
+            self._settle()
+
+    def _settle(self) -> None:
+        if not self.sealed or self.left:
+            return
+        poll, index = self.poll, self.index
+        if poll.results[index] is None:  # not given up on by the fetcher in the meantime
+            error = self.error
+            if error is None:
+                poll.results[index] = ACCEPTED_RESULT
+            elif isinstance(error, Reject):  # InvalidOutput: refused on every delivery alike
+                poll.results[index] = (DEAD_LETTERED, Failure.of(error), self.started)
+            else:
+                poll.results[index] = (RELEASED, Failure.of(error), self.started)
+        poll.producing.discard(index)
+        poll.unsettled -= 1
+        poll.cond.notify_all()
 
 
 class HandlerPool:
@@ -193,7 +248,8 @@ class HandlerPool:
                     if returned is not None:
                         outputs = outputs_of(returned)
                         if outputs:
-                            self._produce(chunk, i, outputs, now)  # sets the result itself, under the lock
+                            if self._produce(poll, i, outputs, now):
+                                ended -= 1  # its delivery settles it
                             continue
                 except Reject as exc:
                     results[i] = (DEAD_LETTERED, Failure.of(exc), now)
@@ -208,25 +264,33 @@ class HandlerPool:
             if ran:  # once a chunk, from the mean of its calls: a trivial call cost less than the update
                 self.mean_call_s += 0.1 * ((monotonic() - began) / ran - self.mean_call_s)
 
-    def _produce(self, chunk: Chunk, index: int, outputs: list[Output], started: float) -> None:
-        """Make call ``index``'s outputs durable and set its result, unless the fetcher gave up on
-        the poll. The result is set under the poll's condition: the fetcher waits there for a
-        call producing past the deadline, and must see its result before it leaves it."""
-        poll = chunk.poll
+    def _produce(self, poll: Poll, index: int, outputs: list[Output], started: float) -> bool:
+        """Hand call ``index``'s outputs to the producer, unless the fetcher gave up on the poll;
+        whether its delivery settles it (else its result is set here).
+
+        The call joins ``poll.producing`` under the poll's condition: the fetcher, giving up at
+        the deadline, waits longer for calls whose outputs are on their way, and must either see
+        this one among them or have marked the poll abandoned before it starts.
+        """
         with poll.cond:
             if poll.abandoned:  # released already: its outputs must not appear
                 poll.results[index] = (RELEASED, Failure("Timeout", "the handler returned after its deadline"), started)
-                return
-            chunk.producing = index
-        result: Result
+                return False
+            poll.producing.add(index)
+        pending = Outputs(poll, index, started)
+        error: Exception | None = None
         try:
             record = poll.records[index]
-            self.runtime.produce_and_wait([self.runtime.output_record(o, record) for o in outputs])
-            result = ACCEPTED_RESULT
-        except Reject as exc:  # InvalidOutput: the same outputs would be refused on every delivery
-            result = (DEAD_LETTERED, Failure.of(exc), started)
-        except Exception as exc:
-            result = (RELEASED, Failure.of(exc), started)
-        with poll.cond:
-            poll.results[index], chunk.producing = result, -1
-            poll.cond.notify_all()
+            for item in [self.runtime.output_record(o, record) for o in outputs]:
+                with poll.cond:
+                    pending.left += 1
+                try:
+                    produce(self.runtime.producer, item, pending.delivered)
+                except BaseException:
+                    with poll.cond:
+                        pending.left -= 1
+                    raise
+        except Exception as exc:  # InvalidOutput (a Reject) or the client refusing: no more outputs of it
+            error = exc
+        pending.seal(error)
+        return True

@@ -24,6 +24,13 @@ CHUNK_S = 0.002
 # A chunk whose running call has taken this long hands its calls not yet started to other threads,
 # so one slow or hung record holds up no other record for longer than this.
 STUCK_S = 0.05
+# While a poll's calls run, what they accepted is acknowledged and committed this often: a poll is a
+# whole producer batch (thousands of records), and a killed worker's unsent acknowledgements come
+# back as duplicates.
+ACK_EVERY_S = 0.1
+# A share fetch's longest wait on the broker (librdkafka's fetch.wait.max.ms, 500 by default):
+# commits queue behind it. An idle consumer asks 10 times a second.
+FETCH_WAIT_MS = 100
 # A micro-batch's time slice. Each batch costs Spark a fixed amount of driver and executor work
 # (planning, the task round trip, the sink), so longer slices cost less per record and per idle
 # second (docs/benchmarks.md has the figures). Acknowledgements do not wait for it; only the
