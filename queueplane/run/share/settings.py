@@ -28,8 +28,8 @@ STUCK_S = 0.05
 # whole producer batch (thousands of records), and a killed worker's unsent acknowledgements come
 # back as duplicates.
 ACK_EVERY_S = 0.1
-# A share fetch's longest wait on the broker (librdkafka's fetch.wait.max.ms, 500 by default):
-# commits queue behind it. An idle consumer asks 10 times a second.
+# A share fetch's longest wait on the broker (librdkafka's fetch.wait.max.ms, 500 by default;
+# fetcher.py says why it is shorter). An idle consumer asks 10 times a second.
 FETCH_WAIT_MS = 100
 # A micro-batch's time slice. Each batch costs Spark a fixed amount of driver and executor work
 # (planning, the task round trip, the sink), so longer slices cost less per record and per idle
