@@ -27,8 +27,10 @@ def test_a_local_spark_driver_loads_sparks_classes_from_the_archive(tmp_path):
     options = spark_archive.java_options()
     if not options:
         pytest.fail("no archive for this JVM and pyspark: `queueplane local fetch` records it")
-    loaded = tmp_path / "class-load.log"
-    env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{options} -Xlog:class+load=info:file={loaded}"}
+    loaded, cds = tmp_path / "class-load.log", tmp_path / "cds.log"
+    # The JVM's own account of the archive (mapped, or why not) goes to a file for the failure message.
+    logs = f"-Xlog:class+load=info:file={loaded} -Xlog:cds=info,cds+dynamic=info:file={cds}"
+    env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{options} {logs}"}
     done = subprocess.run([sys.executable, "-c", JOB], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[warning][cds" not in done.stdout, "the JVM's CDS lines stay off the worker's stdout"
@@ -36,8 +38,9 @@ def test_a_local_spark_driver_loads_sparks_classes_from_the_archive(tmp_path):
     for line in loaded.read_text().splitlines():
         name, _, source = line.partition("] ")[2].partition(" source: ")
         sources[name] = source
-    assert sources["org.apache.spark.SparkContext"] == "shared objects file (top)", sources.get(
-        "org.apache.spark.SparkContext"
+    assert sources["org.apache.spark.SparkContext"] == "shared objects file (top)", (
+        sources.get("org.apache.spark.SparkContext"),
+        cds.read_text()[-3000:],
     )
     from_archive = sum(1 for s in sources.values() if s == "shared objects file (top)")
     assert from_archive > 5000, f"only {from_archive} of {len(sources)} classes came from the archive"

