@@ -28,8 +28,8 @@ from queueplane.local.kubernetes import images
 from queueplane.local.kubernetes.values import write_local_values
 from queueplane.ops.load import make_order
 from queueplane.run.scaling.policy import ScalingPolicy
-from queueplane.spec.durations import parse_seconds
 from queueplane.run.scaling.simulation import simulate
+from queueplane.spec.durations import parse_seconds
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka, pytest.mark.heavy]
 

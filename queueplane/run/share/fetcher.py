@@ -67,6 +67,40 @@ class FetcherHost(Protocol):
     def produce_and_wait(self, records: list[ProducedRecord]) -> None: ...
 
 
+class InOrder:
+    """A poll's records by partition in offset order, and how far each partition's acknowledged run reaches.
+
+    Records acknowledged while their poll runs are each partition's accepted run from its first
+    record, never a record after one still running: the broker persists what is acknowledged,
+    and with acknowledgements scattered through a batch, a broker restarted mid-run (Kafka 4.3.1
+    and 4.4.0) read back share partitions it then never delivered from again (docs/runtimes.md).
+    """
+
+    def __init__(self, messages: list[Message]):
+        self.size = len(messages)
+        self.runs: dict[int, list[int]] = {}
+        for i, message in enumerate(messages):
+            self.runs.setdefault(message.partition(), []).append(i)
+        self.reached = dict.fromkeys(self.runs, 0)
+
+    def accepted(self, results: list[Result | None]) -> list[int]:
+        """The records accepted since the last call that extend their partition's run."""
+        ready: list[int] = []
+        for partition, run in self.runs.items():
+            at = self.reached[partition]
+            while at < len(run) and results[run[at]] is ACCEPTED_RESULT:
+                ready.append(run[at])
+                at += 1
+            self.reached[partition] = at
+        return ready
+
+    def left(self) -> list[int]:
+        """The records not yet acknowledged, in poll order."""
+        if not any(self.reached.values()):
+            return list(range(self.size))
+        return sorted(i for partition, run in self.runs.items() for i in run[self.reached[partition] :])
+
+
 class ShareFetcher:
     """A ShareConsumer in explicit acknowledgement mode feeding the process's handler pool.
 
@@ -146,10 +180,10 @@ class ShareFetcher:
         pool = self.runtime.pool
         calls = self._calls(good, poll)
         chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
-        acked = [False] * len(good)
-        self._await(poll, chunks, lambda: self._acknowledge_accepted(good, poll, polled_at, outcomes, acked))
+        in_order = InOrder(good)
+        self._await(poll, chunks, lambda: self._acknowledge_accepted(good, poll, polled_at, outcomes, in_order))
         self.parked = False
-        self._acknowledge(good, poll, polled_at, outcomes, [i for i, done in enumerate(acked) if not done])
+        self._acknowledge(good, poll, polled_at, outcomes, in_order.left())
         self.pending = True
         if time.monotonic() - polled_at > lock_s / 2 or self.parked:
             self.pending = not self._commit()
@@ -212,7 +246,7 @@ class ShareFetcher:
         outcomes.append(columns_of(rows))
 
     def _acknowledge_accepted(
-        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], acked: list[bool]
+        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], in_order: InOrder
     ) -> None:
         """While a poll runs, acknowledge and commit what it has accepted so far, in offset order.
 
@@ -220,29 +254,13 @@ class ShareFetcher:
         record ended, the acknowledgements of the first ones would be lost with a killed worker
         and their records handled again (one poll's worth of duplicates). The commit waits for
         the broker's answer: an asynchronous one was still unsent when a kill came 0.5 s later.
-
-        Only each partition's accepted run from the poll's first record is acknowledged early,
-        never a record after one still running: the broker persists what is acknowledged, and
-        with acknowledgements scattered through a batch, a broker restarted mid-run (Kafka
-        4.3.1 and 4.4.0) read back a partition it then never delivered from again, as if at its
-        in-flight limit. Measured in the broker outage test: stuck in 3 of 3 runs, none since.
         """
-        results, records = poll.results, poll.records
-        ready, blocked = [], set()
-        for i, result in enumerate(results):
-            partition = records[i].partition
-            if partition in blocked or acked[i]:
-                continue
-            if result is ACCEPTED_RESULT:
-                ready.append(i)
-            else:
-                blocked.add(partition)
+        ready = in_order.accepted(poll.results)
         if not ready:
             return
         picked = [messages[i] for i in ready]
         accept, acknowledge = AcknowledgeType.ACCEPT, self.consumer.acknowledge
-        for i, message in zip(ready, picked, strict=True):
-            acked[i] = True
+        for message in picked:
             acknowledge(message, accept)
         latency_ms = (time.monotonic() - polled_at) * 1000
         outcomes.append(accepted_columns(picked, latency_ms, [poll.inflight[i] for i in ready]))
