@@ -195,8 +195,9 @@ def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_afte
         draining = log.find("draining before removing executor(s)")
         drained = log.find("drained: removing the executor(s)", max(draining, 0))
         assert downs and 0 <= draining < drained, log[-3000:]
-        # Nothing lost: every order produced has its output. An order a removed executor had
-        # fetched comes back when its lock runs out, so the wait covers two locks.
+        # Nothing lost: every order produced has its output. An order a consumer held without an
+        # acknowledgement (a removed executor's, or one fetched into a client's buffer while no one
+        # polled: docs/runtimes.md) comes back when its lock runs out, so the wait covers two locks.
         deadline = time.monotonic() + 2 * parse_seconds(doc["spec"]["group"]["lockDuration"]) + 30
         while (missing := set(produced) - outcomes(kafka, doc, len(produced), 0)[0]) and time.monotonic() < deadline:
             time.sleep(2)
