@@ -25,7 +25,7 @@ from queueplane.kafka.lag import BacklogReader, total_lag
 from queueplane.kafka.offsets import await_queue_topics
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.group_types import runtime_class
-from queueplane.run.health import Health, stall_seconds
+from queueplane.run.health import Health, stall_seconds, starve_seconds
 from queueplane.run.metrics import WorkerMetrics
 from queueplane.run.options import STARTUP_WAIT_S, BatchProgress, DeadLetters, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
@@ -169,7 +169,7 @@ def run_queue(
         drain=drain if runtime.drains else None,
         **options.scaling,
     )
-    health = Health(stall_seconds(queue))
+    health = Health(stall_seconds(queue), starve_s=starve_seconds(queue))
     metrics = WorkerMetrics(queue.name)
     metrics.set_bounds(float(queue.target_lag_seconds), controller.policy.ceiling)
     executors = {"running": 0, "requested": controller.requested}
@@ -186,7 +186,13 @@ def run_queue(
     dead = DeadLetters()
     # Idleness counts from the first micro-batch: a worker that waited for its broker or for
     # Spark to start has not been idle, whatever the clock says.
-    state: dict[str, Any] = {"batches": 0, "last_activity": None, "draining": False, "last_error": None}
+    state: dict[str, Any] = {
+        "batches": 0,
+        "last_activity": None,
+        "draining": False,
+        "last_error": None,
+        "starved": False,
+    }
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
     watcher = BacklogWatcher(backlog or (lambda: None), health)
@@ -251,6 +257,14 @@ def run_queue(
             state["removed_unread"] = removed
             metrics.set_removed_unread(removed)
         state["batches"] += 1
+        now = time.monotonic()
+        health.batch_handled(now, total, table.num_rows)
+        starved = health.starved(now)
+        if starved and not state["starved"]:
+            log.error("records wait unhandled: %s", starved)
+        elif state["starved"] and not starved:
+            log.info("records are handled again")
+        state["starved"] = bool(starved)
         if table.num_rows or state["last_activity"] is None:
             state["last_activity"] = time.monotonic()
         elapsed = time.monotonic() - started

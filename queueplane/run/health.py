@@ -2,9 +2,12 @@
 
 A worker that answers its metrics endpoint but cannot work must look broken. Live: the
 streaming query runs and no micro-batch has been running for longer than a stall bound (a
-hung batch holds every record behind it). Ready: live, the query has started, and Kafka
-answered the last backlog read within ``kafka_stale_s``. Pure state with the clock passed in,
-so the rules are tested without Spark or a broker.
+hung batch holds every record behind it). Ready: live, the query has started, Kafka
+answered the last backlog read within ``kafka_stale_s``, and records that wait are handled:
+micro-batches that keep coming back empty while the backlog says records wait mean the worker
+is not being given them (a share partition its broker no longer delivers from was measured),
+and that worker is idle, not healthy. Pure state with the clock passed in, so the rules are
+tested without Spark or a broker.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from queueplane.spec.model import QueueSpec
 
 KAFKA_STALE_S = 30.0
 MIN_STALL_S = 600.0
+MIN_STARVE_S = 120.0
 
 
 def stall_seconds(queue: QueueSpec) -> float:
@@ -28,6 +32,15 @@ def stall_seconds(queue: QueueSpec) -> float:
     return max(MIN_STALL_S, 4 * queue.group.delivery_limit * attempt_s)
 
 
+def starve_seconds(queue: QueueSpec) -> float:
+    """How long records may wait while every micro-batch comes back empty before the worker is not ready.
+
+    Records can wait unhandled for a while legitimately: locked by a call that hangs until its
+    lock runs out, or waiting out a retry's backoff. Three such cycles, never under two minutes.
+    """
+    return max(MIN_STARVE_S, 3 * (queue.group.lock_duration_ms + queue.retry_max_backoff_ms) / 1000)
+
+
 @dataclass
 class Verdict:
     ok: bool
@@ -35,9 +48,12 @@ class Verdict:
 
 
 class Health:
-    def __init__(self, stall_s: float, kafka_stale_s: float = KAFKA_STALE_S):
+    def __init__(self, stall_s: float, kafka_stale_s: float = KAFKA_STALE_S, starve_s: float = MIN_STARVE_S):
         self.stall_s = stall_s
         self.kafka_stale_s = kafka_stale_s
+        self.starve_s = starve_s
+        self._waiting = 0
+        self._starved_since: float | None = None  # records wait and batches come back empty since
         self._lock = threading.Lock()
         self._started = False
         self._stopped: str | None = None
@@ -65,6 +81,26 @@ class Health:
                 self._batch_since = None
             elif self._batch_since is None:
                 self._batch_since = now
+
+    def batch_handled(self, now: float, waiting: int | None, handled: int) -> None:
+        """A micro-batch ended at ``now``: ``handled`` records in it, ``waiting`` in the backlog (None: unknown)."""
+        with self._lock:
+            if handled or not waiting:
+                self._starved_since = None
+            elif self._starved_since is None:
+                self._starved_since = now
+            self._waiting = waiting or 0
+
+    def starved(self, now: float) -> str | None:
+        """Why records wait unhandled past the bound, or None."""
+        with self._lock:
+            since = self._starved_since
+            if since is None or now - since <= self.starve_s:
+                return None
+            return (
+                f"{self._waiting} records wait and no micro-batch has handled one for {now - since:.0f}s"
+                f" (bound {self.starve_s:.0f}s): the worker is not being given them"
+            )
 
     def kafka_answered(self, now: float) -> None:
         with self._lock:
@@ -94,4 +130,7 @@ class Health:
             if self._kafka_ok_at is None or now - self._kafka_ok_at > self.kafka_stale_s:
                 since = "never" if self._kafka_ok_at is None else f"{now - self._kafka_ok_at:.0f}s ago"
                 return Verdict(False, f"Kafka last answered {since}: {self._kafka_error or 'no answer yet'}")
-            return Verdict(True, "the query runs and Kafka answers")
+        starved = self.starved(now)
+        if starved is not None:
+            return Verdict(False, starved)
+        return Verdict(True, "the query runs and Kafka answers")

@@ -6,7 +6,7 @@ import yaml
 from helpers import EXAMPLES
 
 from queueplane.provision import steps
-from queueplane.run.health import MIN_STALL_S, Health, stall_seconds
+from queueplane.run.health import MIN_STALL_S, MIN_STARVE_S, Health, stall_seconds, starve_seconds
 
 
 def test_ready_needs_a_started_query_and_a_recent_kafka_answer():
@@ -53,3 +53,36 @@ def test_the_stall_bound_covers_every_delivery_with_its_backoff_and_is_never_sho
     quick = tmp_path / "quick.yaml"
     quick.write_text(yaml.safe_dump(doc))
     assert stall_seconds(steps.validate([str(quick)], None)[0]) == MIN_STALL_S
+
+
+def test_records_that_wait_while_every_batch_comes_back_empty_make_the_worker_unready():
+    health = Health(stall_s=600, starve_s=120)
+    health.query_started()
+    health.kafka_answered(0)
+    health.batch_handled(0, waiting=500, handled=0)
+    health.kafka_answered(100)
+    health.batch_handled(100, waiting=500, handled=0)
+    assert health.ready(119).ok, "a short wait is a lock or a backoff running out"
+    health.kafka_answered(121)
+    verdict = health.ready(121)
+    assert not verdict.ok and "500 records wait" in verdict.reason and "121s" in verdict.reason
+    assert health.live(121).ok, "idle, not stuck: a restart is not the cure"
+    health.batch_handled(122, waiting=480, handled=20)
+    assert health.ready(122).ok and health.starved(300) is None
+
+
+def test_an_empty_backlog_or_one_kafka_does_not_tell_is_not_starvation():
+    health = Health(stall_s=600, starve_s=120)
+    health.query_started()
+    health.batch_handled(0, waiting=500, handled=0)
+    health.batch_handled(50, waiting=0, handled=0)
+    health.batch_handled(100, waiting=None, handled=0)
+    health.kafka_answered(500)
+    assert health.starved(500) is None and health.ready(500).ok
+
+
+def test_the_starvation_bound_covers_three_lock_and_backoff_cycles_and_is_never_short():
+    payments = steps.validate([str(EXAMPLES / "payment-events.yaml")], None)[0]  # 20s lock, 30s backoff
+    assert starve_seconds(payments) == 3 * (20 + 30)
+    coffee = steps.validate([str(EXAMPLES / "coffee-orders.yaml")], None)[0]
+    assert starve_seconds(coffee) >= MIN_STARVE_S
