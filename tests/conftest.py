@@ -20,18 +20,20 @@ import worker_support
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local import spark_archive
-from queueplane.local.stack import LocalStack, StackState
+from queueplane.local.stack import BROKER_JVM_OPTS, LocalStack, StackState
 
-# The Spark drivers the tests start (local mode, spark-submit) compile with C1 only and collect
-# with the serial collector. A test's worker lives seconds to minutes: on two cores, C2's and
-# G1's threads take about a third of a short run's CPU from the test beside it. What the
-# worker does is the same; bench/ and deployed workers keep the JVM's defaults. They also map
-# the classes Spark loads from the archive the set-up recorded (queueplane.local.spark_archive).
-TEST_SPARK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# The Spark drivers and Kafka brokers the tests start compile with C1 only and collect with the
+# serial collector. They live seconds to minutes: on two cores, C2's and G1's threads take about
+# a third of a short worker run's CPU, and half a broker's under a 200k-record produce, consume
+# and share-consume (docs/benchmarks.md), from the test beside them. What they do is the same;
+# bench/, `queueplane local up` and deployed workers keep the JVM's defaults. The drivers also
+# map the classes Spark loads from the archive the set-up recorded (queueplane.local.spark_archive).
+TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_SPARK_JVM} {spark_archive.java_options()}".strip())
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_JVM} {spark_archive.java_options()}".strip())
+    os.environ.setdefault(BROKER_JVM_OPTS, TEST_JVM)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

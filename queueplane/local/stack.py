@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -33,6 +34,10 @@ from queueplane.paths import cache_dir, home_dir
 # depends on a kafka-tools-api 4.4.0 that is not published there).
 KAFKA_VERSION = "4.3.1"
 READY_TIMEOUT_S = 60.0
+# The broker's JIT and collector options (G1 unless set), read from the environment as Kafka's
+# own start script reads KAFKA_JVM_PERFORMANCE_OPTS: a test suite that starts and stops brokers
+# for minutes at a time can trade peak speed for less compiling.
+BROKER_JVM_OPTS = "KAFKA_JVM_PERFORMANCE_OPTS"
 POM = Path(__file__).with_name("kafka-pom.xml")
 
 # Kafka tools reachable through `queueplane local kafka TOOL`, named as in Kafka's bin/.
@@ -376,7 +381,7 @@ class LocalStack:
             self._java(),
             "-Xms256m",
             "-Xmx1g",
-            "-XX:+UseG1GC",
+            *os.environ.get(BROKER_JVM_OPTS, "-XX:+UseG1GC").split(),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.directory / 'log4j2.yaml'}",
             f"-Dkafka.logs.dir={self.log_file.parent}",
