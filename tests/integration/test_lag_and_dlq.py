@@ -282,6 +282,12 @@ def test_commands_on_a_queue_that_is_not_there_say_what_is_missing_and_what_to_r
     dlq_topic = yaml.safe_load(spec.read_text())["spec"]["topic"]["name"] + ".dlq"
     admin = clients.admin(kafka)  # held until the deletion is done: a dropped client aborts its requests
     admin.delete_topics([dlq_topic])[dlq_topic].result(30)
-    deleted = run_cli(["dlq", "list", str(spec), *cluster], cli_env)
-    assert deleted.returncode == 1 and f"the dead-letter topic {dlq_topic} does not exist" in deleted.stderr
+    for command in (["dlq", "list"], ["dlq", "redrive"]):
+        deleted = run_cli([*command, str(spec), *cluster], cli_env)
+        assert deleted.returncode == 1, (command, deleted.stderr)
+        (line,) = deleted.stderr.strip().splitlines()
+        assert f"the dead-letter topic {dlq_topic} does not exist" in line and "internal error" not in line, line
+    status = run_cli(["status", str(spec), *cluster], cli_env)
+    assert status.returncode == 0, status.stderr
+    assert f"topic not there in {dlq_topic}" in status.stdout, status.stdout
     assert run_cli(["lag", str(spec), *cluster], cli_env).returncode == 0, "the queue topic itself is there"

@@ -153,6 +153,7 @@ class KmqRuntime(QueueRuntime):
         self.committer = GroupCommitter(queue, target)
         self.redeliverer = Redeliverer(queue, target)
         self.tracker: Any = None
+        self.tracker_batch_ms = 0  # how long the last tracker batch's sink ran
         self.last_worker_batch = time.time()
         self.root = checkpoint_root(queue, options.checkpoint_dir)
 
@@ -203,8 +204,11 @@ class KmqRuntime(QueueRuntime):
         )
 
     def _tracker_batch(self, frame: Any, batch_id: int) -> None:
+        began = time.monotonic()
+        previous_ms, self.tracker_batch_ms = self.tracker_batch_ms, 0
         rows = frame.collect()
         if not rows:
+            self.tracker_batch_ms = round((time.monotonic() - began) * 1000)
             return
         expired = []
         for row in rows:
@@ -225,13 +229,18 @@ class KmqRuntime(QueueRuntime):
                 )
             else:
                 self.counts[REDELIVERED] += 1
+        self.tracker_batch_ms = round((time.monotonic() - began) * 1000)
+        # A redelivery is due at the first trigger after its deadline, which waits for the batch
+        # before it to end: both durations say how late past lockDuration + interval it can be.
         log.info(
-            "tracker batch %d: %d redelivered, %d dead-lettered (totals %d/%d)",
+            "tracker batch %d: %d redelivered, %d dead-lettered (totals %d/%d); took %d ms, the batch before %d ms",
             batch_id,
             sum(1 for _, i in done if i.action != GIVE_UP),
             sum(1 for _, i in done if i.action == GIVE_UP),
             self.counts[REDELIVERED],
             self.counts[DEAD_LETTERED],
+            self.tracker_batch_ms,
+            previous_ms,
         )
 
     def after_batch(self, table: pa.Table, ranges: dict[int, int]) -> None:
