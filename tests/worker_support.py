@@ -260,6 +260,13 @@ def order(i: int, **fields: object) -> bytes:
     return json.dumps({"id": f"id-{i:06d}", **fields}).encode()
 
 
+def recovered_after(queue: TestQueue, fault_ended: float) -> float:
+    """Seconds from the end of a fault (epoch) until the queue's handler next accepted a record."""
+    after = [e["start"] for e in queue.events() if e.get("result") == "ok" and e["start"] >= fault_ended]
+    assert after, f"{queue.topic}: nothing handled after the fault ended"
+    return min(after) - fault_ended
+
+
 def overlap_peak(events: list[dict]) -> int:
     """Most handler calls running at the same moment, from their start and end times."""
     points = sorted(

@@ -66,6 +66,12 @@ def summary_table(summary: RunSummary) -> Table:
     table.add_row("lag at exit", "unknown" if summary.lag_at_exit is None else str(summary.lag_at_exit))
     if summary.removed_by_retention:
         table.add_row("removed by retention, unread", str(summary.removed_by_retention))
+    if summary.kafka_outages:
+        seconds = sum(o["seconds"] for o in summary.kafka_outages)
+        table.add_row("Kafka not answering", f"{len(summary.kafka_outages)} time(s), {seconds:.0f}s in all")
+    if summary.kafka_client_errors:
+        errors = summary.kafka_client_errors
+        table.add_row("Kafka client errors", ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())))
     if summary.dead_lettered_by_delivery_count:
         counts = summary.dead_lettered_by_delivery_count
         table.add_row("dlq by delivery count", ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))

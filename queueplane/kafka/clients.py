@@ -3,13 +3,16 @@
 Commands, runtimes and tools pass the cluster's librdkafka settings (a ``KafkaTarget``'s, or
 the dict an executor received as JSON) and their own role's settings; what every client
 shares is set here once: where librdkafka's log lines go and what happens to the errors it
-reports outside a request (``error_cb``). Anything that must change for all clients at once
+reports outside a request (``error_cb``, counted in ``ERRORS``). Anything that must change for all clients at once
 (a metric of client errors, a stricter log level) changes here.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,15 +34,53 @@ def quiet_logger() -> logging.Logger:
     return logger
 
 
-def _on_error(error: KafkaError) -> None:
-    # Without a callback librdkafka prints these to stderr. A command reports the failure of
-    # its own request in one line; the background error stays in the debug log.
-    log.debug("kafka client error: %s", error)
+class ClientErrors:
+    """The errors librdkafka reports outside a request (``error_cb``), counted by name.
+
+    A command reports the failure of its own request in one line, so there they stay in the
+    debug log. A worker cannot: a broker away, credentials refused or a connection reset would
+    otherwise leave it idle and quiet, so it calls ``report_errors()`` and each kind of error
+    gets a warning line, at most one a minute per kind with the count since, and a count the
+    worker's metrics and summary show.
+    """
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self.level = logging.DEBUG
+        self._counts: Counter[str] = Counter()
+        self._logged: dict[str, tuple[float, int]] = {}  # name -> (when logged, count then)
+        self._lock = threading.Lock()
+
+    def __call__(self, error: KafkaError) -> None:
+        name = error.name() or str(error.code())
+        now = time.monotonic()
+        with self._lock:
+            self._counts[name] += 1
+            count = self._counts[name]
+            when, then = self._logged.get(name, (-self.EVERY_S, 0))
+            if now - when < self.EVERY_S:
+                return
+            self._logged[name] = (now, count)
+        more = f" ({count - then} of them since the last line)" if count - then > 1 else ""
+        log.log(self.level, "kafka client error %s: %s%s", name, error.str(), more)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+ERRORS = ClientErrors()
+
+
+def report_errors() -> None:
+    """This process is a worker: client errors are warnings, not debug lines (``ClientErrors``)."""
+    ERRORS.level = logging.WARNING
 
 
 def client_config(settings: Mapping[str, Any], role: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The cluster's settings, then the role's, then what every client shares."""
-    return {**settings, **(role or {}), "logger": quiet_logger(), "error_cb": _on_error}
+    return {**settings, **(role or {}), "logger": quiet_logger(), "error_cb": ERRORS}
 
 
 def _settings(cluster: KafkaTarget | Mapping[str, Any]) -> Mapping[str, Any]:

@@ -15,12 +15,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
 
 from queueplane.errors import QueueplaneError
+from queueplane.kafka import clients
 from queueplane.kafka.lag import BacklogReader, total_lag
 from queueplane.kafka.offsets import await_queue_topics
 from queueplane.kafka.target import KafkaTarget
@@ -88,6 +90,9 @@ class BacklogWatcher:
         self.health = health
         self.latest: dict[int, int | None] | None = None
         self._failing = False
+        self._failing_since: tuple[float, float] | None = None  # (wall, monotonic) of the first failed read
+        self._error = ""
+        self.outages: list[dict[str, Any]] = []  # ended ones: when, how long, the first error
         # Since when Kafka answers without a break (monotonic): the worker's start, or the end of an outage.
         self.answering_since = time.monotonic()
         self._stop = threading.Event()
@@ -110,14 +115,26 @@ class BacklogWatcher:
             self.health.kafka_failed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             if not self._failing:
                 log.warning("backlog read failed (Kafka does not answer): %s", exc)
+                self._failing_since = (time.time(), time.monotonic())
+                self._error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self._failing = True
         else:
             self.health.kafka_answered(time.monotonic())
             if self._failing:
-                log.info("backlog read: Kafka answers again")
                 self.answering_since = time.monotonic()
+                self.outages.append(self._outage(self.answering_since))
+                log.info("backlog read: Kafka answers again, after %.0fs", self.outages[-1]["seconds"])
             self._failing = False
         return self.latest
+
+    def _outage(self, now: float) -> dict[str, Any]:
+        wall, since = self._failing_since or (time.time(), now)
+        began = datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds")
+        return {"began": began, "seconds": round(now - since, 1), "error": self._error}
+
+    def all_outages(self) -> list[dict[str, Any]]:
+        """The outages seen, with the one still going (if any) up to now."""
+        return self.outages + ([self._outage(time.monotonic())] if self._failing else [])
 
     def _loop(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
@@ -196,6 +213,8 @@ def run_queue(
     started = time.monotonic()
     stop_requested, may_return = threading.Event(), threading.Event()
     watcher = BacklogWatcher(backlog or (lambda: None), health)
+    clients.report_errors()
+    metrics.watch_kafka(clients.ERRORS.counts, lambda: sum(o["seconds"] for o in watcher.all_outages()))
     removed_unread = backlog.removed.total if backlog is not None else (lambda: 0)
     state["removed_unread"] = 0
     termination = Termination()
@@ -382,6 +401,8 @@ def run_queue(
         records_per_s=round(final / duration, 1) if duration else 0.0,
         lag_at_exit=total_lag(lag),
         removed_by_retention=state["removed_unread"],
+        kafka_outages=watcher.all_outages(),
+        kafka_client_errors=clients.ERRORS.counts(),
         lag_by_partition={str(p): n for p, n in (lag or {}).items()},
         scaling=controller.decisions,
     )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from queueplane.run.health import Health, Verdict
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DLQ_WRITE_FAILED, RELEASED
@@ -40,6 +41,30 @@ def _observe_many(histogram: Any, values: np.ndarray) -> None:
     for bucket, n in zip(*np.unique(index, return_counts=True), strict=True):
         buckets[int(bucket)].inc(int(n))
     total.inc(float(values.sum()))
+
+
+class _KafkaCollector:
+    """Counters whose totals live elsewhere (the clients' error counts, the backlog watcher's outages)."""
+
+    def __init__(self, queue: str, errors: Callable[[], Mapping[str, int]], unanswered_s: Callable[[], float]):
+        self.queue, self.errors, self.unanswered_s = queue, errors, unanswered_s
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        errors = CounterMetricFamily(
+            "queueplane_kafka_client_errors",
+            "Errors the driver's Kafka clients reported outside a request (broker down, refused, reset), by name.",
+            labels=["queue", "error"],
+        )
+        for name, count in sorted(self.errors().items()):
+            errors.add_metric([self.queue, name], count)
+        yield errors
+        unanswered = CounterMetricFamily(
+            "queueplane_kafka_unanswered_seconds",
+            "Time the driver's backlog reads found Kafka not answering.",
+            labels=["queue"],
+        )
+        unanswered.add_metric([self.queue], self.unanswered_s())
+        yield unanswered
 
 
 class WorkerMetrics:
@@ -129,6 +154,10 @@ class WorkerMetrics:
         self.deliveries.labels(queue)
         self.inflight.labels(queue)
         self._server: Any = None
+
+    def watch_kafka(self, errors: Callable[[], Mapping[str, int]], unanswered_s: Callable[[], float]) -> None:
+        """Kafka as the driver sees it, read at each scrape: client errors by name, time without an answer."""
+        self.registry.register(_KafkaCollector(self.queue, errors, unanswered_s))
 
     def serve(self, port: int, host: str, health: Health) -> None:
         self._server = ThreadingHTTPServer((host, port), _handler(self.registry, health))

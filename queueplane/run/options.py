@@ -70,6 +70,10 @@ class RunSummary:
     dead_lettered_by_delivery_count: dict[int, int] = field(default_factory=dict)
     # Consumer and kmq groups: records retention removed before the group read them (skipped).
     removed_by_retention: int = 0
+    # When the driver's backlog reads found Kafka not answering (began, seconds, first error).
+    kafka_outages: list[dict[str, Any]] = field(default_factory=list)
+    # Errors the driver's Kafka clients reported outside a request, by name (clients.ERRORS).
+    kafka_client_errors: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

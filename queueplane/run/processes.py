@@ -46,6 +46,7 @@ class PerProcess(Generic[T]):
     def get(self, settings_json: str) -> T:
         if not logging.getLogger().handlers:  # Spark's Python workers: log to stderr, which Spark keeps
             logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+            clients.report_errors()
         with self._lock:
             made = self._made.get(settings_json)
             if made is None:

@@ -83,7 +83,7 @@ def retry_commit(
         try:
             commit()
             return True
-        except KafkaException as exc:
+        except (KafkaException, TimeoutError) as exc:  # TimeoutError: a request's future not done in time
             if time.monotonic() > deadline:
                 log.warning("%s not committed (%s); the next batch commits them", what, exc)
                 return False

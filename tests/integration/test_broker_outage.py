@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_support import SteadyLoad, Supervised, make_queue, order, produce, read_all
+from worker_support import SteadyLoad, Supervised, make_queue, order, produce, read_all, recovered_after
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack
@@ -21,11 +21,11 @@ pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
 OUTAGE_S = 20
 START_OUTAGE_S = 30
-INITIAL = 1000  # waiting before the workers start
+INITIAL = 20_000  # waiting before the workers start: in flight through both outages
 RATE = 30  # then arriving steadily, so the mid-run outage is mid-run for every worker
 AFTER_S = 10  # and for a while after it
 HUNG = 5  # records whose first delivery runs past the lock: redelivered across the outages
-RUNTIMES = ("share", "consumer", "kmq")
+RUNTIMES = ("share", "consumer", "consumer-exactly-once", "kmq")
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +42,22 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
     started again, as its supervisor (a Deployment) would."""
     stack, kafka = own_broker
     queues, logs = {}, {}
+    initial = [order(i, mode="hang", hang_s=8) if i < HUNG else order(i) for i in range(INITIAL)]
     for runtime in RUNTIMES:
+        kind = runtime.removesuffix("-exactly-once")
         folder = tmp_path / runtime
         folder.mkdir()
         queues[runtime] = make_queue(
-            folder, kafka, group_type=runtime, partitions=3, concurrency=8, lock="4s", delivery_limit=5
+            folder,
+            kafka,
+            group_type=kind,
+            exactly_once=runtime != kind,
+            partitions=3,
+            concurrency=8,
+            lock="4s",
+            delivery_limit=5,
         )
         logs[runtime] = folder / "worker.log"
-        initial = [order(i, mode="hang", hang_s=8) if i < HUNG else order(i, sleep_ms=2) for i in range(INITIAL)]
         produce(kafka, queues[runtime].topic, initial)
 
     stack.down()  # the workers start first (pods scheduled before their broker is back)
@@ -82,6 +90,7 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
     stopped_at = time.monotonic()
     time.sleep(OUTAGE_S)
     stack.up()
+    up_at = time.time()
     broker_up.set()
     time.sleep(AFTER_S)
     total = INITIAL + load.stop()
@@ -97,10 +106,17 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
         assert read_all(kafka, queue.dlq, timeout_s=3) == [], f"{runtime}: every record is valid, none in the DLQ"
         assert summary["lag_at_exit"] == 0, runtime
         duplicates = len(outputs) - len(set(outputs))
+        if runtime.endswith("-exactly-once"):
+            assert duplicates == 0, "read_committed readers see each output once"
+        if workers[runtime].restarts == 0:  # the summary is the last run's: this one saw the mid-run outage
+            (outage,) = [o for o in summary["kafka_outages"] if o["seconds"] >= OUTAGE_S / 2]
+            assert outage["error"], outage
+        assert "kafka client error _TRANSPORT" in logs[runtime].read_text(), f"{runtime}: the clients' errors logged"
         table[runtime] = {
             "lost": 0,
             "duplicates": duplicates,
             "restarts": workers[runtime].restarts,
+            "recovered_s": round(recovered_after(queue, up_at), 1),
             "done_s": round(done_s),
         }
     record_property("broker_outages", table)

@@ -31,3 +31,26 @@ def test_the_end_of_an_outage_restarts_the_time_kafka_has_answered_and_a_good_re
     watcher.read_now()
     assert watcher.latest == {0: 0}
     assert watcher.answering_since == recovered, "reads without a break in between do not move it"
+
+
+def test_each_outage_is_kept_with_its_length_and_first_error_and_an_open_one_counts_up_to_now():
+    answers = iter([RuntimeError("no leaders\ndetail"), RuntimeError("other"), {0: 1}, RuntimeError("down")])
+
+    def read():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    watcher = BacklogWatcher(read, Health(stall_s=60))
+    watcher.read_now()
+    time.sleep(0.2)
+    watcher.read_now()
+    assert watcher.outages == [], "not over yet"
+    watcher.read_now()
+    (ended,) = watcher.outages
+    assert ended["error"] == "no leaders", "the first error's first line"
+    assert 0.2 <= ended["seconds"] < 5
+    watcher.read_now()
+    assert len(watcher.all_outages()) == 2 and watcher.all_outages()[-1]["error"] == "down"
+    assert watcher.outages == [ended]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
+from confluent_kafka import KafkaError, KafkaException
 
+from queueplane.run import range_ends
 from queueplane.run.range_ends import batch_range_ends, handled_ends, markers_only
 
 
@@ -27,3 +30,27 @@ def test_only_partitions_ending_beyond_their_last_record_are_moved():
     assert handled_ends(table) == {0: 12, 1: 41}
     # 0 ends at its last record; 1 has a commit marker after it; 2 held only markers.
     assert markers_only({0: 12, 1: 42, 2: 5}, table) == {1: 42, 2: 5}
+
+
+@pytest.mark.parametrize("failure", [KafkaException(KafkaError(KafkaError._TRANSPORT)), TimeoutError()])
+def test_a_commit_is_retried_with_new_clients_while_kafka_does_not_answer(failure, monkeypatch):
+    """A request's future that times out (the broker away) is retried like a refused request, not
+    raised into the micro-batch: a kmq worker failed its query that way in the broker outage test."""
+    monkeypatch.setattr(range_ends.time, "sleep", lambda _s: None)
+    failures, renewed = [failure, failure], []
+
+    def commit():
+        if failures:
+            raise failures.pop()
+
+    assert range_ends.retry_commit(commit, lambda: renewed.append(1), "offsets")
+    assert len(renewed) == 2
+
+
+def test_a_commit_kafka_never_answers_is_left_to_the_next_batch(monkeypatch):
+    monkeypatch.setattr(range_ends.time, "sleep", lambda _s: None)
+
+    def commit():
+        raise TimeoutError()
+
+    assert not range_ends.retry_commit(commit, lambda: None, "offsets", within_s=-1)

@@ -1,0 +1,37 @@
+"""Kafka client errors outside a request: counted by name, logged as warnings by workers, a line a minute."""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import KafkaError
+
+from queueplane.kafka.clients import ClientErrors
+
+
+def test_errors_are_counted_by_name_and_each_kind_logged_at_most_once_a_minute(caplog):
+    errors = ClientErrors()
+    errors.level = logging.WARNING
+    caplog.set_level(logging.DEBUG, logger="queueplane.kafka")
+    for _ in range(5):
+        errors(KafkaError(KafkaError._TRANSPORT, "connection reset"))
+    errors(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication failed"))
+    assert errors.counts() == {"_TRANSPORT": 5, "_AUTHENTICATION": 1}
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert lines == [
+        (logging.WARNING, "kafka client error _TRANSPORT: connection reset"),
+        (logging.WARNING, "kafka client error _AUTHENTICATION: SASL authentication failed"),
+    ]
+
+    errors.EVERY_S = 0.0  # a minute later
+    errors(KafkaError(KafkaError._TRANSPORT, "connection reset"))
+    assert caplog.records[-1].getMessage() == (
+        "kafka client error _TRANSPORT: connection reset (5 of them since the last line)"
+    )
+
+
+def test_a_command_keeps_them_in_the_debug_log(caplog):
+    errors = ClientErrors()
+    caplog.set_level(logging.DEBUG, logger="queueplane.kafka")
+    errors(KafkaError(KafkaError._ALL_BROKERS_DOWN, "all brokers down"))
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
