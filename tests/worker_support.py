@@ -385,14 +385,9 @@ class Supervised:
         return json.loads(self.process.stdout.read())
 
 
-def kill_like_a_pod(worker: subprocess.Popen) -> None:
-    """SIGKILL the worker and every process under it at once, as when its pod dies.
-
-    Spark's Python daemon puts itself and the Python workers it forks in a process group of
-    their own, so killing the worker's group alone left them handling records for about half a
-    second after the driver was gone. Every process is stopped first, so none goes on while the
-    others die, and the daemon forks no new worker in between.
-    """
+def pause_like_a_zombie(worker: subprocess.Popen) -> list[psutil.Process]:
+    """SIGSTOP the worker and every process under it: a pod frozen (a long pause, a partition) that
+    will go on later from where it stood. Returns them, for ``resume``."""
     tree: list[psutil.Process] = []
     with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(worker.pid)
@@ -402,6 +397,24 @@ def kill_like_a_pod(worker: subprocess.Popen) -> None:
                     tree.append(process)
                     with contextlib.suppress(psutil.NoSuchProcess):
                         process.suspend()
+    return tree
+
+
+def resume(tree: list[psutil.Process]) -> None:
+    for process in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.resume()
+
+
+def kill_like_a_pod(worker: subprocess.Popen) -> None:
+    """SIGKILL the worker and every process under it at once, as when its pod dies.
+
+    Spark's Python daemon puts itself and the Python workers it forks in a process group of
+    their own, so killing the worker's group alone left them handling records for about half a
+    second after the driver was gone. Every process is stopped first, so none goes on while the
+    others die, and the daemon forks no new worker in between.
+    """
+    tree = pause_like_a_zombie(worker)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(worker.pid, signal.SIGKILL)
     for process in tree:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -19,8 +20,10 @@ from worker_support import (
     make_queue,
     order,
     overlap_peak,
+    pause_like_a_zombie,
     produce,
     read_all,
+    resume,
     run_worker,
     run_worker_logged,
     start_worker,
@@ -189,6 +192,54 @@ def test_kill_9_mid_run_then_restart_writes_each_output_exactly_once(kafka, tmp_
         f"\nconsumer kill test (exactly-once): {before} handled before kill -9, each of 20000 outputs once; "
         f"{summary['counts'].get('skipped', 0)} records skipped as already committed"
     )
+
+
+def test_a_frozen_exactly_once_worker_that_wakes_after_its_replacement_is_fenced(kafka, tmp_path):
+    """A zombie: a worker frozen mid-transaction (a long pause, a network partition) while a new one
+    takes the queue over from the group's commits, then woken. The new worker's transactional
+    producers fence the old one's: its open transactions are aborted and it cannot commit again,
+    so read_committed readers see every output once."""
+    total = 6000
+    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="key", partitions=3, exactly_once=True)
+    produce(
+        kafka,
+        queue.topic,
+        [order(i, sleep_ms=2) for i in range(total)],
+        keys=[f"key-{i % 32:02d}".encode() for i in range(total)],
+    )
+    batches = ("--max-batch-records", "600")
+    log = tmp_path / "zombie.log"
+    zombie = start_worker(
+        queue, kafka, "--until-idle", "15s", "--checkpoint-dir", str(tmp_path / "old"), *batches, log=log
+    )
+    deadline = time.monotonic() + 240
+    while len(queue.events()) < total // 4:
+        assert time.monotonic() < deadline and zombie.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.2)
+    frozen = pause_like_a_zombie(zombie)
+    frozen_at = len(queue.events())
+    assert frozen_at < total, "frozen with records still to handle"
+
+    replacement = run_worker(queue, kafka, "--until-idle", "6s", "--checkpoint-dir", str(tmp_path / "new"), *batches)
+    assert replacement["lag_at_exit"] == 0
+    resume(frozen)
+    try:
+        zombie.wait(120)  # it wakes, finds its transactions fenced, and stops or goes idle
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        kill_like_a_pod(zombie)
+
+    outputs = Counter(
+        json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total, timeout_s=60)
+    )
+    assert set(outputs) == {f"id-{i:06d}" for i in range(total)}, "nothing lost"
+    repeated = {k: n for k, n in outputs.items() if n > 1}
+    assert not repeated, f"{len(repeated)} outputs visible twice, e.g. {list(repeated)[:5]}"
+    assert read_all(kafka, queue.dlq, timeout_s=3) == []
+    woke = log.read_text()
+    assert "code=_FENCED" in woke, "the woken worker's transactions were refused: " + woke[-3000:]
+    assert replacement["counts"]["accepted"] >= total - frozen_at, "the replacement did the rest"
 
 
 @pytest.mark.parametrize("group_type", ["consumer", "kmq"])

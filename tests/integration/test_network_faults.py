@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_support import SteadyLoad, Supervised, make_queue, read_all
+from worker_support import SteadyLoad, Supervised, make_queue, read_all, recovered_after
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.fault_proxy import FaultProxy
@@ -79,6 +79,7 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
         faults.toxic("broker", kind_of_fault, kind_of_fault, **attributes)
         time.sleep(seconds)
         faults.heal("broker", kind_of_fault)
+        healed_at = time.time()
         time.sleep(3)
     time.sleep(AFTER_S)
     total = load.stop()
@@ -100,6 +101,7 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
             "lost": 0,
             "duplicates": duplicates,
             "restarts": workers[runtime].restarts,
+            "recovered_s": round(recovered_after(queue, healed_at), 1),  # after the last fault, the stall
             "done_s": round(done_s),
         }
     record_property("network_faults", table)
