@@ -27,9 +27,7 @@ def spark_session(runtime: QueueRuntime) -> Any:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         spec_dir = str(Path(queue.source).resolve().parent)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (spec_dir, os.environ.get("PYTHONPATH")) if p)
-        # Four attempts per task, as spark.task.maxFailures gives a cluster: a Python worker that
-        # dies (a handler calling os._exit) costs its task one attempt, not the query.
-        master = f"local[{runtime.local_threads()},4]"
+        master = f"local[{runtime.local_threads()},{task_attempts(queue)}]"
         builder = builder.master(master).config("spark.ui.enabled", "false")
         # One JVM is driver and executor here: the heap both get on Kubernetes, not the JVM's
         # default of a quarter of the machine, which a long run fills with garbage before collecting.
@@ -40,7 +38,8 @@ def spark_session(runtime: QueueRuntime) -> Any:
     if options.event_log_dir:
         builder = with_event_logs(builder, options.event_log_dir)
     spark = (
-        builder.config("spark.python.worker.reuse", "true")
+        builder.config("spark.task.maxFailures", str(task_attempts(queue)))
+        .config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", DAEMON_MODULE)
         .config("spark.sql.shuffle.partitions", str(runtime.shuffle_partitions))
         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
@@ -49,6 +48,14 @@ def spark_session(runtime: QueueRuntime) -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def task_attempts(queue: QueueSpec) -> int:
+    """Attempts per task: a handler that kills its Python worker (os._exit, the OOM killer) costs the
+    task an attempt each time, and its record goes to the DLQ on the attempt after its last
+    delivery (queueplane.run.crash_journal), so that attempt must come before the query fails.
+    Never fewer than Spark's default of four."""
+    return max(4, queue.group.delivery_limit + 1)
 
 
 # A streaming worker runs for weeks: its event log rolls over in files of this size, which a

@@ -29,7 +29,10 @@ BAD = {
     "id-000906": ({"mode": "huge", "size": 2_000_000}, "InvalidOutput", 1),
     # Past lockDuration on every delivery: its thread is given up (and replaced) each time.
     "id-000907": ({"mode": "hang_forever"}, "Timeout", LIMIT),
+    # The Python worker process dies with the call (os._exit): Spark starts another.
+    "id-000908": ({"mode": "os_exit"}, "WorkerDied", LIMIT),
 }
+KILLER = "id-000908"
 BIG_VALUE_BYTES = 5 * 1024 * 1024
 BAD_HEADER_KEY = b"\xff\xfe-not-utf-8"
 
@@ -71,19 +74,30 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
 
     summary = run_worker(queue, kafka, "--until-idle", "10s")  # exit 0: the worker survived them all
 
-    assert summary["counts"]["accepted"] == 41, summary
-    assert summary["counts"]["dlq"] == len(BAD)
+    # A task whose Python worker died (os._exit) is tried again: what its failed attempt finished
+    # is durable and committed, and the retry counts it skipped, so every record is counted once.
+    counts = summary["counts"]
+    assert counts["accepted"] + counts["dlq"] + counts.get("skipped", 0) == 41 + len(BAD), summary
     outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=41)]
     assert sorted(set(outputs)) == [f"id-{i:06d}" for i in range(41)], "every good record, none of the bad"
     dead = read_all(kafka, queue.dlq, expect_at_least=len(BAD))
-    by_id = {json.loads(m.value())["id"]: m for m in dead}
-    assert sorted(by_id) == sorted(BAD) and len(dead) == len(BAD)
+    all_by_id: dict[str, list] = {}
+    for message in dead:
+        all_by_id.setdefault(json.loads(message.value())["id"], []).append(message)
+    assert sorted(all_by_id) == sorted(BAD)
+    # A dead letter written by a task whose process then died is written again by its retry (at
+    # least once, as outputs are); only a consumer group's tasks are retried that way.
+    twice = {ident: len(messages) for ident, messages in all_by_id.items() if len(messages) > 1}
+    assert group_type == "consumer" or not twice, twice
+    # A call running when its process died counts as a delivery: a record that was in flight beside
+    # the one that killed the process may come one delivery later per death it saw.
     for ident, (_, error_class, deliveries) in BAD.items():
-        message = by_id[ident]
-        assert (_header(message, dlq.HEADER_ERROR_CLASS), _header(message, dlq.HEADER_DELIVERY_COUNT)) == (
-            error_class,
-            str(deliveries),
-        ), (ident, _header(message, dlq.HEADER_ERROR_MESSAGE))
+        for message in all_by_id[ident]:
+            seen = (_header(message, dlq.HEADER_ERROR_CLASS), int(_header(message, dlq.HEADER_DELIVERY_COUNT)))
+            why = (ident, seen, _header(message, dlq.HEADER_ERROR_MESSAGE))
+            assert seen[0] == error_class, why
+            assert deliveries <= seen[1] <= (deliveries if ident == KILLER else deliveries + LIMIT), why
+    by_id = {ident: messages[0] for ident, messages in all_by_id.items()}
     refused = _header(by_id["id-000905"], dlq.HEADER_ERROR_MESSAGE)
     assert "MSG_SIZE_TOO_LARGE" in refused or "too large" in refused.lower()
     assert "int" in _header(by_id["id-000902"], dlq.HEADER_ERROR_MESSAGE)

@@ -299,6 +299,7 @@ def _records_by_partition(batch: pa.RecordBatch) -> list[tuple[tuple[str, int], 
 def run_partition(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the records of one Kafka partition in offset order in, outcome rows out."""
     process = PROCESSES.get(settings_json)
+    process.journal.collect()  # a process that died in a call of this task's last attempt
     tasks: dict[tuple[str, int], PartitionTask] = {}
     ends: dict[tuple[str, int], int] = {}
     try:

@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import fetch_committed
+from queueplane.run.crash_journal import CrashJournal, journal_folder
 from queueplane.run.handler import Handler, load_handler
 from queueplane.run.outcomes import (
     ProducedRecord,
@@ -51,6 +52,7 @@ class WorkerProcess:
     def __init__(self, settings: ConsumerSettings):
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
+        self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
         self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
         # Never subscribes: it reads and commits the group's offsets, and lends its group metadata
@@ -68,6 +70,7 @@ class WorkerProcess:
 
     def close(self) -> None:
         self.delivery.close()
+        self.journal.close()
         with contextlib.suppress(Exception):
             self.group.close()
 

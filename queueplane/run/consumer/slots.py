@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from queueplane.run.consumer.process import ConsumerSettings, WorkerProcess
+from queueplane.run.crash_journal import worker_died
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Record, Reject, outputs_of
 from queueplane.run.outcomes import (
@@ -111,6 +112,14 @@ class Slot:
     def _handle(self, gen: int, record: Record, attempt: int, first_ms: int, wait_ms: float) -> bool:
         """Attempts of one record until it ends; False when the watchdog took this thread's place."""
         s = self.task.settings
+        journal = self.task.process.journal
+        crashes = journal.crashes.get((record.partition, record.offset), 0)
+        if crashes >= attempt:  # calls in processes that died with them count as deliveries
+            if crashes >= s.delivery_limit:
+                self.task.dead_letter(replace(record, delivery_count=crashes), worker_died(crashes), first_ms, 0.0, 0)
+                journal.cleared(record.partition, record.offset)
+                return True
+            attempt = crashes + 1
         while True:
             if wait_ms:
                 time.sleep(wait_ms / 1000)
@@ -125,7 +134,8 @@ class Slot:
             failure: Failure | None = None
             outputs: list[ProducedRecord] = []
             try:
-                result = self.task.process.handler(delivery)
+                with journal.call(record.partition, record.offset):
+                    result = self.task.process.handler(delivery)
                 outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
             except Reject as exc:
                 failure, final = Failure.of(exc), True
@@ -133,6 +143,9 @@ class Slot:
                 failure = Failure.of(exc)
             finally:
                 self.task.inflight(-1)
+            if crashes:
+                journal.cleared(record.partition, record.offset)  # it returned: it did not kill its process
+                crashes = 0
             with self.lock:
                 if gen != self.generation:
                     return False  # the deadline passed; the watchdog already counted this attempt

@@ -1,0 +1,224 @@
+"""Which records a Python worker process was handling when it died, told to the processes after it.
+
+A handler that kills its process (``os._exit``, a crash in native code, the kernel's OOM
+killer) leaves no exception to catch: the task fails, Spark starts another Python worker and
+tries the task again, and the same record kills that one too, until the query fails. To end
+such a record in the DLQ after ``deliveryLimit`` deliveries like any other failing one, each
+process keeps the records its handler calls are in, one slot per thread, in a file mapped into
+memory (a write of a few bytes a call, no system call). A process that starts (or starts a
+task) looks for the files of processes that are gone: each record still in one of their slots
+was in a call when its process died, and counts one crash, kept in ``crashes.json``.
+
+A record with crashes is a suspect: its next call runs alone (the other calls end first, and
+none starts until it returns), so if the process dies again only that record is blamed, and a
+record that was only running beside the culprit is cleared once its call returns. Crashes
+count as deliveries: a record with ``deliveryLimit`` of them goes to the DLQ (``WorkerDied``)
+without another call.
+
+The folder is per queue and per machine (an executor pod's own disk on Kubernetes): a task
+retried on another executor starts its count there again, so a record can kill at most
+``deliveryLimit`` processes per executor. Spark gives each task ``deliveryLimit + 1`` attempts
+(queueplane.run.session), so the retry that dead-letters it comes before the query fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import json
+import mmap
+import os
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from queueplane.run.dead_letters import Failure
+
+SLOT = struct.Struct("<qqq")  # in use (1/0), partition, offset
+SLOTS = 4096  # threads a process may run calls on (pool threads, and replacements of stuck ones)
+SUFFIX = ".calls"
+CRASHES = "crashes.json"
+ALONE_POLL_S = 0.005
+WORKER_DIED = "WorkerDied"
+DEAD = 1 << 30  # the count of a record dead-lettered for its crashes
+
+
+def worker_died(crashes: int) -> Failure:
+    return Failure(
+        WORKER_DIED,
+        f"the handler's process died {crashes} time(s) while handling this record"
+        " (os._exit, a crash in native code, or the OOM killer)",
+    )
+
+
+def journal_folder(group_id: str) -> Path:
+    """Where a queue's processes on this machine keep their calls (QUEUEPLANE_CALLS_DIR to move it)."""
+    root = os.environ.get("QUEUEPLANE_CALLS_DIR") or os.path.join(tempfile.gettempdir(), "queueplane-calls")
+    return Path(root) / group_id.replace("/", "_")
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), which tells a pid reused by another process apart."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class CrashJournal:
+    """One per Python worker process and queue: its calls' slots, and the crashes of processes before it."""
+
+    def __init__(self, folder: Path, alone_s: float):
+        """``alone_s``: the longest a suspect holds the others back, and waits for them (lockDuration):
+        a call that hangs is given up by then, and must not stop the process's other calls."""
+        self.folder = folder
+        self.alone_s = alone_s
+        folder.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        self.path = folder / f"{pid}-{_start_time(pid)}{SUFFIX}"
+        with self.path.open("wb") as handle:
+            handle.truncate(SLOT.size * SLOTS)
+        with self.path.open("r+b") as handle:
+            self._map = mmap.mmap(handle.fileno(), SLOT.size * SLOTS)
+        self._next_slot = itertools.count()
+        self._local = threading.local()
+        self.crashes: dict[tuple[int, int], int] = {}
+        self._alone = threading.Condition(threading.Lock())
+        self._alone_slot: int | None = None  # the slot of the suspect running alone
+        self._alone_until = 0.0  # when the others go on regardless (monotonic)
+        self.collect()
+
+    # -- what processes before this one left ------------------------------------------------
+    def collect(self) -> None:
+        """Count the calls of processes that died in them, and read every crash counted so far."""
+        with self._locked():
+            crashes = self._read_crashes()
+            for path in self.folder.glob(f"*{SUFFIX}"):
+                if path == self.path or self._alive(path):
+                    continue
+                for key in _used_slots(path.read_bytes()):
+                    if crashes.get(key, 0) < DEAD:
+                        crashes[key] = crashes.get(key, 0) + 1
+                path.unlink(missing_ok=True)
+            self._write_crashes(crashes)
+        self.crashes = crashes
+
+    def cleared(self, partition: int, offset: int) -> None:
+        """The record's call returned: it is no suspect any more."""
+        self._set(partition, offset, None)
+
+    def dead_lettered(self, partition: int, offset: int) -> None:
+        """The record went to the DLQ for its crashes: a copy of it that comes later (kmq) is not called."""
+        self._set(partition, offset, DEAD)
+
+    def _set(self, partition: int, offset: int, count: int | None) -> None:
+        key = (partition, offset)
+        if key not in self.crashes and count is None:
+            return
+        with self._locked():
+            crashes = self._read_crashes()
+            if count is None:
+                crashes.pop(key, None)
+            else:
+                crashes[key] = count
+            self._write_crashes(crashes)
+        if count is None:
+            self.crashes.pop(key, None)
+        else:
+            self.crashes[key] = count
+
+    # -- this process's calls -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def call(self, partition: int, offset: int) -> Iterator[None]:
+        """Around one handler call: its record in this thread's slot, and alone if it is a suspect."""
+        slot = self._slot()
+        suspect = (partition, offset) in self.crashes
+        if suspect:
+            self._enter_alone(slot)
+            SLOT.pack_into(self._map, slot * SLOT.size, 1, partition, offset)
+        else:
+            # In the slot first, then look: a suspect about to run alone either sees this call
+            # and waits for it, or this call sees the suspect and steps back until it is done.
+            SLOT.pack_into(self._map, slot * SLOT.size, 1, partition, offset)
+            while self._alone_slot is not None and time.monotonic() < self._alone_until:
+                SLOT.pack_into(self._map, slot * SLOT.size, 0, 0, 0)
+                with self._alone:
+                    self._alone.wait_for(self._not_alone, max(0.0, self._alone_until - time.monotonic()))
+                SLOT.pack_into(self._map, slot * SLOT.size, 1, partition, offset)
+        try:
+            yield
+        finally:
+            SLOT.pack_into(self._map, slot * SLOT.size, 0, 0, 0)
+            if suspect:
+                with self._alone:
+                    if self._alone_slot == slot:
+                        self._alone_slot = None
+                    self._alone.notify_all()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._map.close()
+        self.path.unlink(missing_ok=True)
+
+    def _slot(self) -> int:
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._local.slot = next(self._next_slot) % SLOTS
+        return slot
+
+    def _not_alone(self) -> bool:
+        return self._alone_slot is None or time.monotonic() >= self._alone_until
+
+    def _enter_alone(self, slot: int) -> None:
+        """Become the only call: no new call starts from here on, and the running ones end first
+        (each wait bounded by ``alone_s``)."""
+        with self._alone:
+            self._alone.wait_for(self._not_alone, self.alone_s)
+            self._alone_slot = slot
+            self._alone_until = time.monotonic() + 2 * self.alone_s  # the wait for the others, then its call
+        others_until = time.monotonic() + self.alone_s
+        while any(i != slot for i in _used_slot_indices(self._map)) and time.monotonic() < others_until:
+            time.sleep(ALONE_POLL_S)
+
+    # -- files ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with (self.folder / "lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _read_crashes(self) -> dict[tuple[int, int], int]:
+        try:
+            rows = json.loads((self.folder / CRASHES).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {(int(p), int(o)): int(n) for p, o, n in rows}
+
+    def _write_crashes(self, crashes: dict[tuple[int, int], int]) -> None:
+        partial = self.folder / f"{CRASHES}.{os.getpid()}"
+        partial.write_text(json.dumps([[p, o, n] for (p, o), n in sorted(crashes.items())]))
+        partial.replace(self.folder / CRASHES)
+
+    @staticmethod
+    def _alive(path: Path) -> bool:
+        pid, _, started = path.name.removesuffix(SUFFIX).partition("-")
+        return pid.isdigit() and _start_time(int(pid)) == started
+
+
+def _used_slot_indices(buffer: bytes | mmap.mmap) -> Iterator[int]:
+    for i, (used, _partition, _offset) in enumerate(SLOT.iter_unpack(buffer)):
+        if used:
+            yield i
+
+
+def _used_slots(buffer: bytes) -> Iterator[tuple[int, int]]:
+    for used, partition, offset in SLOT.iter_unpack(buffer):
+        if used:
+            yield partition, offset
