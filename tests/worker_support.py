@@ -331,6 +331,8 @@ def run_worker_logged(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout:
     result = subprocess.run(
         worker_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO
     )
+    with (queue.folder / "worker.log").open("a") as kept:  # whole, beside the queue's files: a message keeps its end
+        kept.write(result.stderr)
     assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
     return json.loads(result.stdout), result.stderr
 

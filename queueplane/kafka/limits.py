@@ -13,6 +13,7 @@ from queueplane.kafka.target import KafkaTarget
 log = logging.getLogger("queueplane.worker")
 
 MAX_MESSAGE_BYTES = "max.message.bytes"
+PRODUCER_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes unless raised
 
 
 def smallest_record_batch(target: KafkaTarget, topics: Iterable[str], timeout_s: float = 10.0) -> int | None:
@@ -23,9 +24,21 @@ def smallest_record_batch(target: KafkaTarget, topics: Iterable[str], timeout_s:
     producer whose batches stay within the limit makes that error name one record only, so a
     worker can send that record to the DLQ and the others are written.
     """
+    limits = _record_limits(target, topics, timeout_s)
+    return min(limits) if limits else None
+
+
+def largest_record(target: KafkaTarget, topics: Iterable[str], timeout_s: float = 10.0) -> int | None:
+    """The largest ``max.message.bytes`` among ``topics``: what a producer that copies records between
+    them must let through (its own limit, ``message.max.bytes``, is 1 MB unless raised)."""
+    limits = _record_limits(target, topics, timeout_s)
+    return max(limits) if limits else None
+
+
+def _record_limits(target: KafkaTarget, topics: Iterable[str], timeout_s: float) -> list[int]:
     resources = [ConfigResource(ResourceType.TOPIC, t) for t in dict.fromkeys(topics)]
     if not resources:
-        return None
+        return []
     limits: list[int] = []
     try:
         admin = clients.admin(dict(target.settings))
@@ -39,6 +52,6 @@ def smallest_record_batch(target: KafkaTarget, topics: Iterable[str], timeout_s:
             if entry is not None and entry.value is not None:
                 limits.append(int(entry.value))
     except Exception as exc:
-        log.warning("could not read %s of %s (%s): producers keep their batch size", MAX_MESSAGE_BYTES, topics, exc)
-        return None
-    return min(limits) if limits else None
+        log.warning("could not read %s of %s (%s): producers keep their defaults", MAX_MESSAGE_BYTES, topics, exc)
+        return []
+    return limits

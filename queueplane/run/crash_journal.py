@@ -38,7 +38,8 @@ from pathlib import Path
 
 from queueplane.run.dead_letters import Failure
 
-SLOT = struct.Struct("<qqq")  # in use (1/0), partition, offset
+SLOT = struct.Struct("<qqqq")  # in use (CALL, SUSPECT or 0), partition, offset, when the call started (ms)
+CALL, SUSPECT = 1, 2
 SLOTS = 4096  # threads a process may run calls on (pool threads, and replacements of stuck ones)
 SUFFIX = ".calls"
 CRASHES = "crashes.json"
@@ -100,7 +101,7 @@ class CrashJournal:
             for path in self.folder.glob(f"*{SUFFIX}"):
                 if path == self.path or self._alive(path):
                     continue
-                for key in _used_slots(path.read_bytes()):
+                for key in _blamed(path.read_bytes(), self.alone_s):
                     if crashes.get(key, 0) < DEAD:
                         crashes[key] = crashes.get(key, 0) + 1
                 path.unlink(missing_ok=True)
@@ -132,32 +133,38 @@ class CrashJournal:
             self.crashes[key] = count
 
     # -- this process's calls -----------------------------------------------------------------
-    @contextlib.contextmanager
-    def call(self, partition: int, offset: int) -> Iterator[None]:
-        """Around one handler call: its record in this thread's slot, and alone if it is a suspect."""
+    def begin(self, partition: int, offset: int) -> int:
+        """Before a handler call: its record in this thread's slot (alone if it is a suspect); the slot, for ``end``.
+
+        Two writes into the mapped file a call, no lock, while there is no suspect: it runs on
+        every record of the hot path.
+        """
         slot = self._slot()
-        suspect = (partition, offset) in self.crashes
-        if suspect:
+        at = slot * SLOT.size
+        if (partition, offset) in self.crashes:
             self._enter_alone(slot)
-            SLOT.pack_into(self._map, slot * SLOT.size, 1, partition, offset)
-        else:
-            # In the slot first, then look: a suspect about to run alone either sees this call
-            # and waits for it, or this call sees the suspect and steps back until it is done.
-            SLOT.pack_into(self._map, slot * SLOT.size, 1, partition, offset)
-            while self._alone_slot is not None and time.monotonic() < self._alone_until:
-                SLOT.pack_into(self._map, slot * SLOT.size, 0, 0, 0)
-                with self._alone:
-                    self._alone.wait_for(self._not_alone, max(0.0, self._alone_until - time.monotonic()))
-                SLOT.pack_into(self._map, slot * SLOT.size, 1, partition, offset)
-        try:
-            yield
-        finally:
-            SLOT.pack_into(self._map, slot * SLOT.size, 0, 0, 0)
-            if suspect:
-                with self._alone:
-                    if self._alone_slot == slot:
-                        self._alone_slot = None
-                    self._alone.notify_all()
+            SLOT.pack_into(self._map, at, SUSPECT, partition, offset, int(time.time() * 1000))
+            return slot
+        # In the slot first, then look: a suspect about to run alone either sees this call and
+        # waits for it, or this call sees the suspect and steps back until it is done.
+        SLOT.pack_into(self._map, at, CALL, partition, offset, int(time.time() * 1000))
+        while self._alone_slot is not None and time.monotonic() < self._alone_until:
+            SLOT.pack_into(self._map, at, 0, 0, 0, 0)
+            with self._alone:
+                self._alone.wait_for(self._not_alone, max(0.0, self._alone_until - time.monotonic()))
+            SLOT.pack_into(self._map, at, CALL, partition, offset, int(time.time() * 1000))
+        return slot
+
+    def end(self, slot: int) -> None:
+        """After the call returned (or raised): the slot is free, and a suspect lets the others go on."""
+        at = slot * SLOT.size
+        suspect = self._map[at] == SUSPECT
+        SLOT.pack_into(self._map, at, 0, 0, 0, 0)
+        if suspect:
+            with self._alone:
+                if self._alone_slot == slot:
+                    self._alone_slot = None
+                self._alone.notify_all()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -213,12 +220,20 @@ class CrashJournal:
 
 
 def _used_slot_indices(buffer: bytes | mmap.mmap) -> Iterator[int]:
-    for i, (used, _partition, _offset) in enumerate(SLOT.iter_unpack(buffer)):
+    for i, (used, _partition, _offset, _started) in enumerate(SLOT.iter_unpack(buffer)):
         if used:
             yield i
 
 
-def _used_slots(buffer: bytes) -> Iterator[tuple[int, int]]:
-    for used, partition, offset in SLOT.iter_unpack(buffer):
-        if used:
+def _blamed(buffer: bytes, given_up_s: float) -> Iterator[tuple[int, int]]:
+    """The records of a dead process's calls that may have killed it.
+
+    A call that had run past its deadline was given up and counted (a Timeout) before the
+    process died: it hangs, it did not crash. The process died after its newest call started,
+    so a call started ``given_up_s`` before that one is such a call.
+    """
+    calls = [(partition, offset, started) for used, partition, offset, started in SLOT.iter_unpack(buffer) if used]
+    newest = max((started for _, _, started in calls), default=0)
+    for partition, offset, started in calls:
+        if newest - started < given_up_s * 1000:
             yield partition, offset

@@ -33,6 +33,9 @@ BAD = {
     "id-000908": ({"mode": "os_exit"}, "WorkerDied", LIMIT),
 }
 KILLER = "id-000908"
+# Where a handler that kills its process is handled (queueplane.run.crash_journal). On a share
+# queue every record the dying process held comes back a delivery later (issue 19, docs/runtimes.md).
+KILLER_HANDLED = ("consumer", "kmq")
 BIG_VALUE_BYTES = 5 * 1024 * 1024
 BAD_HEADER_KEY = b"\xff\xfe-not-utf-8"
 
@@ -43,6 +46,7 @@ def _header(message, name: str) -> str | None:
 
 @pytest.mark.parametrize("group_type", ["share", "consumer", "kmq"])
 def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group_type):
+    bad_ones = {ident: how for ident, how in BAD.items() if ident != KILLER or group_type in KILLER_HANDLED}
     queue = make_queue(tmp_path, kafka, group_type=group_type, delivery_limit=LIMIT, lock="5s", partitions=2)
     admin = AdminClient(dict(kafka.settings))
     small = ConfigResource(
@@ -62,7 +66,7 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
     )
     admin.incremental_alter_configs([small, big])[small].result()
     good = [order(i) for i in range(40)]
-    bad = [order(int(ident[3:]), **fields) for ident, (fields, _, _) in BAD.items()]
+    bad = [order(int(ident[3:]), **fields) for ident, (fields, _, _) in bad_ones.items()]
     produce(kafka, queue.topic, [*good[:20], *bad, *good[20:]])
     # A hostile but valid record: a header key that is not UTF-8 (Kafka's clients cannot write one
     # from a str; librdkafka takes bytes) and a 5 MB value. The handler accepts it like any other.
@@ -77,25 +81,26 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
     # A task whose Python worker died (os._exit) is tried again: what its failed attempt finished
     # is durable and committed, and the retry counts it skipped, so every record is counted once.
     counts = summary["counts"]
-    assert counts["accepted"] + counts["dlq"] + counts.get("skipped", 0) == 41 + len(BAD), summary
+    assert counts["accepted"] + counts["dlq"] + counts.get("skipped", 0) == 41 + len(bad_ones), summary
     outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=41)]
     assert sorted(set(outputs)) == [f"id-{i:06d}" for i in range(41)], "every good record, none of the bad"
-    dead = read_all(kafka, queue.dlq, expect_at_least=len(BAD))
+    dead = read_all(kafka, queue.dlq, expect_at_least=len(bad_ones))
     all_by_id: dict[str, list] = {}
     for message in dead:
         all_by_id.setdefault(json.loads(message.value())["id"], []).append(message)
-    assert sorted(all_by_id) == sorted(BAD)
-    # A dead letter written by a task whose process then died is written again by its retry (at
-    # least once, as outputs are); only a consumer group's tasks are retried that way.
+    assert sorted(all_by_id) == sorted(bad_ones)
+    # A dead letter written by a task whose process then died is written again by the task's retry
+    # (at least once, as outputs are). Share records come back through the broker instead, once.
     twice = {ident: len(messages) for ident, messages in all_by_id.items() if len(messages) > 1}
-    assert group_type == "consumer" or not twice, twice
+    assert group_type != "share" or not twice, twice
     # A call running when its process died counts as a delivery: a record that was in flight beside
     # the one that killed the process may come one delivery later per death it saw.
-    for ident, (_, error_class, deliveries) in BAD.items():
+    for ident, (_, error_class, deliveries) in bad_ones.items():
         for message in all_by_id[ident]:
             seen = (_header(message, dlq.HEADER_ERROR_CLASS), int(_header(message, dlq.HEADER_DELIVERY_COUNT)))
             why = (ident, seen, _header(message, dlq.HEADER_ERROR_MESSAGE))
-            assert seen[0] == error_class, why
+            # kmq: the tracker may time the last delivery out before a retried task sees the deaths.
+            assert seen[0] == error_class or (group_type, ident, seen[0]) == ("kmq", KILLER, "Timeout"), why
             assert deliveries <= seen[1] <= (deliveries if ident == KILLER else deliveries + LIMIT), why
     by_id = {ident: messages[0] for ident, messages in all_by_id.items()}
     refused = _header(by_id["id-000905"], dlq.HEADER_ERROR_MESSAGE)

@@ -134,8 +134,11 @@ class Slot:
             failure: Failure | None = None
             outputs: list[ProducedRecord] = []
             try:
-                with journal.call(record.partition, record.offset):
+                slot = journal.begin(record.partition, record.offset)
+                try:
                     result = self.task.process.handler(delivery)
+                finally:
+                    journal.end(slot)
                 outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
             except Reject as exc:
                 failure, final = Failure.of(exc), True

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
+from queueplane.run.crash_journal import DEAD, CrashJournal, journal_folder, worker_died
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
 from queueplane.run.kafka_input import input_records
@@ -102,9 +103,11 @@ class KmqProcess:
         self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
         self.threads = HandlerThreads(settings.threads)
+        self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
 
     def close(self) -> None:
         self.delivery.close()
+        self.journal.close()
 
 
 class KmqTask:
@@ -144,6 +147,14 @@ class KmqTask:
         if refused is not None:
             self._dead_letter(index, refused, 0.0)
             return
+        # Crashes are counted per message (where it was first produced): the tracker's copies of
+        # a record that killed its process are the same message.
+        journal = self.process.journal
+        where = km.origin(record.headers, record.topic, record.partition, record.offset)
+        crashes = journal.crashes.get((where.partition, where.offset), 0)
+        if crashes >= self.settings.delivery_limit:
+            self._ended_by_crashes(index, crashes, where)
+            return
         with self._lock:
             if self._claimed[index]:
                 return
@@ -157,13 +168,19 @@ class KmqTask:
         final = False
         outputs: list[ProducedRecord] = []
         try:
-            result = self.process.handler(record)
+            slot = journal.begin(where.partition, where.offset)
+            try:
+                result = self.process.handler(record)
+            finally:
+                journal.end(slot)
             outputs = [output_record(o, record, s.output_topic) for o in outputs_of(result)]
         except Reject as exc:
             failure, final = Failure.of(exc), True
         except BaseException as exc:  # Retry, any other exception, sys.exit(): another delivery, unless the last
             failure = Failure.of(exc)
             final = record.delivery_count >= s.delivery_limit
+        if crashes:
+            journal.cleared(where.partition, where.offset)  # it returned: it did not kill its process
         latency_ms = (time.monotonic() - started) * 1000
         with self._lock:
             self._running.pop(index, None)
@@ -185,6 +202,22 @@ class KmqTask:
         else:
             self._report(record, RELEASED, failure, latency_ms)
             self._write_then_end(index, [], km.RETRY)
+
+    def _ended_by_crashes(self, index: int, crashes: int, where: km.Origin) -> None:
+        """A message whose calls killed ``deliveryLimit`` processes: to the DLQ once, without another call;
+        a copy of it the tracker produced meanwhile just ends."""
+        with self._lock:
+            if self._claimed[index]:
+                return
+            self._claimed[index] = True
+        record = self.records[index]
+        if crashes >= DEAD:
+            self._report(record, SKIPPED, None, 0.0)
+            self._write_then_end(index, [], km.END)
+            return
+        self.records[index] = replace(record, delivery_count=crashes)
+        self._dead_letter(index, worker_died(crashes), 0.0)
+        self.process.journal.dead_lettered(where.partition, where.offset)
 
     def _dead_letter(self, index: int, failure: Failure, latency_ms: float) -> None:
         """The record's DLQ record, durable, then its end marker. A record whose outputs the broker
@@ -297,6 +330,7 @@ PROCESSES: PerProcess[KmqProcess] = PerProcess(lambda text: KmqProcess(KmqSettin
 def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: the records of one offset range in, one outcome row per record out."""
     process = PROCESSES.get(settings_json)
+    process.journal.collect()  # a process that died in a call of this task's last attempt
     records, skipped = [], []
     for batch in batches:
         for record in input_records(batch, km.delivery_count):

@@ -21,6 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from queueplane.kafka import clients
+from queueplane.kafka.limits import PRODUCER_MAX_BYTES, largest_record
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Record
@@ -130,7 +131,10 @@ class Redeliverer:
         assert queue.markers is not None
         self.queue = queue
         self.settings = dict(target.settings)
-        self.producer = clients.producer(self.settings, {"enable.idempotence": True, "acks": "all"})
+        # It copies records back onto the queue topic, or to the DLQ: as large as those topics take.
+        largest = largest_record(target, [queue.topic.name, queue.dead_letter.name]) or 0
+        role = {"enable.idempotence": True, "acks": "all", "message.max.bytes": max(PRODUCER_MAX_BYTES, largest)}
+        self.producer = clients.producer(self.settings, role)
         self._stop = threading.Event()
         threading.Thread(target=self._serve_deliveries, name="qp-kmq-redeliver", daemon=True).start()
 
@@ -155,7 +159,11 @@ class Redeliverer:
             where = km.origin(record.headers, record.topic, record.partition, record.offset)
             first_ms = where.first_attempt_ms or now_ms
             if item.action == GIVE_UP:
-                failure = Failure("Timeout", f"delivery {item.delivery_count} not ended within {lock_s:g}s")
+                failure = Failure(
+                    "Timeout",
+                    f"delivery {item.delivery_count} not ended within {lock_s:g}s"
+                    " (its handler call hung, or its process died)",
+                )
                 at_origin = Record(
                     record.key,
                     record.value,

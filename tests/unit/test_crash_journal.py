@@ -1,0 +1,81 @@
+"""The crash journal: which record a Python worker was in when it died, told to the process after it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from queueplane.run.crash_journal import DEAD, SLOT, SLOTS, SUFFIX, CrashJournal
+
+
+def _die_in_a_call(folder, partition: int, offset: int) -> None:
+    """A child process that starts a call and dies in it, after finishing another."""
+    pid = os.fork()
+    if pid == 0:
+        journal = CrashJournal(folder, alone_s=5)
+        journal.end(journal.begin(0, 1))  # returned: not blamed
+        journal.begin(partition, offset)
+        os._exit(1)
+    os.waitpid(pid, 0)
+
+
+def test_the_record_a_process_died_in_is_counted_once_per_death_and_only_it(tmp_path):
+    _die_in_a_call(tmp_path, 2, 40)
+    _die_in_a_call(tmp_path, 2, 40)
+    journal = CrashJournal(tmp_path, alone_s=5)
+    assert journal.crashes == {(2, 40): 2}
+    assert [p.name for p in tmp_path.glob(f"*{SUFFIX}")] == [journal.path.name], "the dead processes' files went"
+    assert CrashJournal(tmp_path, alone_s=5).crashes == {(2, 40): 2}, "counted once, kept for the next process"
+
+    journal.cleared(2, 40)
+    assert CrashJournal(tmp_path, alone_s=5).crashes == {}
+    journal.dead_lettered(3, 7)
+    assert CrashJournal(tmp_path, alone_s=5).crashes == {(3, 7): DEAD}
+
+
+def test_a_call_that_had_hung_past_its_deadline_is_not_blamed_for_the_death(tmp_path):
+    now_ms = int(time.time() * 1000)
+    slots = bytearray(SLOT.size * SLOTS)
+    SLOT.pack_into(slots, 0, 1, 0, 10, now_ms - 60_000)  # hung for a minute: given up already
+    SLOT.pack_into(slots, SLOT.size, 1, 0, 11, now_ms - 100)  # the newest call
+    SLOT.pack_into(slots, 2 * SLOT.size, 1, 1, 12, now_ms - 2_000)  # running 2 s, within its 5 s
+    (tmp_path / f"999999999-0{SUFFIX}").write_bytes(bytes(slots))  # no such process
+    assert CrashJournal(tmp_path, alone_s=5).crashes == {(0, 11): 1, (1, 12): 1}
+
+
+def test_a_suspect_runs_alone_after_the_running_call_and_holds_new_ones_back(tmp_path):
+    _die_in_a_call(tmp_path, 0, 99)
+    journal = CrashJournal(tmp_path, alone_s=5)
+    events: list[str] = []
+    running = threading.Event()
+
+    def call(name: str, partition: int, offset: int, seconds: float, started: threading.Event | None = None):
+        slot = journal.begin(partition, offset)
+        events.append(f"{name} begins")
+        if started:
+            started.set()
+        time.sleep(seconds)
+        events.append(f"{name} ends")
+        journal.end(slot)
+
+    first = threading.Thread(target=call, args=("normal", 0, 1, 0.3, running))
+    first.start()
+    running.wait()
+    suspect = threading.Thread(target=call, args=("suspect", 0, 99, 0.3))
+    suspect.start()
+    time.sleep(0.1)
+    later = threading.Thread(target=call, args=("later", 0, 2, 0))
+    later.start()
+    for thread in (first, suspect, later):
+        thread.join(5)
+    assert events == ["normal begins", "normal ends", "suspect begins", "suspect ends", "later begins", "later ends"]
+
+
+def test_a_suspect_that_hangs_holds_the_others_back_no_longer_than_its_bound(tmp_path):
+    _die_in_a_call(tmp_path, 0, 99)
+    journal = CrashJournal(tmp_path, alone_s=0.2)
+    journal.begin(0, 99)  # never returns
+    began = time.monotonic()
+    journal.end(journal.begin(0, 1))
+    assert time.monotonic() - began < 1.0
