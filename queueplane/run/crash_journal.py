@@ -86,6 +86,7 @@ class CrashJournal:
         with self.path.open("r+b") as handle:
             self._map = mmap.mmap(handle.fileno(), SLOT.size * SLOTS)
         self._next_slot = itertools.count()
+        self._pack = SLOT.pack_into
         self._local = threading.local()
         self.crashes: dict[tuple[int, int], int] = {}
         self._alone = threading.Condition(threading.Lock())
@@ -134,48 +135,49 @@ class CrashJournal:
 
     # -- this process's calls -----------------------------------------------------------------
     def begin(self, partition: int, offset: int) -> int:
-        """Before a handler call: its record in this thread's slot (alone if it is a suspect); the slot, for ``end``.
+        """Before a handler call: its record in this thread's slot (alone if it is a suspect); a token for ``end``.
 
-        Two writes into the mapped file a call, no lock, while there is no suspect: it runs on
-        every record of the hot path.
+        While there is no suspect this is a slot lookup and one write into the mapped file, no
+        lock: it runs on every record of the hot path.
         """
-        slot = self._slot()
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._local.slot = next(self._next_slot) % SLOTS
         at = slot * SLOT.size
-        if (partition, offset) in self.crashes:
+        if self.crashes and (partition, offset) in self.crashes:
             self._enter_alone(slot)
-            SLOT.pack_into(self._map, at, SUSPECT, partition, offset, int(time.time() * 1000))
-            return slot
+            self._pack(self._map, at, SUSPECT, partition, offset, int(time.time() * 1000))
+            return -1 - slot
         # In the slot first, then look: a suspect about to run alone either sees this call and
         # waits for it, or this call sees the suspect and steps back until it is done.
-        SLOT.pack_into(self._map, at, CALL, partition, offset, int(time.time() * 1000))
-        while self._alone_slot is not None and time.monotonic() < self._alone_until:
-            SLOT.pack_into(self._map, at, 0, 0, 0, 0)
-            with self._alone:
-                self._alone.wait_for(self._not_alone, max(0.0, self._alone_until - time.monotonic()))
-            SLOT.pack_into(self._map, at, CALL, partition, offset, int(time.time() * 1000))
+        self._pack(self._map, at, CALL, partition, offset, int(time.time() * 1000))
+        if self._alone_slot is not None:
+            self._step_back(at, partition, offset)
         return slot
 
-    def end(self, slot: int) -> None:
+    def end(self, token: int) -> None:
         """After the call returned (or raised): the slot is free, and a suspect lets the others go on."""
-        at = slot * SLOT.size
-        suspect = self._map[at] == SUSPECT
-        SLOT.pack_into(self._map, at, 0, 0, 0, 0)
-        if suspect:
+        if token >= 0:
+            self._pack(self._map, token * SLOT.size, 0, 0, 0, 0)
+            return
+        slot = -1 - token
+        self._pack(self._map, slot * SLOT.size, 0, 0, 0, 0)
+        with self._alone:
+            if self._alone_slot == slot:
+                self._alone_slot = None
+            self._alone.notify_all()
+
+    def _step_back(self, at: int, partition: int, offset: int) -> None:
+        while self._alone_slot is not None and time.monotonic() < self._alone_until:
+            self._pack(self._map, at, 0, 0, 0, 0)
             with self._alone:
-                if self._alone_slot == slot:
-                    self._alone_slot = None
-                self._alone.notify_all()
+                self._alone.wait_for(self._not_alone, max(0.0, self._alone_until - time.monotonic()))
+            self._pack(self._map, at, CALL, partition, offset, int(time.time() * 1000))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._map.close()
         self.path.unlink(missing_ok=True)
-
-    def _slot(self) -> int:
-        slot = getattr(self._local, "slot", None)
-        if slot is None:
-            slot = self._local.slot = next(self._next_slot) % SLOTS
-        return slot
 
     def _not_alone(self) -> bool:
         return self._alone_slot is None or time.monotonic() >= self._alone_until
