@@ -99,14 +99,15 @@ class CrashJournal:
         """Count the calls of processes that died in them, and read every crash counted so far."""
         with self._locked():
             crashes = self._read_crashes()
-            for path in self.folder.glob(f"*{SUFFIX}"):
-                if path == self.path or self._alive(path):
-                    continue
+            dead = [p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not self._alive(p)]
+            for path in dead:
                 for key in _blamed(path.read_bytes(), self.alone_s):
                     if crashes.get(key, 0) < DEAD:
                         crashes[key] = crashes.get(key, 0) + 1
-                path.unlink(missing_ok=True)
-            self._write_crashes(crashes)
+            if dead:
+                self._write_crashes(crashes)  # first, then the files: no death goes uncounted
+                for path in dead:
+                    path.unlink(missing_ok=True)
         self.crashes = crashes
 
     def cleared(self, partition: int, offset: int) -> None:
