@@ -35,3 +35,19 @@ def test_a_command_keeps_them_in_the_debug_log(caplog):
     caplog.set_level(logging.DEBUG, logger="queueplane.kafka")
     errors(KafkaError(KafkaError._ALL_BROKERS_DOWN, "all brokers down"))
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+
+
+def test_the_workers_metrics_show_the_counts_and_the_time_kafka_did_not_answer_at_each_scrape():
+    from prometheus_client import generate_latest
+
+    from queueplane.run.metrics import WorkerMetrics
+
+    counts = {"_TRANSPORT": 3}
+    unanswered = [0.0]
+    metrics = WorkerMetrics("q")
+    metrics.watch_kafka(lambda: counts, lambda: unanswered[0])
+    counts["_ALL_BROKERS_DOWN"], unanswered[0] = 1, 21.5  # read when scraped, not when registered
+    text = generate_latest(metrics.registry).decode()
+    assert 'queueplane_kafka_client_errors_total{error="_TRANSPORT",queue="q"} 3.0' in text
+    assert 'queueplane_kafka_client_errors_total{error="_ALL_BROKERS_DOWN",queue="q"} 1.0' in text
+    assert 'queueplane_kafka_unanswered_seconds_total{queue="q"} 21.5' in text
