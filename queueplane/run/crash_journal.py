@@ -52,7 +52,7 @@ def worker_died(crashes: int) -> Failure:
     return Failure(
         WORKER_DIED,
         f"the handler's process died {crashes} time(s) while handling this record"
-        " (os._exit, a crash in native code, or the OOM killer)",
+        " (os._exit, a crash in native code, the OOM killer, or its pod killed)",
     )
 
 
