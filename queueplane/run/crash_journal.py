@@ -19,6 +19,9 @@ The folder is per queue and per machine (an executor pod's own disk on Kubernete
 retried on another executor starts its count there again, so a record can kill at most
 ``deliveryLimit`` processes per executor. Spark gives each task ``deliveryLimit + 1`` attempts
 (queueplane.run.session), so the retry that dead-letters it comes before the query fails.
+
+Consumer-group and kmq tasks use it. Share groups do not yet: there, the records a dying process
+had acquired come back a delivery later whether or not they were in a call (docs/runtimes.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The driver's backlog watcher: when Kafka answers again after an outage, idle time starts over."""
+"""The driver's backlog watcher: after an outage idle time starts over, and each outage is kept."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from queueplane.run.driver import BacklogWatcher
 from queueplane.run.health import Health
 
 
-def test_the_end_of_an_outage_restarts_the_time_kafka_has_answered_and_a_good_read_does_not():
-    answers = iter([RuntimeError("no leaders"), RuntimeError("no leaders"), None, {0: 3}, {0: 0}])
+def _reads(answers):
+    """A backlog read giving ``answers`` in turn: an exception is raised, anything else returned."""
 
     def read():
         answer = next(answers)
@@ -17,7 +17,12 @@ def test_the_end_of_an_outage_restarts_the_time_kafka_has_answered_and_a_good_re
             raise answer
         return answer
 
-    watcher = BacklogWatcher(read, Health(stall_s=60))
+    return read
+
+
+def test_the_end_of_an_outage_restarts_the_time_kafka_has_answered_and_a_good_read_does_not():
+    answers = iter([RuntimeError("no leaders"), RuntimeError("no leaders"), None, {0: 3}, {0: 0}])
+    watcher = BacklogWatcher(_reads(answers), Health(stall_s=60))
     before = watcher.answering_since
     watcher.read_now()
     watcher.read_now()
@@ -35,14 +40,7 @@ def test_the_end_of_an_outage_restarts_the_time_kafka_has_answered_and_a_good_re
 
 def test_each_outage_is_kept_with_its_length_and_first_error_and_an_open_one_counts_up_to_now():
     answers = iter([RuntimeError("no leaders\ndetail"), RuntimeError("other"), {0: 1}, RuntimeError("down")])
-
-    def read():
-        answer = next(answers)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    watcher = BacklogWatcher(read, Health(stall_s=60))
+    watcher = BacklogWatcher(_reads(answers), Health(stall_s=60))
     watcher.read_now()
     time.sleep(0.2)
     watcher.read_now()
