@@ -36,8 +36,9 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from queueplane.run.dead_letters import Failure
 
@@ -49,6 +50,8 @@ CRASHES = "crashes.json"
 ALONE_POLL_S = 0.005
 WORKER_DIED = "WorkerDied"
 DEAD = 1 << 30  # the count of a record dead-lettered for its crashes
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def worker_died(crashes: int) -> Failure:
@@ -170,6 +173,16 @@ class CrashJournal:
             if self._alone_slot == slot:
                 self._alone_slot = None
             self._alone.notify_all()
+
+    def call(self, partition: int, offset: int, handler: Callable[[T], R], record: T) -> R:
+        """``handler(record)`` between ``begin`` and ``end``; a suspect whose call returns (or raises) is cleared."""
+        token = self.begin(partition, offset)
+        try:
+            return handler(record)
+        finally:
+            self.end(token)
+            if token < 0:
+                self.cleared(partition, offset)  # it came back: it did not kill its process
 
     def _step_back(self, at: int, partition: int, offset: int) -> None:
         while self._alone_slot is not None and time.monotonic() < self._alone_until:

@@ -134,11 +134,7 @@ class Slot:
             failure: Failure | None = None
             outputs: list[ProducedRecord] = []
             try:
-                slot = journal.begin(record.partition, record.offset)
-                try:
-                    result = self.task.process.handler(delivery)
-                finally:
-                    journal.end(slot)
+                result = journal.call(record.partition, record.offset, self.task.process.handler, delivery)
                 outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
             except Reject as exc:
                 failure, final = Failure.of(exc), True
@@ -146,9 +142,6 @@ class Slot:
                 failure = Failure.of(exc)
             finally:
                 self.task.inflight(-1)
-            if crashes:
-                journal.cleared(record.partition, record.offset)  # it returned: it did not kill its process
-                crashes = 0
             with self.lock:
                 if gen != self.generation:
                     return False  # the deadline passed; the watchdog already counted this attempt

@@ -168,19 +168,13 @@ class KmqTask:
         final = False
         outputs: list[ProducedRecord] = []
         try:
-            slot = journal.begin(where.partition, where.offset)
-            try:
-                result = self.process.handler(record)
-            finally:
-                journal.end(slot)
+            result = journal.call(where.partition, where.offset, self.process.handler, record)
             outputs = [output_record(o, record, s.output_topic) for o in outputs_of(result)]
         except Reject as exc:
             failure, final = Failure.of(exc), True
         except BaseException as exc:  # Retry, any other exception, sys.exit(): another delivery, unless the last
             failure = Failure.of(exc)
             final = record.delivery_count >= s.delivery_limit
-        if crashes:
-            journal.cleared(where.partition, where.offset)  # it returned: it did not kill its process
         latency_ms = (time.monotonic() - started) * 1000
         with self._lock:
             self._running.pop(index, None)
