@@ -48,17 +48,17 @@ demo: setup
 	$(QP) local kafka topics --describe --topic cafe.coffee-orders.v1
 	$(QP) local kafka configs --describe --entity-type groups --entity-name cafe-baristas
 	@echo "== 7. load the coffee-orders share queue: 2000 orders, some poison (not JSON), some slow"
-	$(QP) load specs/examples/coffee-orders.yaml --count 2000 --poison-rate 0.01 --slow-rate 0.02
+	$(QP) load specs/examples/cafe/coffee-orders.yaml --count 2000 --poison-rate 0.01 --slow-rate 0.02
 	@echo "== 8. run its worker on Spark (local mode) until the queue is drained"
-	$(QP) run specs/examples/coffee-orders.yaml --until-idle 5s
+	$(QP) run specs/examples/cafe/coffee-orders.yaml --until-idle 5s
 	@echo "== 9. the dead-letter queue, with Kafka's own console consumer"
 	$(QP) local kafka console-consumer --topic cafe.coffee-orders.v1.dlq --from-beginning --max-messages 3 \
 	  --timeout-ms 5000 --property print.headers=true || true
 	@echo "== 10. a consumer-group queue (ordered per key, exactly once) and a kmq queue, briefly"
-	$(QP) load specs/examples/payment-events.yaml --count 500 --poison-rate 0.01
-	$(QP) run specs/examples/payment-events.yaml --until-idle 5s
-	$(QP) load specs/examples/email-jobs.yaml --count 500 --poison-rate 0.01 --slow-rate 0.02
-	$(QP) run specs/examples/email-jobs.yaml --until-idle 5s
+	$(QP) load specs/examples/payments/payment-events.yaml --count 500 --poison-rate 0.01
+	$(QP) run specs/examples/payments/payment-events.yaml --until-idle 5s
+	$(QP) load specs/examples/messaging/email-jobs.yaml --count 500 --poison-rate 0.01 --slow-rate 0.02
+	$(QP) run specs/examples/messaging/email-jobs.yaml --until-idle 5s
 	@echo "== done. The broker keeps running: 'queueplane local status', stop it with 'make local-down'."
 
 # The Kubernetes half: the same coffee-orders queue deployed to the local cluster with Helm.
@@ -70,20 +70,20 @@ demo-kubernetes: setup
 	$(QP) local kubernetes up
 	$(QP) local kubernetes status
 	@echo "== 2. the queue's topics on Kafka"
-	$(QP) apply specs/examples/coffee-orders.yaml --yes
+	$(QP) apply specs/examples/cafe/coffee-orders.yaml --yes
 	@echo "== 3. a namespace that admits only pods meeting Pod Security 'restricted'"
 	$(KUBECTL) create namespace $(DEMO_NS) --dry-run=client -o yaml | $(KUBECTL) apply -f -
 	$(KUBECTL) label --overwrite namespace $(DEMO_NS) pod-security.kubernetes.io/enforce=restricted
 	@echo "== 4. deploy with Helm: the spec's values and the local cluster's (image, Kafka for pods)"
-	$(QP) deploy specs/examples/coffee-orders.yaml --kubeconfig .queueplane/local/kubeconfig \
+	$(QP) deploy specs/examples/cafe/coffee-orders.yaml --kubeconfig .queueplane/local/kubeconfig \
 	  --values .queueplane/local/cluster-values.yaml --timeout 5m
 	$(KUBECTL) get pods -n $(DEMO_NS) -L app.kubernetes.io/component
 	@echo "== 5. 1000 orders, some poison; the pods handle them"
-	$(QP) load specs/examples/coffee-orders.yaml --count 1000 --poison-rate 0.01
+	$(QP) load specs/examples/cafe/coffee-orders.yaml --count 1000 --poison-rate 0.01
 	@for _ in $$(seq 60); do sleep 5; \
-	  total=$$($(QP) lag specs/examples/coffee-orders.yaml -o json | $(BIN)/python -c 'import json, sys; print(json.load(sys.stdin)["total"])'); \
+	  total=$$($(QP) lag specs/examples/cafe/coffee-orders.yaml -o json | $(BIN)/python -c 'import json, sys; print(json.load(sys.stdin)["total"])'); \
 	  echo "backlog: $$total"; [ "$$total" != 0 ] || break; done
-	$(QP) lag specs/examples/coffee-orders.yaml
+	$(QP) lag specs/examples/cafe/coffee-orders.yaml
 	$(KUBECTL) logs deployment/coffee-orders -n $(DEMO_NS) --tail 5
 	@echo "== done. 'queueplane local kubernetes kubectl get pods -n $(DEMO_NS)'; stop it with 'make local-down'."
 

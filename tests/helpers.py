@@ -13,6 +13,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "specs" / "examples"
+# Each example team's specs and handler package share a folder: specs/examples/<team>/.
+EXAMPLE_SPECS = sorted(EXAMPLES.glob("*/*.yaml"))
 
 
 def run_cli(
@@ -38,7 +40,7 @@ def tagged_examples(directory: Path, tag: str) -> dict[str, Path]:
     example. Returns the spec files by dag_id.
     """
     out: dict[str, Path] = {}
-    for source in sorted(EXAMPLES.glob("*.yaml")):
+    for source in EXAMPLE_SPECS:
         doc = yaml.safe_load(source.read_text())
         spec = doc["spec"]
         spec["topic"]["name"] = f"{tag}.{spec['topic']['name']}"

@@ -38,3 +38,13 @@ BROKER_FALLBACK_FOR_GROUP_CONFIG = {
     SHARE_DELIVERY_COUNT_LIMIT: BROKER_SHARE_DELIVERY_DEFAULT,
     SHARE_MAX_RECORD_LOCKS: BROKER_SHARE_LOCKS_DEFAULT,
 }
+
+# Topics that belong to Kafka itself (__consumer_offsets, __transaction_state,
+# __share_group_state, __cluster_metadata, …) and to the tools around it (Schema Registry's
+# _schemas, Confluent's _confluent-*): no spec may create, alter or write to them.
+INTERNAL_TOPIC_PREFIXES = ("__", "_confluent")
+INTERNAL_TOPICS = frozenset({"_schemas"})
+
+
+def is_internal_topic(name: str) -> bool:
+    return name in INTERNAL_TOPICS or name.startswith(INTERNAL_TOPIC_PREFIXES)

@@ -42,6 +42,7 @@ class QueueSettings(JsonSettings):
     @staticmethod
     def common(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
         """The shared fields' values, from the spec and the cluster."""
+        folder = Path(queue.source).resolve().parent
         return {
             "kafka": dict(target.settings),
             "queue": queue.name,
@@ -51,7 +52,8 @@ class QueueSettings(JsonSettings):
             "lock_ms": queue.group.lock_duration_ms,
             "delivery_limit": queue.group.delivery_limit,
             "handler": queue.handler,
-            # The handler module sits next to the spec in local mode.
-            "search_paths": [str(Path(queue.source).resolve().parent)],
+            # In local mode the handler's package sits beside the spec, or is the team folder the
+            # spec sits in (specs/<team>/__init__.py makes `<team>.handlers` importable).
+            "search_paths": [str(folder), str(folder.parent)],
             "batch_bytes": smallest_record_batch(target, [queue.dead_letter.name, *filter(None, [queue.output_topic])]),
         }

@@ -16,8 +16,9 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from queueplane.kafka import names
 from queueplane.paths import home_dir
-from queueplane.spec import durations, files, model, rules, schema
+from queueplane.spec import durations, files, model, rules, schema, schema_errors
 from queueplane.spec.files import SpecFile
 
 FORMAT = 1
@@ -27,7 +28,7 @@ FORMAT = 1
 def code_fingerprint() -> str:
     """Hash of the schema and of every module whose logic decides a spec's per-file verdict."""
     digest = hashlib.sha256(str(FORMAT).encode())
-    for module in (durations, model, schema, files, rules):
+    for module in (durations, model, schema, schema_errors, files, rules, names):
         digest.update(Path(module.__file__ or "").read_bytes())
     digest.update(schema.schema_path().read_bytes())
     return digest.hexdigest()

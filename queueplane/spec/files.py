@@ -18,6 +18,8 @@ import yaml
 from queueplane.errors import Problem, UsageError
 
 SPEC_SUFFIXES = (".yaml", ".yml")
+# The platform file (spec/platform.py) sits among the specs it governs and is not one.
+PLATFORM_FILE_NAME = "platform.yaml"
 # A spec is a page of YAML. Files far larger, or whose aliases expand to far more nodes than
 # they spell out (a "billion laughs"), would stall validate, CI and the DAG parse of every
 # team's DAGs: they are refused before anything walks their data.
@@ -224,7 +226,13 @@ def expand_paths(paths: list[str]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found.extend(sorted(x for x in p.rglob("*") if x.suffix in SPEC_SUFFIXES and x.is_file()))
+            found.extend(
+                sorted(
+                    x
+                    for x in p.rglob("*")
+                    if x.suffix in SPEC_SUFFIXES and x.name != PLATFORM_FILE_NAME and x.is_file()
+                )
+            )
         elif p.is_file():
             found.append(p)
         else:

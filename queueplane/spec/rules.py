@@ -6,22 +6,16 @@ file, each problem naming its file and field, so a team fixes a spec in one go.
 
 from __future__ import annotations
 
-import difflib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
 
 from queueplane.errors import Problem, SpecInvalid
 from queueplane.kafka import names as kn
 from queueplane.spec import durations
-from queueplane.spec.files import SpecFile, expand_paths, parse_text, pointer, read_spec_file
+from queueplane.spec.files import SpecFile, expand_paths, parse_text, read_spec_file
 from queueplane.spec.model import SHARE_RESERVE_DELIVERIES, QueueSpec, build
-from queueplane.spec.schema import load_schema, subschema_at
+from queueplane.spec.platform import Platforms, platform_problems
+from queueplane.spec.schema_errors import schema_problems
 
 
 @dataclass(frozen=True)
@@ -47,111 +41,6 @@ class ShareBounds:
             max_record_locks=pair(kn.BROKER_SHARE_LOCKS_MIN, kn.BROKER_SHARE_LOCKS_MAX, default.max_record_locks),
             source=f"bounds of broker {broker}",
         )
-
-
-def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
-    """The schema with each local $ref replaced by allOf its target: same meaning, no lookups.
-
-    Reference resolution was most of the validation time when planning hundreds of specs.
-    """
-    if isinstance(node, list):
-        return [_inline_refs(item, defs) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _inline_refs(v, defs) for k, v in node.items() if k not in ("$ref", "$defs")}
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/$defs/"):
-        out["allOf"] = [*out.get("allOf", []), _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)]
-    return out
-
-
-@cache
-def _validator() -> Draft202012Validator:
-    schema = load_schema()
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(_inline_refs(schema, schema["$defs"]))
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_TYPE_WORDS = {
-    "string": "a string",
-    "integer": "a whole number",
-    "number": "a number",
-    "boolean": "true or false",
-    "object": "a mapping",
-    "array": "a list",
-    "null": "null",
-}
-
-
-def _schema_error_problems(error: ValidationError, spec: SpecFile) -> list[Problem]:
-    """Turn one jsonschema error into messages a team can act on, with the field's pointer."""
-    path = list(error.absolute_path)
-    ptr = pointer(path)
-    kind, expected, instance, schema = error.validator, error.validator_value, error.instance, error.schema
-    custom = schema.get("errorMessage") if isinstance(schema, dict) else None
-
-    if kind == "additionalProperties" and isinstance(instance, dict):
-        known = sorted((schema.get("properties") or {}).keys())
-        problems = []
-        for key in sorted(set(instance) - set(known), key=str):
-            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-            hint = f'did you mean "{close[0]}"?' if close else f"known fields here: {', '.join(known)}"
-            problems.append(spec.problem(pointer([*path, key]), f'unknown field "{key}"', hint))
-        return problems
-    if kind == "required" and isinstance(instance, dict):
-        missing = [k for k in expected if k not in instance]
-        out = []
-        for key in missing:
-            described = subschema_at([*path, key]) or {}
-            hint = described.get("description")
-            out.append(spec.problem(pointer([*path, key]), "is required", hint))
-        return out
-    if "propertyNames" in error.schema_path:
-        # jsonschema reports a bad key at its mapping; point at the key itself.
-        return [spec.problem(pointer([*path, instance]), f"{custom or error.message}; got {_show(instance)}")]
-    if kind == "enum":
-        choices = ", ".join(str(c) for c in expected)
-        close = difflib.get_close_matches(str(instance), [str(c) for c in expected], n=1, cutoff=0.5)
-        hint = f'did you mean "{close[0]}"?' if close else None
-        return [spec.problem(ptr, f"must be one of {choices}; got {_show(instance)}", hint)]
-    if kind == "const":
-        return [spec.problem(ptr, f"must be {_show(expected)}; got {_show(instance)}")]
-    if kind == "type":
-        wanted = expected if isinstance(expected, list) else [expected]
-        words = " or ".join(_TYPE_WORDS.get(w, w) for w in wanted)
-        detail = f"must be {words}; got {_show(instance)}"
-        if custom and "string" in wanted:
-            detail += f" ({custom.removeprefix('must be ')})"
-        return [spec.problem(ptr, detail)]
-    if kind == "pattern":
-        return [spec.problem(ptr, f"{custom or 'must match ' + expected}; got {_show(instance)}")]
-    if kind in ("minimum", "maximum"):
-        word = "at least" if kind == "minimum" else "at most"
-        return [spec.problem(ptr, f"must be {word} {expected}; got {_show(instance)}")]
-    if kind in ("minLength", "maxLength"):
-        word = "at least" if kind == "minLength" else "at most"
-        extra = ""
-        if path == ["metadata", "name"] and kind == "maxLength":
-            extra = " (it becomes the Helm release name)"
-        return [spec.problem(ptr, f"must be {word} {expected} characters{extra}; got {len(instance)}")]
-    return [spec.problem(ptr, error.message)]
-
-
-def schema_problems(spec: SpecFile) -> list[Problem]:
-    problems: list[Problem] = []
-    errors = sorted(_validator().iter_errors(spec.data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
-    for error in errors:
-        problems.extend(_schema_error_problems(error, spec))
-    # One field can fail two keywords (type and pattern); keep one line per pointer and message.
-    unique: dict[tuple[str, str], Problem] = {}
-    for p in problems:
-        unique.setdefault((p.pointer, p.message), p)
-    return list(unique.values())
 
 
 def semantic_problems(spec: SpecFile, queue: QueueSpec) -> list[Problem]:
@@ -185,6 +74,14 @@ def semantic_problems(spec: SpecFile, queue: QueueSpec) -> list[Problem]:
         )
     if group.lock_duration_ms <= 0:
         add("/spec/group/lockDuration", "must be longer than 0s")
+    written = [("/spec/processing/output/topic", queue.output_topic)] if queue.output_topic else []
+    for ptr, name in [*queue.owned_topics(), *written]:
+        if kn.is_internal_topic(name):
+            add(
+                ptr,
+                f'"{name}" is an internal topic of Kafka or its tools',
+                "queueplane never creates, alters or writes one",
+            )
     if queue.dead_letter.name == queue.topic.name:
         add(
             "/spec/deadLetter/topic",
@@ -368,6 +265,29 @@ def _sorted(problems: list[Problem]) -> list[Problem]:
     return sorted(problems, key=lambda p: (p.file, p.line or 0, p.pointer))
 
 
+Checked = list[tuple[SpecFile, QueueSpec]]
+
+
+def _platform_checked(valid: Checked) -> tuple[Checked, list[Problem]]:
+    """The specs their platform file allows, and the problems of those it does not (or of the
+    platform file itself, which then allows none of its specs). Run every time, outside the
+    spec cache: the verdict depends on the platform file and on where the spec sits."""
+    platforms = Platforms()
+    allowed: Checked = []
+    problems: list[Problem] = []
+    for spec, queue in valid:
+        platform, platform_file_problems, governed = platforms.for_spec(spec.path)
+        problems.extend(platform_file_problems)
+        if not governed:
+            allowed.append((spec, queue))
+            continue
+        found = platform_problems(spec, queue, platform) if platform is not None else []
+        problems.extend(found)
+        if platform is not None and not found:
+            allowed.append((spec, queue))
+    return allowed, problems
+
+
 def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None) -> Loaded:
     """Check parsed files; ``bounds`` None leaves out the rules that need a broker's limits."""
     problems: list[Problem] = []
@@ -389,6 +309,8 @@ def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None) -> Loaded
         if not found:
             spec.rules_passed = True
             valid.append((spec, queue))
+    valid, refused = _platform_checked(valid)
+    problems.extend(refused)
     problems.extend(cross_spec_problems(valid))
     loaded = Loaded([q for _, q in valid], _sorted(problems), built)
     return loaded.with_bounds(bounds) if bounds is not None else loaded

@@ -1,7 +1,8 @@
 """Access to the queue spec JSON Schema.
 
-The schema file in ``specs/`` is the single source of truth for the spec's shape,
-its defaults and its field descriptions; everything else reads it from here.
+The schema files in ``specs/`` are the single source of truth for the shape of a spec (and
+of the platform file), their defaults and field descriptions; everything else reads them
+from here.
 """
 
 from __future__ import annotations
@@ -15,25 +16,27 @@ from typing import Any
 from queueplane.paths import shipped_file
 
 SCHEMA_FILE_NAME = "queue-v1.schema.json"
+PLATFORM_SCHEMA_FILE_NAME = "platform-v1.schema.json"
 API_VERSION = "queueplane.io/v1"
 
 
-def schema_path() -> Path:
-    """Where the schema is: the repository's specs/ in a checkout, else the wheel's copy."""
-    return shipped_file(f"specs/{SCHEMA_FILE_NAME}")
+def schema_path(name: str = SCHEMA_FILE_NAME) -> Path:
+    """Where a schema is: the repository's specs/ in a checkout, else the wheel's copy."""
+    return shipped_file(f"specs/{name}")
 
 
 @cache
-def load_schema() -> dict[str, Any]:
-    return json.loads(schema_path().read_text(encoding="utf-8"))
+def load_schema(name: str = SCHEMA_FILE_NAME) -> dict[str, Any]:
+    """The queue spec's schema, or another of specs/ by file name (the platform file's)."""
+    return json.loads(schema_path(name).read_text(encoding="utf-8"))
 
 
-def resolve(node: dict[str, Any]) -> dict[str, Any]:
-    """Follow a local ``$ref`` (one level is all the schema uses), merging sibling keywords."""
+def resolve(node: dict[str, Any], name: str = SCHEMA_FILE_NAME) -> dict[str, Any]:
+    """Follow a local ``$ref`` (one level is all the schemas use), merging sibling keywords."""
     ref = node.get("$ref")
     if not ref:
         return node
-    target: Any = load_schema()
+    target: Any = load_schema(name)
     for part in ref.removeprefix("#/").split("/"):
         target = target[part]
     merged = dict(target)
@@ -41,21 +44,21 @@ def resolve(node: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def subschema_at(path: list[str | int]) -> dict[str, Any] | None:
+def subschema_at(path: list[str | int], name: str = SCHEMA_FILE_NAME) -> dict[str, Any] | None:
     """The (resolved) schema that governs the value at ``path``, or None if the path is not described."""
-    node = resolve(load_schema())
+    node = resolve(load_schema(name), name)
     for part in path:
         if isinstance(part, int):
             items = node.get("items")
             if not isinstance(items, dict):
                 return None
-            node = resolve(items)
+            node = resolve(items, name)
             continue
         props = node.get("properties", {})
         if part in props:
-            node = resolve(props[part])
+            node = resolve(props[part], name)
         elif isinstance(node.get("additionalProperties"), dict):
-            node = resolve(node["additionalProperties"])
+            node = resolve(node["additionalProperties"], name)
         else:
             return None
     return node

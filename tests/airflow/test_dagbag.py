@@ -11,6 +11,7 @@ from airflow.sdk.definitions.timetables.simple import NullTimetable
 from helpers import EXAMPLES, REPO
 
 from queueplane.operators.dag_factory import RECONCILE_DAG_ID, SPECS_DIR_ENV
+from queueplane.spec.files import PLATFORM_FILE_NAME
 
 DAGS = REPO / "dags"
 TASKS = ["validate", "plan", "apply_topics", "apply_group_configs", "deploy", "wait_until_ready"]
@@ -24,6 +25,8 @@ def _expected_ids(directory: Path) -> dict[str, tuple[Path, dict]]:
     """dag_id -> (spec file, document) for every spec under ``directory``."""
     out = {}
     for path in sorted(directory.rglob("*.yaml")):
+        if path.name == PLATFORM_FILE_NAME:
+            continue
         doc = yaml.safe_load(path.read_text())
         out[f"queue__{doc['metadata']['team']}__{doc['metadata']['name']}"] = (path.resolve(), doc)
     return out
@@ -54,7 +57,7 @@ def test_a_broken_spec_is_one_import_error_naming_file_and_field_while_the_other
 ):
     specs = tmp_path / "specs"
     shutil.copytree(EXAMPLES, specs / "examples")
-    broken = yaml.safe_load((EXAMPLES / "coffee-orders.yaml").read_text())
+    broken = yaml.safe_load((EXAMPLES / "cafe" / "coffee-orders.yaml").read_text())
     broken["metadata"] = {"name": "tea-orders", "team": "tearoom"}
     broken["spec"]["topic"]["name"] = "tearoom.tea-orders.v1"
     broken["spec"]["group"]["id"] = "tearoom-brewers"

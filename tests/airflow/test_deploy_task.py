@@ -12,7 +12,7 @@ from helpers import EXAMPLES
 
 from queueplane.operators import HelmDeployOperator
 
-SPEC = str(EXAMPLES / "coffee-orders.yaml")
+SPEC = str(EXAMPLES / "cafe" / "coffee-orders.yaml")
 
 NOWHERE = {
     "apiVersion": "v1",

@@ -14,7 +14,7 @@ def test_a_spec_path_with_template_syntax_reaches_every_task_as_written(airflow_
     folder = tmp_path / "{{ 7 * 7 }}" / "{% for x in range(3) %}x{% endfor %}"
     folder.mkdir(parents=True)
     spec = folder / "coffee-orders.yaml"
-    shutil.copy(EXAMPLES / "coffee-orders.yaml", spec)
+    shutil.copy(EXAMPLES / "cafe" / "coffee-orders.yaml", spec)
     dag = queue_dag(steps.validate([str(spec)])[0])
     context = {"params": {"dry_run": False, "deploy": True, "cluster_values": {}}}
     for task in dag.tasks:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from helpers import EXAMPLES, run_cli, tagged_examples, unique_tag
+from helpers import EXAMPLE_SPECS, run_cli, tagged_examples, unique_tag
 from worker_support import read_all
 
 pytestmark = pytest.mark.kafka
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.kafka
 COUNT = 300
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+@pytest.mark.parametrize("example", [p.name for p in EXAMPLE_SPECS])
 def test_an_example_processes_a_load_with_its_own_handler(example, kafka, cli_env, tmp_path):
     spec = next(p for p in tagged_examples(tmp_path, unique_tag()).values() if p.name == example)
     cluster = ["--bootstrap-servers", kafka.bootstrap]

@@ -46,7 +46,7 @@ def test_a_spec_repository_validates_its_specs_on_commit(tmp_path):
         f"repos:\n  - repo: {REPO}\n    rev: {head.stdout.strip()}\n    hooks:\n      - id: queueplane-validate\n"
     )
     spec = repo / "specs" / "cafe" / "coffee-orders.yaml"
-    shutil.copy(EXAMPLES / "coffee-orders.yaml", spec)
+    shutil.copy(EXAMPLES / "cafe" / "coffee-orders.yaml", spec)
     installed = subprocess.run(
         ["pre-commit", "install"], cwd=repo, env=env, capture_output=True, text=True, timeout=120
     )

@@ -23,7 +23,7 @@ RULES_TEST = Path(__file__).with_name("alert_rules.test.yaml")
 
 
 def _coffee():
-    return steps.validate([str(EXAMPLES / "coffee-orders.yaml")], None)[0]
+    return steps.validate([str(EXAMPLES / "cafe" / "coffee-orders.yaml")], None)[0]
 
 
 def _promtool(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -55,15 +55,15 @@ def _obs(lag: int, executors: int, now: float = 100.0) -> Observation:
 
 
 def test_consumer_groups_are_capped_by_partitions_and_key_slots_share_groups_are_not():
-    payments = steps.validate([str(EXAMPLES / "payment-events.yaml")], None)[0]  # consumer, ordering=key
+    payments = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[0]  # consumer, ordering=key
     policy = policy_for(payments, runtime_class(payments).executor_cap(payments))
     assert policy.cap == payments.topic.partitions * payments.concurrency // 2  # 2 cores per executor
-    coffee = steps.validate([str(EXAMPLES / "coffee-orders.yaml")], None)[0]  # share group
+    coffee = steps.validate([str(EXAMPLES / "cafe" / "coffee-orders.yaml")], None)[0]  # share group
     assert policy_for(coffee, runtime_class(coffee).executor_cap(coffee)).cap is None
 
 
 def test_consumer_cap_without_key_ordering_is_the_partitions(tmp_path: Path):
-    doc = yaml.safe_load((EXAMPLES / "payment-events.yaml").read_text())
+    doc = yaml.safe_load((EXAMPLES / "payments" / "payment-events.yaml").read_text())
     doc["spec"]["group"]["ordering"] = "partition"
     doc["spec"]["processing"]["exactlyOnce"] = False
     doc["spec"]["autoscaling"]["maxExecutors"] = 50

@@ -76,7 +76,7 @@ def test_bash_completes_commands_flags_and_spec_paths(tmp_path, cli_env):
     assert complete("pl") == ["plan"]
     assert complete("plan", "--det") == ["--detailed-exitcode"]
     assert complete("local", "kubernetes", "st") == ["status"]
-    assert complete("validate", "specs/examples/coffee") == ["specs/examples/coffee-orders.yaml"]
+    assert complete("validate", "specs/examples/cafe/coffee") == ["specs/examples/cafe/coffee-orders.yaml"]
     assert "yaml" in complete("lag", "-o", "")
 
 

@@ -45,9 +45,11 @@ def test_a_stopped_query_is_not_live():
 
 
 def test_the_stall_bound_covers_every_delivery_with_its_backoff_and_is_never_short(tmp_path):
-    payments = steps.validate([str(EXAMPLES / "payment-events.yaml")], None)[0]  # 20s lock, 30s backoff, 8 deliveries
+    payments = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[
+        0
+    ]  # 20s lock, 30s backoff, 8 deliveries
     assert stall_seconds(payments) == 4 * 8 * (20 + 30)
-    doc = yaml.safe_load((EXAMPLES / "payment-events.yaml").read_text())
+    doc = yaml.safe_load((EXAMPLES / "payments" / "payment-events.yaml").read_text())
     doc["spec"]["group"].update(lockDuration="1s", deliveryLimit=2)
     doc["spec"]["retry"] = {"backoff": "100ms", "maxBackoff": "1s"}
     quick = tmp_path / "quick.yaml"
@@ -82,7 +84,7 @@ def test_an_empty_backlog_or_one_kafka_does_not_tell_is_not_starvation():
 
 
 def test_the_starvation_bound_covers_three_lock_and_backoff_cycles_and_is_never_short():
-    payments = steps.validate([str(EXAMPLES / "payment-events.yaml")], None)[0]  # 20s lock, 30s backoff
+    payments = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[0]  # 20s lock, 30s backoff
     assert starve_seconds(payments) == 3 * (20 + 30)
-    coffee = steps.validate([str(EXAMPLES / "coffee-orders.yaml")], None)[0]
+    coffee = steps.validate([str(EXAMPLES / "cafe" / "coffee-orders.yaml")], None)[0]
     assert starve_seconds(coffee) >= MIN_STARVE_S

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 import yaml
-from helpers import EXAMPLES, run_cli
+from helpers import EXAMPLE_SPECS, EXAMPLES, run_cli
 
 from queueplane.deploy.helm import HelmError, run_helm
 from queueplane.deploy.policy import DRIVER_RBAC
@@ -16,10 +16,10 @@ from queueplane.deploy.render import ManifestInvalid, chart_path, executor_pod_t
 from queueplane.errors import QueueplaneError, SpecInvalid
 from queueplane.provision import steps
 
-SPECS = sorted(EXAMPLES.glob("*.yaml"))
+SPECS = EXAMPLE_SPECS
 
 
-def _queue(path=EXAMPLES / "coffee-orders.yaml"):
+def _queue(path=EXAMPLES / "cafe" / "coffee-orders.yaml"):
     return steps.validate([str(path)], None)[0]
 
 
@@ -233,7 +233,7 @@ def test_without_the_queue_resource_there_is_no_object_no_grant_and_no_report(tm
 
 
 def test_free_text_in_a_spec_cannot_inject_yaml_or_template_syntax(tmp_path):
-    doc = yaml.safe_load((EXAMPLES / "coffee-orders.yaml").read_text())
+    doc = yaml.safe_load((EXAMPLES / "cafe" / "coffee-orders.yaml").read_text())
     doc["metadata"]["description"] = (
         'x"\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: stolen}\n{{ .Release.Name }} {{ fail "boom" }}'
     )
@@ -265,14 +265,18 @@ def test_spec_strings_that_reach_manifests_are_checked_whatever_built_the_spec(f
 
 
 def test_cli_render(tmp_path, cli_env):
-    result = run_cli(["render", str(EXAMPLES / "email-jobs.yaml"), "--output-dir", str(tmp_path)], cli_env)
+    result = run_cli(
+        ["render", str(EXAMPLES / "messaging" / "email-jobs.yaml"), "--output-dir", str(tmp_path)], cli_env
+    )
     assert result.returncode == 0, result.stderr
     assert "Deployment/email-jobs" in result.stdout
     assert (tmp_path / "manifests.yaml").is_file() and (tmp_path / "values.yaml").is_file()
-    printed = run_cli(["render", str(EXAMPLES / "email-jobs.yaml")], cli_env)
+    printed = run_cli(["render", str(EXAMPLES / "messaging" / "email-jobs.yaml")], cli_env)
     assert printed.returncode == 0 and "kind: Deployment" in printed.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text((EXAMPLES / "email-jobs.yaml").read_text().replace("name: email-jobs", "name: Email_Jobs"))
+    bad.write_text(
+        (EXAMPLES / "messaging" / "email-jobs.yaml").read_text().replace("name: email-jobs", "name: Email_Jobs")
+    )
     failed = run_cli(["render", str(bad)], cli_env)
     assert failed.returncode == 2 and "/metadata/name" in failed.stderr and "Traceback" not in failed.stderr
 
@@ -280,12 +284,14 @@ def test_cli_render(tmp_path, cli_env):
 def test_cli_deploy_dry_run_renders_and_names_the_upgrade_the_airflow_task_runs(tmp_path, cli_env):
     kubeconfig = tmp_path / "kubeconfig"
     result = run_cli(
-        ["deploy", str(EXAMPLES / "coffee-orders.yaml"), "--dry-run", "--kubeconfig", str(kubeconfig)], cli_env
+        ["deploy", str(EXAMPLES / "cafe" / "coffee-orders.yaml"), "--dry-run", "--kubeconfig", str(kubeconfig)], cli_env
     )
     assert result.returncode == 0, result.stderr
     assert "helm upgrade --install coffee-orders" in result.stdout
     assert "--namespace cafe" in result.stdout and "--rollback-on-failure --wait" in result.stdout
-    unreachable = run_cli(["deploy", str(EXAMPLES / "coffee-orders.yaml"), "--kubeconfig", str(kubeconfig)], cli_env)
+    unreachable = run_cli(
+        ["deploy", str(EXAMPLES / "cafe" / "coffee-orders.yaml"), "--kubeconfig", str(kubeconfig)], cli_env
+    )
     assert unreachable.returncode == 1 and "Traceback" not in unreachable.stderr
     assert unreachable.stderr.startswith("error: "), unreachable.stderr
 
@@ -295,19 +301,19 @@ def test_cli_render_takes_cluster_values_from_files_but_not_the_specs_own(tmp_pa
     values.write_text(
         "kafka: {configSecret: {name: cafe-kafka}}\ncheckpoint: {persistentVolumeClaim: {enabled: true}}\n"
     )
-    result = run_cli(["render", str(EXAMPLES / "coffee-orders.yaml"), "--values", str(values)], cli_env)
+    result = run_cli(["render", str(EXAMPLES / "cafe" / "coffee-orders.yaml"), "--values", str(values)], cli_env)
     assert result.returncode == 0, result.stderr
     assert "cafe-kafka" in result.stdout and "kind: PersistentVolumeClaim" in result.stdout
     owned = tmp_path / "owned.yaml"
     owned.write_text("executor: {cores: 64}\n")
-    refused = run_cli(["render", str(EXAMPLES / "coffee-orders.yaml"), "--values", str(owned)], cli_env)
+    refused = run_cli(["render", str(EXAMPLES / "cafe" / "coffee-orders.yaml"), "--values", str(owned)], cli_env)
     assert refused.returncode == 2 and f"{owned}: /executor comes from the queue's spec" in refused.stderr
 
 
 def test_cli_render_set_overrides_the_values_files_as_helm_does(tmp_path, cli_env):
     values = tmp_path / "cluster.yaml"
     values.write_text("image: {repository: registry.example.com/team/worker, tag: '1.0.0'}\n")
-    coffee = str(EXAMPLES / "coffee-orders.yaml")
+    coffee = str(EXAMPLES / "cafe" / "coffee-orders.yaml")
     result = run_cli(
         ["render", coffee, "--values", str(values), "--set", "image.tag=2.0.0", "--set", "kafka.configSecret.name=k"],
         cli_env,

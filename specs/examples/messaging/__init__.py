@@ -1,1 +1,1 @@
-"""The messaging team's handlers (examples beside email-jobs.yaml)."""
+"""The messaging team's handlers (and its queue spec, email-jobs.yaml)."""

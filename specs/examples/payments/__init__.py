@@ -1,1 +1,1 @@
-"""The payments team's handlers (examples beside payment-events.yaml)."""
+"""The payments team's handlers (and its queue spec, payment-events.yaml)."""
