@@ -27,6 +27,7 @@ from confluent_kafka.admin import (
 
 from queueplane.errors import ClusterUnreachable
 from queueplane.kafka import clients
+from queueplane.kafka.owners import Owner, read_owners, record_owners
 from queueplane.kafka.target import KafkaTarget
 
 log = logging.getLogger("queueplane.cluster")
@@ -69,6 +70,8 @@ class LiveState:
     group_configs: dict[str, dict[str, LiveConfig]] = field(default_factory=dict)
     # GROUP config names the broker reports (its version's names); empty: no group configs at all.
     group_config_names: frozenset[str] = frozenset()
+    # The queue each topic queueplane created or adopted belongs to (kafka/owners.py).
+    owners: dict[str, Owner] = field(default_factory=dict)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -191,6 +194,8 @@ class Cluster:
                 state.group_config_names = frozenset(entries)
             else:
                 state.group_configs[resource.name] = _configs(entries)
+        if topic_names:
+            state.owners = read_owners(self.target)
         return state
 
     # -- changes -------------------------------------------------------------------------------
@@ -203,6 +208,10 @@ class Cluster:
             topics, validate_only=validate_only, operation_timeout=REQUEST_TIMEOUT_S, request_timeout=REQUEST_TIMEOUT_S
         )
         return _outcomes(futures)
+
+    def record_owners(self, owners: dict[str, Owner]) -> dict[str, str | None]:
+        """Record which queue owns each topic, before apply creates or changes it."""
+        return record_owners(self.target, owners)
 
     def create_partitions(self, increases: list[NewPartitions], validate_only: bool) -> dict[str, str | None]:
         if not increases:

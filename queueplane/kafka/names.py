@@ -41,8 +41,9 @@ BROKER_FALLBACK_FOR_GROUP_CONFIG = {
 
 # Topics that belong to Kafka itself (__consumer_offsets, __transaction_state,
 # __share_group_state, __cluster_metadata, …) and to the tools around it (Schema Registry's
-# _schemas, Confluent's _confluent-*): no spec may create, alter or write to them.
-INTERNAL_TOPIC_PREFIXES = ("__", "_confluent")
+# _schemas, Confluent's _confluent-*), and queueplane's own record of which queue owns which
+# topic (kafka/owners.py): no spec may create, alter or write to them.
+INTERNAL_TOPIC_PREFIXES = ("__", "_confluent", "_queueplane")
 INTERNAL_TOPICS = frozenset({"_schemas"})
 
 

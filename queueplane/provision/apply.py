@@ -43,11 +43,25 @@ class ApplyFailed(QueueplaneError):
 def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluster, bool], dict[str, str | None]]]]:
     """The plan as ordered steps; each step is one batched admin request."""
     creates = [c for c in plan.changes if c.action == "create" and c.kind == "topic"]
+    adopts = [c for c in plan.changes if c.action == "adopt"]
     partitions = [c for c in plan.changes if c.kind == "partitions" and c.action == "change"]
     topic_configs = [c for c in plan.changes if c.kind == "topic-config" and c.action == "change"]
     group_configs = [c for c in plan.changes if c.kind == "group-config" and c.action == "change"]
 
+    def claim(cluster: Cluster, changes: list[Change], validate_only: bool) -> dict[str, str | None]:
+        """Owner records first: a topic is never created or changed before its queue's claim on it
+        is on the cluster, so a failed apply leaves no topic that plan would call unowned."""
+        if validate_only:
+            return {}
+        return cluster.record_owners({c.target: plan.claims[c.target] for c in changes if c.target in plan.claims})
+
+    def adopt_topics(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
+        return claim(cluster, adopts, validate_only)
+
     def new_topics(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
+        unclaimed = {t: e for t, e in claim(cluster, creates, validate_only).items() if e}
+        if unclaimed:
+            return {c.target: unclaimed.get(c.target, "not attempted: another claim failed") for c in creates}
         requests = []
         for change in creates:
             topic = plan.new_topics[change.target]
@@ -80,6 +94,7 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
     # creates many partitions takes long to publish (it creates their logs), so configs
     # queued behind it would stay invisible for tens of seconds.
     return [
+        ("adopt topics", adopts, adopt_topics),
         ("set group configs", group_configs, set_group_configs),
         ("set topic configs", topic_configs, set_topic_configs),
         ("create topics", creates, new_topics),

@@ -12,14 +12,17 @@ from typing import Literal
 from queueplane.errors import PlanRefused
 from queueplane.kafka import names as kn
 from queueplane.kafka.cluster import LiveConfig, LiveState
-from queueplane.spec.model import QueueSpec
+from queueplane.kafka.owners import Owner
+from queueplane.spec.model import QueueSpec, TopicSpec
 
-Action = Literal["create", "change", "refuse"]
+Action = Literal["create", "adopt", "change", "refuse"]
 Kind = Literal["topic", "partitions", "replication", "topic-config", "group-config"]
-SYMBOLS: dict[str, str] = {"create": "+", "change": "~", "refuse": "!"}
+# "=" for a topic taken over as it is (Pulumi's mark for an import).
+SYMBOLS: dict[str, str] = {"create": "+", "adopt": "=", "change": "~", "refuse": "!"}
 # The two halves an orchestrator applies as separate steps (each with its own log).
 TOPIC_KINDS: frozenset[str] = frozenset({"topic", "partitions", "replication", "topic-config"})
 GROUP_KINDS: frozenset[str] = frozenset({"group-config"})
+Role = Literal["queue", "dead-letter", "markers", "output"]
 
 
 @dataclass(frozen=True)
@@ -28,9 +31,11 @@ class DesiredTopic:
     partitions: int
     replication_factor: int | None
     config: dict[str, str]
-    role: Literal["queue", "dead-letter", "markers", "output"]
+    role: Role
     spec: str
     managed: bool = True  # output topics are only created, never altered
+    queue: str = ""  # team/name of the owning queue (managed topics)
+    adopt: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,10 +63,10 @@ class Change:
         return SYMBOLS[self.action]
 
     def describe(self) -> str:
-        if self.kind == "topic":
-            return self.new or ""
         if self.action == "refuse":
             return f"{self.field}: {self.old} -> {self.new}: {self.reason}" if self.field else self.reason
+        if self.kind == "topic":
+            return self.new or ""
         if self.old is None:
             return f"{self.field}={self.new}"
         return f"{self.field}: {self.old} -> {self.new}"
@@ -80,6 +85,8 @@ class Plan:
     changes: list[Change] = field(default_factory=list)
     # What the "create" lines stand for, for apply (not shown: the change lines say it).
     new_topics: dict[str, DesiredTopic] = field(default_factory=dict, repr=False)
+    # The owner record apply writes for each topic it creates or adopts, before touching it.
+    claims: dict[str, Owner] = field(default_factory=dict, repr=False)
 
     @property
     def refused(self) -> list[Change]:
@@ -99,7 +106,14 @@ class Plan:
     def only(self, kinds: frozenset[str]) -> Plan:
         """The changes of these kinds; refusals of every kind stay, so a part never applies past one."""
         kept = [c for c in self.changes if c.kind in kinds or c.action == "refuse"]
-        return Plan(self.cluster, self.specs, kept, {n: t for n, t in self.new_topics.items() if "topic" in kinds})
+        topics = "topic" in kinds
+        return Plan(
+            self.cluster,
+            self.specs,
+            kept,
+            {n: t for n, t in self.new_topics.items() if topics},
+            {n: o for n, o in self.claims.items() if topics},
+        )
 
     def counts(self) -> dict[str, int]:
         return {a: sum(1 for c in self.changes if c.action == a) for a in SYMBOLS}
@@ -131,30 +145,20 @@ def desired_state(queues: list[QueueSpec]) -> tuple[list[DesiredTopic], list[Des
     groups: list[DesiredGroup] = []
     owned = {name for q in queues for _, name in q.owned_topics()}
     for q in queues:
-        topics.append(
-            DesiredTopic(
-                q.topic.name, q.topic.partitions, q.topic.replication_factor, q.topic.config, "queue", q.source
-            )
-        )
-        topics.append(
-            DesiredTopic(
-                q.dead_letter.name,
-                q.dead_letter.partitions,
-                q.dead_letter.replication_factor,
-                q.dead_letter.config,
-                "dead-letter",
-                q.source,
-            )
-        )
+        owned_by_spec: list[tuple[TopicSpec, Role]] = [(q.topic, "queue"), (q.dead_letter, "dead-letter")]
         if q.markers is not None:
+            owned_by_spec.append((q.markers, "markers"))
+        for spec_topic, role in owned_by_spec:
             topics.append(
                 DesiredTopic(
-                    q.markers.name,
-                    q.markers.partitions,
-                    q.markers.replication_factor,
-                    q.markers.config,
-                    "markers",
+                    spec_topic.name,
+                    spec_topic.partitions,
+                    spec_topic.replication_factor,
+                    spec_topic.config,
+                    role,
                     q.source,
+                    queue=q.owner,
+                    adopt=spec_topic.adopt,
                 )
             )
         if q.output_topic and q.output_topic not in owned:
@@ -240,6 +244,26 @@ def _group_changes(group: DesiredGroup, live: LiveState) -> list[Change]:
     return out
 
 
+def _ownership(topic: DesiredTopic, owner: Owner | None) -> Change | None:
+    """None when the topic is this queue's; an adopt line, or a refusal, when it is not (yet)."""
+    if owner is not None and owner.queue == topic.queue:
+        return None
+    if owner is not None:
+        reason = (
+            f"the topic belongs to queue {owner.queue} ({owner.spec}); two queues never share a topic, "
+            "so rename this one"
+        )
+        return Change("refuse", "topic", topic.name, topic.spec, reason=reason)
+    if not topic.adopt:
+        field = {"queue": "topic", "dead-letter": "deadLetter", "markers": "markers"}[topic.role]
+        reason = (
+            "the topic exists and no queueplane spec created it; to take it over as it is, and manage "
+            f"its configs from this spec, set spec.{field}.adopt: true"
+        )
+        return Change("refuse", "topic", topic.name, topic.spec, reason=reason)
+    return Change("adopt", "topic", topic.name, topic.spec, new=f"adopted as it is ({topic.role})")
+
+
 def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
     """Every change needed to make the cluster match the specs; refusals for what must not change."""
     topics, groups = desired_state(queues)
@@ -272,9 +296,17 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
                 )
             )
             plan.new_topics[topic.name] = topic
+            if topic.managed:
+                plan.claims[topic.name] = Owner(topic.queue, topic.spec, topic.role)
             continue
         if not topic.managed:
             continue
+        ownership = _ownership(topic, live.owners.get(topic.name))
+        if ownership is not None:
+            plan.changes.append(ownership)
+            if ownership.action == "refuse":
+                continue
+            plan.claims[topic.name] = Owner(topic.queue, topic.spec, topic.role)
         if topic.partitions != existing.partitions:
             grow = topic.partitions > existing.partitions
             plan.changes.append(

@@ -1,4 +1,4 @@
-"""The plan as people read it: one block per spec, one line per change, + ~ ! marks.
+"""The plan as people read it: one block per spec, one line per change, + = ~ ! marks.
 
 The command line and the Airflow task log print the same text from here.
 """
@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from queueplane.provision.plan import Plan
 
-_STYLES = {"create": "green", "change": "yellow", "refuse": "red"}
+_STYLES = {"create": "green", "adopt": "cyan", "change": "yellow", "refuse": "red"}
 
 
 def render_plan(plan: Plan, console: Console) -> None:
@@ -30,4 +30,7 @@ def render_plan(plan: Plan, console: Console) -> None:
             line = f"{change.kind:<{kind_width}}  {change.target:<{target_width}}  {change.describe()}"
             console.print(f"  [{style}]{change.symbol}[/{style}] {escape(line)}")
     counts = plan.counts()
-    console.print(f"\nPlan: {counts['create']} to create, {counts['change']} to change, {counts['refuse']} refused.")
+    adopted = f"{counts['adopt']} to adopt, " if counts["adopt"] else ""
+    console.print(
+        f"\nPlan: {counts['create']} to create, {adopted}{counts['change']} to change, {counts['refuse']} refused."
+    )

@@ -30,6 +30,8 @@ class TopicSpec:
     partitions: int
     replication_factor: int | None
     config: dict[str, str] = field(default_factory=dict)
+    # Take the topic over although no queueplane spec created it (see kafka/owners.py).
+    adopt: bool = False
 
 
 # Deliveries the broker allows beyond a share spec's deliveryLimit: see GroupSpec.broker_delivery_limit.
@@ -92,6 +94,11 @@ class QueueSpec:
         text = str((self.driver if role == "driver" else self.executor).get("memory", "1g"))
         return memory_mi(text)
 
+    @property
+    def owner(self) -> str:
+        """``team/name``: the queue's identity in the topics' owner records."""
+        return f"{self.team}/{self.name}"
+
     def owned_topics(self) -> list[tuple[str, str]]:
         """(pointer, topic) pairs for every topic this spec creates and manages."""
         owned = [("/spec/topic/name", self.topic.name), ("/spec/deadLetter/topic", self.dead_letter.name)]
@@ -115,6 +122,7 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         partitions=topic_doc["partitions"],
         replication_factor=topic_doc.get("replicationFactor"),
         config={k: config_value(v) for k, v in topic_doc["config"].items()},
+        adopt=topic_doc["adopt"],
     )
     group = GroupSpec(
         type=group_doc["type"],
@@ -131,6 +139,7 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         partitions=dlq_doc.get("partitions", topic.partitions),
         replication_factor=topic.replication_factor,
         config={k: config_value(v) for k, v in dlq_doc.get("config", {}).items()},
+        adopt=dlq_doc["adopt"],
     )
     markers = None
     if group.type == "kmq":
@@ -143,6 +152,7 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
                 kn.RETENTION_MS: str(durations.parse_ms(markers_doc["retention"])),
                 kn.CLEANUP_POLICY: "delete",
             },
+            adopt=markers_doc["adopt"],
         )
     processing = spec["processing"]
     deployment = spec["deployment"]

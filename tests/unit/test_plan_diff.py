@@ -7,6 +7,7 @@ from specs_factory import dump, spec
 
 from queueplane.kafka import names as kn
 from queueplane.kafka.cluster import LiveConfig, LiveState, LiveTopic
+from queueplane.kafka.owners import Owner
 from queueplane.provision.plan import desired_state, diff, share_group_configs
 from queueplane.spec.rules import check_text
 
@@ -80,11 +81,61 @@ def test_inherited_value_equal_to_spec_is_pinned_and_explicit_equal_value_is_not
     queue = _queue(spec("consumer"))
     topics, _ = desired_state([queue])
     live_topics = {t.name: LiveTopic(t.partitions, 1) for t in topics}
+    owners = {t.name: Owner(t.queue, t.spec, t.role) for t in topics if t.managed}
     doc = spec("consumer")
     doc["spec"]["topic"]["config"] = {"retention.ms": "1000"}
     queue = _queue(doc)
-    inherited = _state(topics=live_topics, topic_configs={"pay.events.v1": {"retention.ms": LiveConfig("1000", False)}})
+    configs = {"pay.events.v1": {"retention.ms": LiveConfig("1000", False)}}
+    inherited = _state(topics=live_topics, topic_configs=configs, owners=owners)
     (change,) = diff([queue], inherited, "t").changes
     assert change.old == "1000 (inherited)" and change.new == "1000"
-    explicit = _state(topics=live_topics, topic_configs={"pay.events.v1": {"retention.ms": LiveConfig("1000", True)}})
+    configs = {"pay.events.v1": {"retention.ms": LiveConfig("1000", True)}}
+    explicit = _state(topics=live_topics, topic_configs=configs, owners=owners)
     assert diff([queue], explicit, "t").changes == []
+
+
+def test_created_topics_are_claimed_for_their_queue_and_the_output_topic_is_not():
+    plan = diff([_queue(spec("share"))], _state(), "t")
+    assert plan.claims == {
+        "brew.orders.v1": Owner("kitchen/brew-orders", "spec.yaml", "queue"),
+        "brew.orders.v1.dlq": Owner("kitchen/brew-orders", "spec.yaml", "dead-letter"),
+    }
+
+
+def test_an_existing_topic_no_spec_created_is_refused_unless_the_spec_adopts_it():
+    live = _state(
+        topics={"brew.orders.v1": LiveTopic(6, 1)},
+        topic_configs={"brew.orders.v1": {"retention.ms": LiveConfig("1", True)}},
+    )
+    (refused,) = diff([_queue(spec("share"))], live, "t").refused
+    assert (refused.kind, refused.target) == ("topic", "brew.orders.v1")
+    assert "no queueplane spec created it" in refused.reason and "spec.topic.adopt: true" in refused.reason
+    # Nothing else is planned for a refused topic: not its configs, not a claim.
+    assert [c for c in diff([_queue(spec("share"))], live, "t").changes if c.target == "brew.orders.v1"] == [refused]
+
+    doc = spec("share")
+    doc["spec"]["topic"]["adopt"] = True
+    plan = diff([_queue(doc)], live, "t")
+    assert plan.refused == []
+    lines = [(c.action, c.kind, c.describe()) for c in plan.changes if c.target == "brew.orders.v1"]
+    assert lines == [
+        ("adopt", "topic", "adopted as it is (queue)"),
+        ("change", "topic-config", "retention.ms: 1 -> 604800000"),
+    ]
+    assert plan.claims["brew.orders.v1"] == Owner("kitchen/brew-orders", "spec.yaml", "queue")
+
+
+def test_a_dead_letter_topic_needs_its_own_adopt():
+    live = _state(topics={"brew.orders.v1.dlq": LiveTopic(6, 1)})
+    (refused,) = diff([_queue(spec("share"))], live, "t").refused
+    assert "spec.deadLetter.adopt: true" in refused.reason
+
+
+def test_a_topic_another_queue_owns_is_refused_even_with_adopt():
+    doc = spec("share")
+    doc["spec"]["topic"]["adopt"] = True
+    owners = {"brew.orders.v1": Owner("bakery/bread-orders", "specs/bakery/bread.yaml", "queue")}
+    live = _state(topics={"brew.orders.v1": LiveTopic(6, 1)}, owners=owners)
+    (refused,) = diff([_queue(doc)], live, "t").refused
+    assert "belongs to queue bakery/bread-orders (specs/bakery/bread.yaml)" in refused.reason
+    assert "brew.orders.v1" not in diff([_queue(doc)], live, "t").claims

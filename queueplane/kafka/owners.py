@@ -1,0 +1,107 @@
+"""Which queue owns which topic: a small compacted topic on the cluster itself.
+
+Kafka topics carry no labels, yet plan must tell a topic queueplane created for a queue from
+one that was there before (another application's, or another queue's). Apply records each
+topic it creates, or that a spec adopts, as one record keyed by the topic's name, before it
+creates or changes anything; plan reads them back. The record lives on the cluster, not in
+a file, so every checkout, CI runner and Airflow worker sees the same owners.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from queueplane.kafka import clients
+from queueplane.kafka.names import CLEANUP_POLICY
+from queueplane.kafka.target import KafkaTarget
+
+# Kafka's internal-topic rule (names.is_internal_topic) keeps every spec away from it.
+OWNERS_TOPIC = "_queueplane-owners"
+READ_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The queue a topic belongs to: ``team/name``, and the spec that claimed it."""
+
+    queue: str
+    spec: str
+    role: str
+
+
+def _unknown_topic(exc: KafkaException) -> bool:
+    code = exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
+
+
+def read_owners(target: KafkaTarget) -> dict[str, Owner]:
+    """Every recorded owner, the latest record per topic (none when nothing was ever recorded)."""
+    consumer = clients.consumer(
+        target, {"group.id": "queueplane-owners-reader", "enable.auto.commit": False, "enable.partition.eof": True}
+    )
+    try:
+        partition = TopicPartition(OWNERS_TOPIC, 0)
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=READ_TIMEOUT_S)
+        except KafkaException as exc:
+            if _unknown_topic(exc):
+                return {}
+            raise
+        owners: dict[str, Owner] = {}
+        if high <= low:
+            return owners
+        consumer.assign([TopicPartition(OWNERS_TOPIC, 0, low)])
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        position = low
+        while position < high:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {OWNERS_TOPIC} took over {READ_TIMEOUT_S:.0f}s (at {position} of {high})")
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    break
+                raise KafkaException(message.error())
+            position = message.offset() + 1
+            topic = (message.key() or b"").decode()
+            if message.value() is None:
+                owners.pop(topic, None)
+            else:
+                owners[topic] = Owner(**json.loads(message.value()))
+        return owners
+    finally:
+        consumer.close()
+
+
+def record_owners(target: KafkaTarget, owners: dict[str, Owner]) -> dict[str, str | None]:
+    """Write one owner record per topic (creating the owners topic on first use); per topic, the
+    error text or None. Acknowledged by every in-sync replica before it returns."""
+    if not owners:
+        return {}
+    admin = clients.admin(target)
+    created = admin.create_topics(
+        [NewTopic(OWNERS_TOPIC, 1, -1, config={CLEANUP_POLICY: "compact"})],  # -1: the cluster's default
+        request_timeout=READ_TIMEOUT_S,
+    )[OWNERS_TOPIC]
+    try:
+        created.result()
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            return {topic: f"cannot create {OWNERS_TOPIC}: {exc.args[0].str()}" for topic in owners}
+    producer = clients.producer(target, {"acks": "all", "enable.idempotence": True})
+    outcome: dict[str, str | None] = {}
+
+    def delivered(err: KafkaError | None, message) -> None:
+        outcome[(message.key() or b"").decode()] = None if err is None else f"{err.name()}: {err.str()}"
+
+    for topic, owner in sorted(owners.items()):
+        value = json.dumps(asdict(owner)).encode()
+        producer.produce(OWNERS_TOPIC, key=topic.encode(), value=value, on_delivery=delivered)
+    producer.flush(READ_TIMEOUT_S)
+    return {topic: outcome.get(topic, "not acknowledged in time") for topic in owners}
