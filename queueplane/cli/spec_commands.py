@@ -121,5 +121,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
         emit(args.output, {"plan": plan.as_dict(), **report.as_dict()})
     else:
         counts = plan.counts()
-        out.print(f"Apply complete: {counts['create']} created, {counts['change']} changed.")
+        adopted = f"{counts['adopt']} adopted, " if counts["adopt"] else ""
+        out.print(f"Apply complete: {counts['create']} created, {adopted}{counts['change']} changed.")
     return EXIT_OK
