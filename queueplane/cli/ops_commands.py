@@ -135,8 +135,9 @@ def _register_dlq(commands: Any) -> None:
     output_flag(p)
     p = actions.add_parser(
         "redrive",
-        help="move pending DLQ records back to their source topic",
-        description="Move pending DLQ records back to the topic they came from, rate-limited, with the "
+        help="move pending DLQ records back to the queue's topic",
+        description="Move pending DLQ records back to the queue's own topic (whatever topic their headers "
+        "name), to the partition they came from, rate-limited, with the "
         "delivery count reset and a redrive header. Each step is a Kafka transaction holding the records "
         "and the new DLQ position: stopped midway and run again, it neither duplicates nor loses records.",
     )
@@ -261,6 +262,12 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         out.print(
             f"redrove {report.moved} record(s) from {report.dlq_topic} to {queue.topic.name}{kept}.", markup=False
         )
+        if report.other_source:
+            err.print(
+                f"note: {report.other_source} of them named another source topic in their headers; "
+                f"a redrive writes only to the queue's own topic, {queue.topic.name}",
+                markup=False,
+            )
     return EXIT_OK
 
 

@@ -23,7 +23,7 @@ from queueplane.kafka import clients
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run import dead_letters as dlq
-from queueplane.spec.model import QueueSpec
+from queueplane.spec.model import QueueSpec, TopicSpec
 
 TXN_TIMEOUT_S = 60.0
 BATCH_S = 1.0  # a redrive transaction spans at most this long (and at most one second of --rate)
@@ -222,6 +222,8 @@ class RedriveReport:
     dlq_topic: str
     moved: int = 0
     kept: int = 0  # did not match --where: copied to the DLQ's end, still pending
+    # moved records whose source header named another topic (still sent to the queue's own)
+    other_source: int = 0
     transactions: int = 0
     positions: dict[int, int] = field(default_factory=dict)
 
@@ -229,18 +231,26 @@ class RedriveReport:
         return asdict(self)
 
 
-def _redriven(message: Message, source_partitions: dict[str, int]) -> tuple[str, int | None, list[tuple[str, bytes]]]:
-    """Where a DLQ record goes back to, and its headers: the failure's removed, the redrive's added."""
+def _redriven(message: Message, source: TopicSpec) -> tuple[bool, int | None, list[tuple[str, bytes]]]:
+    """How a DLQ record goes back to the queue's topic: whether its source header names another
+    topic, the partition it came from (kept when it is the queue's), and its headers with the
+    failure's removed and the redrive's added.
+
+    Headers are data anyone who can write to the DLQ controls, so they never choose the topic:
+    a redrive writes only to the spec's own topic, with the platform's credentials.
+    """
     headers = list(message.headers() or [])
     values = {k: _text(v) for k, v in headers}
-    topic = values.get(dlq.HEADER_SOURCE_TOPIC) or ""
-    partition = _int(values.get(dlq.HEADER_SOURCE_PARTITION))
-    if partition is not None and not (0 <= partition < source_partitions.get(topic, 0)):
+    named = values.get(dlq.HEADER_SOURCE_TOPIC)
+    elsewhere = named is not None and named != source.name
+    partition = None if elsewhere else _int(values.get(dlq.HEADER_SOURCE_PARTITION))
+    if partition is not None and not (0 <= partition < source.partitions):
         partition = None
     count = (_int(values.get(dlq.HEADER_REDRIVE_COUNT)) or 0) + 1
     kept = [(k, v or b"") for k, v in headers if k not in dlq.DLQ_HEADERS and k not in dlq.REDRIVE_HEADERS]
     origin = f"{message.topic()}/{message.partition()}/{message.offset()}".encode()
-    return topic, partition, [*kept, (dlq.HEADER_REDRIVE_FROM, origin), (dlq.HEADER_REDRIVE_COUNT, str(count).encode())]
+    added = [(dlq.HEADER_REDRIVE_FROM, origin), (dlq.HEADER_REDRIVE_COUNT, str(count).encode())]
+    return elsewhere, partition, [*kept, *added]
 
 
 def redrive(
@@ -259,7 +269,6 @@ def redrive(
         {"transactional.id": f"queueplane.{redrive_group(queue)}", "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000)},
     )
     producer.init_transactions(TXN_TIMEOUT_S)
-    source_partitions = {queue.topic.name: queue.topic.partitions}
     per_batch = max(1, int(rate)) if rate else 500
     started, sent = time.monotonic(), 0
     try:
@@ -281,12 +290,11 @@ def redrive(
                     producer.produce(report.dlq_topic, message.value(), message.key(), headers=message.headers() or [])
                     report.kept += 1
                 else:
-                    topic, partition, headers = _redriven(message, source_partitions)
+                    elsewhere, partition, headers = _redriven(message, queue.topic)
                     kwargs = {"partition": partition} if partition is not None else {}
-                    producer.produce(
-                        topic or queue.topic.name, message.value(), message.key(), headers=headers, **kwargs
-                    )
+                    producer.produce(queue.topic.name, message.value(), message.key(), headers=headers, **kwargs)
                     report.moved += 1
+                    report.other_source += elsewhere
                 sent += 1
                 producer.poll(0)
             offsets = [TopicPartition(reader.topic, p, o) for p, o in reader.position.items() if o >= 0]

@@ -268,6 +268,28 @@ def test_redrive_where_moves_only_matching_records_and_keeps_the_rest_pending(ka
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_redrive_writes_only_to_the_queues_own_topic_whatever_a_dlq_header_names(kafka, tmp_path, cli_env):
+    queue = make_queue(tmp_path, kafka, group_type="consumer", partitions=2)
+    victim = make_queue(tmp_path, kafka, group_type="consumer", partitions=2)
+    forged = []
+    for topic, key, value, headers in _dead_letters(queue, 4):
+        headers = [(k, victim.topic.encode() if k == dlq.HEADER_SOURCE_TOPIC else v) for k, v in headers]
+        forged.append((topic, key, value, headers))
+    _write_dlq(kafka, forged)
+
+    result = run_cli(
+        ["dlq", "redrive", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap, "-o", "json"], cli_env
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["moved"], report["other_source"]) == (4, 4)
+    back = read_all(kafka, queue.topic, expect_at_least=4)
+    assert sorted(json.loads(m.value())["id"] for m in back) == [f"id-{i:06d}" for i in range(4)]
+    assert read_all(kafka, victim.topic, expect_at_least=0, timeout_s=3) == []
+    text = run_cli(["dlq", "redrive", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap], cli_env)
+    assert text.returncode == 0 and "redrove 0 record(s)" in text.stdout
+
+
 def test_commands_on_a_queue_that_is_not_there_say_what_is_missing_and_what_to_run(kafka, tmp_path, cli_env):
     spec = tagged_examples(tmp_path, unique_tag())["queue__cafe__coffee-orders"]  # never applied
     cluster = ["--bootstrap-servers", kafka.bootstrap]
