@@ -80,7 +80,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     out.print(f"wrote {rendered.values_file} and {rendered.values_file.with_name('manifests.yaml')}", markup=False)
     out.print(
         f"install: helm upgrade --install {rendered.release} {rendered.chart} --namespace {rendered.namespace} "
-        f"--create-namespace --values {rendered.values_file}",
+        f"--values {rendered.values_file} (or queueplane deploy, which also checks the release is this queue's "
+        "and creates a missing namespace with Pod Security restricted)",
         markup=False,
     )
     return EXIT_OK
@@ -88,11 +89,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     from queueplane.deploy import release
+    from queueplane.deploy.kube_access import KubeAccess, default_kubeconfig
     from queueplane.deploy.render import render
 
     queue = one_spec(args.spec)
     timeout_s = int(duration_flag(args.timeout, "--timeout") or release.HELM_TIMEOUT_S)
-    access = release.KubeAccess(args.kubeconfig or release.default_kubeconfig(), args.context, in_cluster=False)
+    access = KubeAccess(args.kubeconfig or default_kubeconfig(), args.context, in_cluster=False)
     with tempfile.TemporaryDirectory(prefix="queueplane-deploy-") as folder:
         with err.status(f"rendering {queue.name}"):
             rendered = render(queue, output_dir=Path(folder), overrides=from_flags(args.values, args.set))
@@ -101,6 +103,6 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             out.print(f"dry run: release {rendered.release} rendered and checked; would run: {argv}", markup=False)
             return EXIT_OK
         with err.status(f"helm upgrade --install {rendered.release} (namespace {rendered.namespace})"):
-            output = release.upgrade(rendered, access, timeout_s)
+            output = release.upgrade(queue.source, rendered, access, timeout_s)
     out.print(output, markup=False, end="")
     return EXIT_OK

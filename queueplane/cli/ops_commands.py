@@ -52,7 +52,7 @@ def _register_status(commands: Any) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     import os
 
-    from queueplane.deploy.release import KubeAccess
+    from queueplane.deploy.kube_access import KubeAccess
     from queueplane.ops.status import kafka_status, kubernetes_status
 
     target = resolve_target(args.bootstrap_servers, args.kafka_config)

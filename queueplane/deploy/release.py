@@ -6,28 +6,14 @@ come here, so the helm invocation and the readiness rule exist once.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
+from queueplane.deploy import ownership
 from queueplane.deploy.helm import run_helm
+from queueplane.deploy.kube_access import KubeAccess
 from queueplane.deploy.render import Rendered
 
 HELM_TIMEOUT_S = 600
-
-
-@dataclass(frozen=True)
-class KubeAccess:
-    """How helm and the Kubernetes client reach the cluster: a kubeconfig file, or the pod's own account."""
-
-    kubeconfig: str | None
-    context: str | None
-    in_cluster: bool
-
-
-def default_kubeconfig() -> str:
-    """The kubeconfig kubectl would read: $KUBECONFIG, else ~/.kube/config."""
-    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
 
 
 def worker_deployment(objects: list[dict[str, Any]]) -> str:
@@ -46,8 +32,7 @@ def upgrade_args(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_T
         rendered.release,
         str(rendered.chart),
         "--namespace",
-        rendered.namespace,
-        "--create-namespace",
+        rendered.namespace,  # made beforehand, Pod Security restricted (ownership.ensure_namespace)
         "--values",
         str(rendered.values_file),
         "--rollback-on-failure",  # a failed upgrade rolls back to the release that worked
@@ -60,8 +45,14 @@ def upgrade_args(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_T
     return args
 
 
-def upgrade(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> str:
-    """Install or upgrade the release and wait for it; returns helm's output."""
+def upgrade(source: str, rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> str:
+    """Install or upgrade the release of the spec at ``source`` and wait for it; returns helm's output.
+
+    Refuses (SpecInvalid, nothing deployed) when the release exists and is not this queue's,
+    and creates a missing namespace Pod Security ``restricted`` first (see ownership.py).
+    """
+    ownership.check_release(source, rendered, access)
+    ownership.ensure_namespace(rendered, access)
     result = run_helm(upgrade_args(rendered, access, timeout_s), kubeconfig=access.kubeconfig, timeout=timeout_s + 60)
     return result.stdout
 

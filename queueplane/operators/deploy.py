@@ -81,7 +81,7 @@ class HelmDeployOperator(BaseOperator):
                     "with a kubeconfig path or content, or in-cluster) to deploy."
                 )
             with kube_access(hook) as access:
-                output = release.upgrade(rendered, access, self.helm_timeout_s)
+                output = release.upgrade(queue.source, rendered, access, self.helm_timeout_s)
                 self.log.info("helm upgrade --install %s:\n%s", rendered.release, output)
         return {"release": rendered.release, "namespace": rendered.namespace}
 

@@ -23,7 +23,7 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from queueplane.deploy.release import KubeAccess, default_kubeconfig
+from queueplane.deploy.kube_access import KubeAccess, default_kubeconfig
 from queueplane.errors import UsageError
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import config_value

@@ -14,7 +14,7 @@ from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from queueplane.deploy.helm import HelmError, run_helm
-from queueplane.deploy.release import KubeAccess
+from queueplane.deploy.kube_access import KubeAccess, kube_client
 from queueplane.kafka import clients
 from queueplane.kafka.lag import queue_lag, total_lag
 from queueplane.kafka.protocol import describe_share_group
@@ -152,10 +152,9 @@ def kubernetes_status(status: QueueStatus, queue: QueueSpec, access: KubeAccess)
 
 
 def _pods(access: KubeAccess, namespace: str, queue: str) -> list[dict[str, Any]]:
-    from kubernetes import client, config
+    from kubernetes import client
 
-    api = config.new_client_from_config(config_file=access.kubeconfig, context=access.context)
-    with api:
+    with kube_client(access) as api:
         listed = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"queueplane.io/queue={queue}")
     pods = []
     for pod in listed.items:

@@ -1,0 +1,100 @@
+"""A deploy writes only its own release: in a namespace it creates Pod Security restricted, it
+never replaces another queue's release, a release of another chart, or an object Helm does
+not own there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from helpers import run_cli, tagged_examples, unique_tag
+from kube_support import sized_for_the_node
+
+from queueplane.deploy.helm import run_helm
+from queueplane.local.kubernetes import images
+from queueplane.local.kubernetes.values import write_local_values
+
+pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
+
+
+def _revisions(cluster, release: str, namespace: str) -> list[int]:
+    listing = run_helm(["history", release, "--namespace", namespace, "-o", "json"], kubeconfig=str(cluster.kubeconfig))
+    return [entry["revision"] for entry in json.loads(listing.stdout)]
+
+
+def _foreign_chart(tmp_path):
+    chart = tmp_path / "foreign"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: coredns\nversion: 1.0.0\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: '{{ .Release.Name }}-dns'}\ndata: {zone: example}\n"
+    )
+    return chart
+
+
+@pytest.mark.timeout(900)
+def test_a_deploy_makes_its_namespace_restricted_and_never_takes_over_another_release_or_object(
+    local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+):
+    path = tagged_examples(tmp_path / "specs", unique_tag())["queue__cafe__coffee-orders"]
+    doc = sized_for_the_node(path)
+    release, namespace = doc["metadata"]["name"], doc["spec"]["deployment"]["namespace"]
+    values = write_local_values(tmp_path / "cluster-values.yaml", images.worker_image(), pod_kafka.pod_bootstrap)
+    kube = ["--kubeconfig", str(local_kubernetes.kubeconfig), "--values", str(values)]
+    assert run_cli(["apply", str(path), "--yes", "--bootstrap-servers", kafka.bootstrap], cli_env).returncode == 0
+    assert local_kubernetes.kubectl("get", "namespace", namespace, check=False).strip() == ""
+
+    def deploy(spec_path) -> object:
+        return run_cli(["deploy", str(spec_path), *kube, "--timeout", "5m"], cli_env, timeout=420)
+
+    try:
+        first = deploy(path)
+        assert first.returncode == 0, first.stdout + first.stderr
+        labels = json.loads(local_kubernetes.kubectl("get", "namespace", namespace, "-o", "json"))["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+        assert labels["app.kubernetes.io/managed-by"] == "queueplane"
+
+        # Another team's queue with the same name, into the same namespace: refused, release untouched.
+        other = yaml.safe_load(path.read_text())
+        other["metadata"]["team"] = "bakery"
+        other_path = tmp_path / "bakery" / path.name
+        other_path.parent.mkdir()
+        other_path.write_text(yaml.safe_dump(other, sort_keys=False))
+        refused = deploy(other_path)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        said = refused.stderr
+        assert f'{other_path}: /metadata/name: Helm release "{release}" in namespace {namespace} exists' in said
+        assert f"is queue cafe/{release}" in said and "nothing was deployed" in said
+        assert _revisions(local_kubernetes, release, namespace) == [1]
+
+        # A release of another chart under a queue's name.
+        run_helm(
+            ["install", "dns", str(_foreign_chart(tmp_path)), "--namespace", namespace],
+            kubeconfig=str(local_kubernetes.kubeconfig),
+        )
+        named_dns = yaml.safe_load(path.read_text())
+        named_dns["metadata"]["name"] = "dns"
+        dns_path = path.with_name("dns.yaml")
+        dns_path.write_text(yaml.safe_dump(named_dns, sort_keys=False))
+        taken = deploy(dns_path)
+        assert taken.returncode == 2, taken.stdout + taken.stderr
+        assert "is a release of chart coredns, not queueplane's" in taken.stderr
+        assert _revisions(local_kubernetes, "dns", namespace) == [1]
+
+        # An object no Helm release owns, with the name the chart would give one of its own.
+        local_kubernetes.kubectl("-n", namespace, "create", "configmap", "lone-spec", "--from-literal=owner=ops")
+        lone = yaml.safe_load(path.read_text())
+        lone["metadata"]["name"] = "lone"
+        lone_path = path.with_name("lone.yaml")
+        lone_path.write_text(yaml.safe_dump(lone, sort_keys=False))
+        clash = deploy(lone_path)
+        assert clash.returncode == 1, clash.stdout + clash.stderr
+        assert "ConfigMap" in clash.stderr and "lone-spec" in clash.stderr and "Traceback" not in clash.stderr
+        kept = json.loads(local_kubernetes.kubectl("-n", namespace, "get", "configmap", "lone-spec", "-o", "json"))
+        assert kept["data"] == {"owner": "ops"}
+        assert "meta.helm.sh/release-name" not in (kept["metadata"].get("annotations") or {})
+        assert local_kubernetes.kubectl("-n", namespace, "get", "deployment", "lone", check=False).strip() == ""
+    finally:
+        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
