@@ -133,11 +133,12 @@ def platform_problems(spec: SpecFile, queue: QueueSpec, platform: Platform) -> l
     except ValueError:
         inside = ()
     if len(inside) < 2 or inside[0] != queue.team:
-        folder = f"{platform.folder}/{inside[0]}/" if len(inside) >= 2 else f"{platform.folder}/"
+        root = Path(platform.path).parent  # as the user sees it
+        folder = f"{root / inside[0]}/" if len(inside) >= 2 else f"{root}/"
         add(
             "/metadata/team",
             f'is "{queue.team}" but the spec is in {folder}',
-            f"each team's specs live in its own folder: move the file to {platform.folder}/{queue.team}/",
+            f"each team's specs live in its own folder: move the file to {root / queue.team}/",
         )
     if queue.deploy_target == "kubernetes" and queue.namespace not in allowance.namespaces:
         add(
