@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -19,6 +20,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
 
 from queueplane.errors import LocalStackError
 from queueplane.kafka import clients
@@ -28,6 +31,7 @@ from queueplane.local.kubernetes.host import node_address_present
 from queueplane.local.kubernetes.layout import NODE_IP
 from queueplane.local.maven import COMPLETE, copy_dependencies
 from queueplane.local.processes import HOST, free_port, pid_alive, port_open, terminate
+from queueplane.local.tls import broker_tls
 from queueplane.paths import cache_dir, home_dir
 
 # Newest Kafka 4.x whose full dependency set Maven Central serves (4.4.0's kafka_2.13
@@ -39,6 +43,8 @@ READY_TIMEOUT_S = 60.0
 # for minutes at a time can trade peak speed for less compiling.
 BROKER_JVM_OPTS = "KAFKA_JVM_PERFORMANCE_OPTS"
 POM = Path(__file__).with_name("kafka-pom.xml")
+# The SCRAM user of a secure local broker that is a super user (its password: tls/admin-password).
+ADMIN_USER = "admin"
 
 # Kafka tools reachable through `queueplane local kafka TOOL`, named as in Kafka's bin/.
 KAFKA_TOOLS = {
@@ -92,6 +98,12 @@ class StackState:
     started_at: float
     # A listener on the local Kubernetes' node address, for pods (their 127.0.0.1 is their own).
     pod_port: int | None = None
+    # The SASL_SSL listener (SCRAM-SHA-512 over TLS), when the broker was started secure.
+    secure_port: int | None = None
+
+    @property
+    def secure_bootstrap(self) -> str | None:
+        return f"{HOST}:{self.secure_port}" if self.secure_port else None
 
     @property
     def bootstrap(self) -> str:
@@ -114,6 +126,9 @@ class LocalStack:
     # ``proxied_listener_port``) that advertises this port, so clients that bootstrap at the proxy
     # are sent back to it for every connection and all their traffic passes through it.
     proxied_at: int | None = None
+    # A SASL_SSL listener beside PLAINTEXT, and the StandardAuthorizer: ACLs apply to SCRAM
+    # users there; the PLAINTEXT and controller listeners' anonymous principal is a super user.
+    secure: bool = False
 
     @classmethod
     def default(cls) -> LocalStack:
@@ -217,23 +232,32 @@ class LocalStack:
             if pods is None:
                 pods = state.pod_port is not None if state is not None else node_address_present()
             if state is not None and port_open(HOST, state.port):
-                if pods == (state.pod_port is not None):
+                if pods == (state.pod_port is not None) and (state.secure_port is not None or not self.secure):
                     say("already running")
                     return state
-                say("restarting to " + ("add" if pods else "drop") + " the listener for Kubernetes pods")
+                if pods != (state.pod_port is not None):
+                    say("restarting to " + ("add" if pods else "drop") + " the listener for Kubernetes pods")
+                else:
+                    say("restarting to add the SASL_SSL listener")
                 terminate(state.pid)
             self.fetch(say)
             port, controller_port = self._ports()
             pod_port = self._pod_port() if pods else None
-            self._write_configs(port, controller_port, pod_port)
+            secure_port = self._kept_port("secure-port.json", HOST) if self.secure else None
+            self._write_configs(port, controller_port, pod_port, secure_port)
             if not (self.data_dir / "meta.properties").is_file():
                 say("formatting KRaft storage")
                 self._format()
             say(f"starting Kafka {self.version} on {HOST}:{port}")
             pid = self._start()
-            state = StackState(pid, port, controller_port, self.version, str(self.directory), time.time(), pod_port)
+            state = StackState(
+                pid, port, controller_port, self.version, str(self.directory), time.time(), pod_port, secure_port
+            )
             self.state_file.write_text(json.dumps(asdict(state), indent=2))
             self._wait_ready(state, say)
+            if secure_port is not None:
+                self.add_user(ADMIN_USER, self._admin_password())
+                say(f"SASL_SSL (SCRAM-SHA-512) on {state.secure_bootstrap}, CA {self.tls_dir / 'ca.pem'}")
             return state
 
     def down(self, purge: bool = False) -> bool:
@@ -246,8 +270,15 @@ class LocalStack:
                 terminate(state.pid)
             self.state_file.unlink(missing_ok=True)
             if purge:
-                files = ("server.properties", "log4j2.yaml", "tools-log4j2.yaml", "ports.json", "pod-port.json")
-                for child in ("data", "logs", *files):
+                files = (
+                    "server.properties",
+                    "log4j2.yaml",
+                    "tools-log4j2.yaml",
+                    "ports.json",
+                    "pod-port.json",
+                    "secure-port.json",
+                )
+                for child in ("data", "logs", "tls", *files):
                     path = self.directory / child
                     if path.is_dir():
                         shutil.rmtree(path)
@@ -260,10 +291,12 @@ class LocalStack:
         if state is None:
             return {"running": False, "directory": str(self.directory), "version": self.version}
         pods = {"bootstrap.servers for pods": state.pod_bootstrap} if state.pod_bootstrap else {}
+        secure = {"bootstrap.servers (SASL_SSL)": state.secure_bootstrap} if state.secure_bootstrap else {}
         return {
             "running": True,
             "bootstrap.servers": state.bootstrap,
             **pods,
+            **secure,
             "pid": state.pid,
             "version": state.version,
             "directory": str(self.directory),
@@ -298,14 +331,55 @@ class LocalStack:
 
     def _pod_port(self) -> int:
         """The pod listener's port, kept across restarts like the others."""
-        path = self.directory / "pod-port.json"
+        return self._kept_port("pod-port.json", NODE_IP)
+
+    def _kept_port(self, name: str, host: str) -> int:
+        """A listener's port, recorded in ``name`` and kept across restarts while it is free."""
+        path = self.directory / name
         if path.is_file():
             port = int(json.loads(path.read_text()))
-            if not port_open(NODE_IP, port):
+            if not port_open(host, port):
                 return port
-        port = free_port(NODE_IP)
+        port = free_port(host)
         path.write_text(json.dumps(port))
         return port
+
+    # -- the SASL_SSL listener -----------------------------------------------------------------
+    @property
+    def tls_dir(self) -> Path:
+        return self.directory / "tls"
+
+    def _admin_password(self) -> str:
+        path = self.tls_dir / "admin-password"
+        if not path.is_file():
+            self.tls_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(18))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    def add_user(self, name: str, password: str) -> None:
+        """A SCRAM-SHA-512 user on the running broker, set through its PLAINTEXT listener."""
+        state = self.running_state()
+        if state is None:
+            raise LocalStackError("the local broker is not running")
+        admin = clients.admin({"bootstrap.servers": state.bootstrap})
+        credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+        upsert = UserScramCredentialUpsertion(name, credential, password.encode())
+        admin.alter_user_scram_credentials([upsert])[name].result(30)
+
+    def secure_settings(self, user: str = ADMIN_USER, password: str | None = None) -> dict[str, str]:
+        """librdkafka settings for the SASL_SSL listener as ``user`` (default: the super user)."""
+        state = self.running_state()
+        if state is None or state.secure_bootstrap is None:
+            raise LocalStackError("the local broker runs without its SASL_SSL listener; start it with --secure")
+        return {
+            "bootstrap.servers": state.secure_bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": user,
+            "sasl.password": password if password is not None else self._admin_password(),
+            "ssl.ca.location": str(self.tls_dir / "ca.pem"),
+        }
 
     def _log4j_file(self, tools: bool = False) -> Path:
         path = self.directory / ("tools-log4j2.yaml" if tools else "log4j2.yaml")
@@ -330,9 +404,12 @@ class LocalStack:
         path.write_text(body)
         return path
 
-    def _write_configs(self, port: int, controller_port: int, pod_port: int | None = None) -> None:
+    def _write_configs(
+        self, port: int, controller_port: int, pod_port: int | None = None, secure_port: int | None = None
+    ) -> None:
         # Each listener advertises itself, so a client is sent back to the address it came in on.
         advertised = f"PLAINTEXT://{HOST}:{port}" + (f",PODS://{NODE_IP}:{pod_port}" if pod_port else "")
+        advertised += f",SASL_SSL://{HOST}:{secure_port}" if secure_port else ""
         listeners = advertised
         if self.proxied_at is not None:
             listeners += f",PROXIED://{HOST}:{self.proxied_listener_port()}"
@@ -346,14 +423,31 @@ class LocalStack:
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": (
-                "PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT"
+                "PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
             ),
             "log.dirs": str(self.data_dir),
             **LOCAL_BROKER_SETTINGS,
+            **(self._secure_configs() if secure_port else {}),
         }
         self.properties_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log4j_file()
+
+    def _secure_configs(self) -> dict[str, str]:
+        keytool = str(Path(self._java()).resolve().with_name("keytool"))
+        tls = broker_tls(self.tls_dir, keytool, HOST)
+        return {
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(tls.keystore),
+            "ssl.keystore.password": tls.password,
+            "ssl.key.password": tls.password,
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:ANONYMOUS;User:{ADMIN_USER}",
+        }
 
     def _format(self) -> None:
         cmd = [
