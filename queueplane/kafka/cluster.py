@@ -11,23 +11,28 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     ConfigSource,
     NewPartitions,
     NewTopic,
+    ResourcePatternType,
     ResourceType,
 )
 
 from queueplane.errors import ClusterUnreachable
 from queueplane.kafka import clients
-from queueplane.kafka.owners import Owner, read_owners, record_owners
+from queueplane.kafka.owners import ACLS_KEY, Owner, owners_in, read_records, write_records
 from queueplane.kafka.target import KafkaTarget
 
 log = logging.getLogger("queueplane.cluster")
@@ -42,6 +47,9 @@ _INHERITED = {
     ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value,
     ConfigSource.DYNAMIC_BROKER_CONFIG.value,
 }
+
+
+AclKey = tuple[str, str, str, str, bool]  # principal, resource, name, operation, prefixed
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,11 @@ class LiveState:
     group_config_names: frozenset[str] = frozenset()
     # The queue each topic queueplane created or adopted belongs to (kafka/owners.py).
     owners: dict[str, Owner] = field(default_factory=dict)
+    # team/name -> the ACLs apply created for that queue, as recorded
+    acl_records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # ALLOW ACLs of the principals the specs name: (principal, resource, name, operation, prefixed);
+    # None when the cluster has no authorizer
+    acls: set[AclKey] | None = field(default_factory=set)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -153,7 +166,12 @@ class Cluster:
         return self._broker_configs
 
     def read_state(
-        self, topics: Iterable[str], groups: Iterable[str], configured: Mapping[str, Iterable[str]] | None = None
+        self,
+        topics: Iterable[str],
+        groups: Iterable[str],
+        configured: Mapping[str, Iterable[str]] | None = None,
+        principals: Iterable[str] = (),
+        acl_queues: Iterable[str] = (),
     ) -> LiveState:
         """Describe the named topics and groups, all requests in flight at once.
 
@@ -195,8 +213,39 @@ class Cluster:
             else:
                 state.group_configs[resource.name] = _configs(entries)
         if topic_names:
-            state.owners = read_owners(self.target)
+            records = read_records(self.target)
+            state.owners = owners_in(records)
+            state.acl_records = {
+                key.removeprefix(ACLS_KEY): value["acls"] for key, value in records.items() if key.startswith(ACLS_KEY)
+            }
+        # The ACLs of the principals the specs name, and of those apply once granted these queues.
+        named = set(principals) | {a["principal"] for q in acl_queues for a in state.acl_records.get(q, [])}
+        if named:
+            state.acls = self.describe_acls(named)
         return state
+
+    def describe_acls(self, principals: Iterable[str]) -> set[AclKey] | None:
+        """The ALLOW ACLs of ``principals``; None when the cluster has no authorizer."""
+        found: set[AclKey] = set()
+        futures = []  # all in flight at once
+        for principal in sorted(set(principals)) or ["User:ANONYMOUS"]:
+            wanted = AclBindingFilter(
+                ResourceType.ANY, None, ResourcePatternType.ANY, principal, None, AclOperation.ANY,
+                AclPermissionType.ALLOW,
+            )  # fmt: skip
+            futures.append(self.admin.describe_acls(wanted, request_timeout=REQUEST_TIMEOUT_S))
+        for future in futures:
+            try:
+                bindings = future.result()
+            except KafkaException as exc:
+                if exc.args and exc.args[0].code() == KafkaError.SECURITY_DISABLED:
+                    return None
+                raise
+            for b in bindings:
+                resource = "CLUSTER" if b.restype == ResourceType.BROKER else b.restype.name
+                prefixed = b.resource_pattern_type == ResourcePatternType.PREFIXED
+                found.add((b.principal, resource, b.name, b.operation.name, prefixed))
+        return found
 
     # -- changes -------------------------------------------------------------------------------
     # Each returns {resource name: error text or None}, so apply can say exactly what happened.
@@ -211,7 +260,28 @@ class Cluster:
 
     def record_owners(self, owners: dict[str, Owner]) -> dict[str, str | None]:
         """Record which queue owns each topic, before apply creates or changes it."""
-        return record_owners(self.target, owners)
+        return write_records(self.target, {topic: asdict(owner) for topic, owner in owners.items()})
+
+    def record_acls(self, acls: dict[str, list[dict[str, Any]]]) -> dict[str, str | None]:
+        """Record the ACLs apply made for each queue (team/name); per queue, the error or None."""
+        written = write_records(self.target, {ACLS_KEY + queue: {"acls": made} for queue, made in acls.items()})
+        return {key.removeprefix(ACLS_KEY): error for key, error in written.items()}
+
+    def change_acls(self, create: list[AclKey], delete: list[AclKey], validate_only: bool) -> dict[str, str | None]:
+        """Create and delete ALLOW ACLs; per ACL (its describe text), the error or None. Kafka has
+        no validate-only mode for ACLs: that pass only checks the cluster has an authorizer."""
+        if validate_only:
+            return {} if self.describe_acls([]) is not None else {"acls": "the cluster has no authorizer"}
+        outcomes: dict[str, str | None] = {}
+        if create:
+            futures = self.admin.create_acls([_binding(k) for k in create], request_timeout=REQUEST_TIMEOUT_S)
+            for binding, outcome in _outcomes(futures).items():
+                outcomes[_acl_text(binding)] = outcome
+        if delete:
+            futures = self.admin.delete_acls([_binding(k) for k in delete], request_timeout=REQUEST_TIMEOUT_S)
+            for binding, outcome in _outcomes(futures).items():
+                outcomes[_acl_text(binding)] = outcome
+        return outcomes
 
     def create_partitions(self, increases: list[NewPartitions], validate_only: bool) -> dict[str, str | None]:
         if not increases:
@@ -245,6 +315,25 @@ class Cluster:
             resources, validate_only=validate_only, request_timeout=REQUEST_TIMEOUT_S
         )
         return {resource.name: outcome for resource, outcome in _outcomes(futures).items()}
+
+
+def _binding(key: AclKey) -> AclBinding:
+    principal, resource, name, operation, prefixed = key
+    return AclBinding(
+        ResourceType.BROKER if resource == "CLUSTER" else ResourceType[resource],
+        name,
+        ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL,
+        principal,
+        "*",
+        AclOperation[operation],
+        AclPermissionType.ALLOW,
+    )
+
+
+def _acl_text(binding: AclBinding) -> str:
+    resource = "CLUSTER" if binding.restype == ResourceType.BROKER else binding.restype.name
+    star = "*" if binding.resource_pattern_type == ResourcePatternType.PREFIXED else ""
+    return f"{binding.principal} {binding.operation.name} {resource}:{binding.name}{star}"
 
 
 def _outcomes(futures: dict[Any, Future[Any]]) -> dict[Any, str | None]:

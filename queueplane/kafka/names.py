@@ -47,5 +47,25 @@ INTERNAL_TOPIC_PREFIXES = ("__", "_confluent", "_queueplane")
 INTERNAL_TOPICS = frozenset({"_schemas"})
 
 
+# Names the worker of group ``group_id`` gives its own Kafka resources, in one place: the runtime
+# uses them, and the worker's ACLs (provision/acls.py) grant exactly these.
+def transactional_id_prefix(group_id: str) -> str:
+    """exactlyOnce producers' transactional ids: this prefix, then topic and partition."""
+    return f"queueplane.{group_id}."
+
+
+def kmq_tracker_group(group_id: str) -> str:
+    """The consumer group a kmq queue's redelivery tracker reads the markers topic with."""
+    return f"queueplane-kmq-tracker-{group_id}"
+
+
+def spark_reader_group_prefix(group_id: str) -> str:
+    """Spark's Kafka source names its own consumer groups with this prefix (``groupIdPrefix``).
+
+    A spec's group id has no ':', so no queue's prefix is the start of another's.
+    """
+    return f"queueplane-spark:{group_id}:"
+
+
 def is_internal_topic(name: str) -> bool:
     return name in INTERNAL_TOPICS or name.startswith(INTERNAL_TOPIC_PREFIXES)

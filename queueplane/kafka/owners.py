@@ -3,7 +3,8 @@
 Kafka topics carry no labels, yet plan must tell a topic queueplane created for a queue from
 one that was there before (another application's, or another queue's). Apply records each
 topic it creates, or that a spec adopts, as one record keyed by the topic's name, before it
-creates or changes anything; plan reads them back. The record lives on the cluster, not in
+creates or changes anything; plan reads them back. The ACLs apply creates for a queue are
+recorded the same way (provision/acls.py). The record lives on the cluster, not in
 a file, so every checkout, CI runner and Airflow worker sees the same owners.
 """
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
@@ -22,6 +24,7 @@ from queueplane.kafka.target import KafkaTarget
 
 # Kafka's internal-topic rule (names.is_internal_topic) keeps every spec away from it.
 OWNERS_TOPIC = "_queueplane-owners"
+ACLS_KEY = "acls:"  # + team/name: the ACLs apply created for that queue
 READ_TIMEOUT_S = 30.0
 
 
@@ -39,8 +42,12 @@ def _unknown_topic(exc: KafkaException) -> bool:
     return code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
 
 
-def read_owners(target: KafkaTarget) -> dict[str, Owner]:
-    """Every recorded owner, the latest record per topic (none when nothing was ever recorded)."""
+def read_records(target: KafkaTarget) -> dict[str, dict[str, Any]]:
+    """Every record, the latest per key (none when nothing was ever recorded).
+
+    Keys are topic names (an Owner each) and ``acls:<team>/<name>`` (the ACLs apply made for a
+    queue); a topic name cannot contain ':', so the two never meet.
+    """
     consumer = clients.consumer(
         target, {"group.id": "queueplane-owners-reader", "enable.auto.commit": False, "enable.partition.eof": True}
     )
@@ -52,9 +59,9 @@ def read_owners(target: KafkaTarget) -> dict[str, Owner]:
             if _unknown_topic(exc):
                 return {}
             raise
-        owners: dict[str, Owner] = {}
+        records: dict[str, dict[str, Any]] = {}
         if high <= low:
-            return owners
+            return records
         consumer.assign([TopicPartition(OWNERS_TOPIC, 0, low)])
         deadline = time.monotonic() + READ_TIMEOUT_S
         position = low
@@ -69,20 +76,25 @@ def read_owners(target: KafkaTarget) -> dict[str, Owner]:
                     break
                 raise KafkaException(message.error())
             position = message.offset() + 1
-            topic = (message.key() or b"").decode()
+            key = (message.key() or b"").decode()
             if message.value() is None:
-                owners.pop(topic, None)
+                records.pop(key, None)
             else:
-                owners[topic] = Owner(**json.loads(message.value()))
-        return owners
+                records[key] = json.loads(message.value())
+        return records
     finally:
         consumer.close()
 
 
-def record_owners(target: KafkaTarget, owners: dict[str, Owner]) -> dict[str, str | None]:
-    """Write one owner record per topic (creating the owners topic on first use); per topic, the
-    error text or None. Acknowledged by every in-sync replica before it returns."""
-    if not owners:
+def owners_in(records: dict[str, dict[str, Any]]) -> dict[str, Owner]:
+    """The topic owners among the records."""
+    return {key: Owner(**value) for key, value in records.items() if not key.startswith(ACLS_KEY)}
+
+
+def write_records(target: KafkaTarget, records: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """Write one record per key (creating the topic on first use); per key, the error text or None.
+    Acknowledged by every in-sync replica before it returns."""
+    if not records:
         return {}
     admin = clients.admin(target)
     created = admin.create_topics(
@@ -93,15 +105,14 @@ def record_owners(target: KafkaTarget, owners: dict[str, Owner]) -> dict[str, st
         created.result()
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            return {topic: f"cannot create {OWNERS_TOPIC}: {exc.args[0].str()}" for topic in owners}
+            return {key: f"cannot create {OWNERS_TOPIC}: {exc.args[0].str()}" for key in records}
     producer = clients.producer(target, {"acks": "all", "enable.idempotence": True})
     outcome: dict[str, str | None] = {}
 
-    def delivered(err: KafkaError | None, message) -> None:
+    def delivered(err: KafkaError | None, message: Any) -> None:
         outcome[(message.key() or b"").decode()] = None if err is None else f"{err.name()}: {err.str()}"
 
-    for topic, owner in sorted(owners.items()):
-        value = json.dumps(asdict(owner)).encode()
-        producer.produce(OWNERS_TOPIC, key=topic.encode(), value=value, on_delivery=delivered)
+    for key, value in sorted(records.items()):
+        producer.produce(OWNERS_TOPIC, key=key.encode(), value=json.dumps(value).encode(), on_delivery=delivered)
     producer.flush(READ_TIMEOUT_S)
-    return {topic: outcome.get(topic, "not acknowledged in time") for topic in owners}
+    return {key: outcome.get(key, "not acknowledged in time") for key in records}

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from confluent_kafka.admin import NewPartitions, NewTopic, ResourceType
 
 from queueplane.errors import QueueplaneError
-from queueplane.kafka.cluster import Cluster
+from queueplane.kafka.cluster import AclKey, Cluster
+from queueplane.provision.acls import Acl
 from queueplane.provision.plan import Change, Plan, brief
 
 
@@ -47,6 +48,7 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
     partitions = [c for c in plan.changes if c.kind == "partitions" and c.action == "change"]
     topic_configs = [c for c in plan.changes if c.kind == "topic-config" and c.action == "change"]
     group_configs = [c for c in plan.changes if c.kind == "group-config" and c.action == "change"]
+    acls = [c for c in plan.changes if c.kind == "acl" and c.action in ("create", "delete")]
 
     def claim(cluster: Cluster, changes: list[Change], validate_only: bool) -> dict[str, str | None]:
         """Owner records first: a topic is never created or changed before its queue's claim on it
@@ -90,6 +92,30 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
     def set_group_configs(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
         return cluster.set_configs(ResourceType.GROUP, grouped(group_configs), validate_only)
 
+    def set_acls(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
+        """Record first what will exist (the final record and what is still to delete), then
+        create and delete, then record what is left: a failure midway leaves no ACL that
+        queueplane made unrecorded, so the next plan finishes the job."""
+        create = [a for c in plan.acls.values() for a in c.create]
+        delete = [a for c in plan.acls.values() for a in c.delete]
+        if validate_only:
+            return cluster.change_acls([], [], True)
+
+        def records(with_deleted: bool) -> dict[str, list[dict[str, object]]]:
+            return {
+                queue: [a.as_dict() for a in sorted({*c.record, *(c.delete if with_deleted else [])})]
+                for queue, c in plan.acls.items()
+            }
+
+        failed = {q: e for q, e in cluster.record_acls(records(True)).items() if e}
+        if failed:
+            return {a.describe(): "recording the queue's ACLs failed: " + next(iter(failed.values())) for a in create}
+        outcomes = cluster.change_acls([_key(a) for a in create], [_key(a) for a in delete], False)
+        if any(outcomes.values()):
+            return outcomes
+        failed = {q: e for q, e in cluster.record_acls(records(False)).items() if e}
+        return {**outcomes, **{a.describe(): f"recording failed: {e}" for q, e in failed.items() for a in delete}}
+
     # Config changes go first: a broker publishes metadata changes in order, and one that
     # creates many partitions takes long to publish (it creates their logs), so configs
     # queued behind it would stay invisible for tens of seconds.
@@ -99,7 +125,13 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
         ("set topic configs", topic_configs, set_topic_configs),
         ("create topics", creates, new_topics),
         ("add partitions", partitions, more_partitions),
+        # Last: ACLs name topics and groups that now exist.
+        ("set ACLs", acls, set_acls),
     ]
+
+
+def _key(acl: Acl) -> AclKey:
+    return (acl.principal, acl.resource, acl.name, acl.operation, acl.prefixed)
 
 
 def apply_plan(cluster: Cluster, plan: Plan, on_step: Callable[[str, int], None] = lambda _s, _n: None) -> ApplyReport:

@@ -13,15 +13,16 @@ from queueplane.errors import PlanRefused
 from queueplane.kafka import names as kn
 from queueplane.kafka.cluster import LiveConfig, LiveState
 from queueplane.kafka.owners import Owner
+from queueplane.provision.acls import Acl, AclChanges, acl_changes, wanted_acls
 from queueplane.spec.model import QueueSpec, TopicSpec
 
-Action = Literal["create", "adopt", "change", "refuse"]
-Kind = Literal["topic", "partitions", "replication", "topic-config", "group-config"]
+Action = Literal["create", "adopt", "change", "delete", "refuse"]
+Kind = Literal["topic", "partitions", "replication", "topic-config", "group-config", "acl"]
 # "=" for a topic taken over as it is (Pulumi's mark for an import).
-SYMBOLS: dict[str, str] = {"create": "+", "adopt": "=", "change": "~", "refuse": "!"}
+SYMBOLS: dict[str, str] = {"create": "+", "adopt": "=", "change": "~", "delete": "-", "refuse": "!"}
 # The two halves an orchestrator applies as separate steps (each with its own log).
 TOPIC_KINDS: frozenset[str] = frozenset({"topic", "partitions", "replication", "topic-config"})
-GROUP_KINDS: frozenset[str] = frozenset({"group-config"})
+GROUP_KINDS: frozenset[str] = frozenset({"group-config", "acl"})
 Role = Literal["queue", "dead-letter", "markers", "output"]
 
 
@@ -65,6 +66,8 @@ class Change:
     def describe(self) -> str:
         if self.action == "refuse":
             return f"{self.field}: {self.old} -> {self.new}: {self.reason}" if self.field else self.reason
+        if self.kind == "acl":
+            return self.reason
         if self.kind == "topic":
             return self.new or ""
         if self.old is None:
@@ -87,6 +90,9 @@ class Plan:
     new_topics: dict[str, DesiredTopic] = field(default_factory=dict, repr=False)
     # The owner record apply writes for each topic it creates or adopts, before touching it.
     claims: dict[str, Owner] = field(default_factory=dict, repr=False)
+    # Per queue (team/name) whose ACLs change: the ACLs to create and delete, and the record of
+    # the ACLs queueplane made for it once they are applied.
+    acls: dict[str, AclChanges] = field(default_factory=dict, repr=False)
 
     @property
     def refused(self) -> list[Change]:
@@ -113,6 +119,7 @@ class Plan:
             kept,
             {n: t for n, t in self.new_topics.items() if topics},
             {n: o for n, o in self.claims.items() if topics},
+            {q: c for q, c in self.acls.items() if "acl" in kinds},
         )
 
     def counts(self) -> dict[str, int]:
@@ -339,4 +346,26 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
         )
     for group in groups:
         plan.changes += _group_changes(group, live)
+    for queue in queues:
+        _plan_acls(plan, queue, live)
     return plan
+
+
+def _plan_acls(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
+    wanted = wanted_acls(queue)
+    recorded = {Acl(**a) for a in live.acl_records.get(queue.owner, [])}
+    if not wanted and not recorded:
+        return
+    if live.acls is None:
+        reason = "the cluster has no authorizer (authorizer.class.name): spec.access cannot be enforced"
+        plan.changes.append(Change("refuse", "acl", queue.owner, queue.source, reason=reason))
+        return
+    changes = acl_changes(wanted, {Acl(*key) for key in live.acls}, recorded)
+    for acl in changes.create:
+        drift = "made by queueplane, deleted since (drift)" if acl in changes.drifted else ""
+        plan.changes.append(Change("create", "acl", acl.describe(), queue.source, reason=drift))
+    for acl in changes.delete:
+        reason = "no longer in the spec"
+        plan.changes.append(Change("delete", "acl", acl.describe(), queue.source, reason=reason))
+    if changes.create or changes.delete or set(changes.record) != recorded:
+        plan.acls[queue.owner] = changes

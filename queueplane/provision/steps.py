@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from queueplane.kafka.cluster import Cluster
 from queueplane.kafka.target import KafkaTarget
+from queueplane.provision.acls import wanted_acls
 from queueplane.provision.apply import ApplyFailed, ApplyReport, apply_plan
 from queueplane.provision.plan import Plan, brief, desired_state, diff
 from queueplane.spec.cache import SpecCache
@@ -65,7 +66,10 @@ def plan(paths: list[str], target: KafkaTarget) -> Planned:
 def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
     topics, groups = desired_state(queues)
     configured = {t.name: list(t.config) for t in topics if t.managed and t.config}
-    live = cluster.read_state([t.name for t in topics], [g.id for g in groups], configured)
+    principals = {acl.principal for q in queues for acl in wanted_acls(q)}
+    live = cluster.read_state(
+        [t.name for t in topics], [g.id for g in groups], configured, principals, [q.owner for q in queues]
+    )
     label = f"{cluster.target.label}, {len(cluster.broker_ids)} broker(s)"
     return Planned(queues, diff(queues, live, label), cluster)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from queueplane.errors import QueueplaneError
+from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import committed_offsets
 from queueplane.kafka.target import KafkaTarget, java_client_settings
 from queueplane.local.maven import copy_dependencies
@@ -104,7 +105,7 @@ def kafka_options(target: KafkaTarget) -> dict[str, str]:
     return {f"kafka.{key}": value for key, value in java_client_settings(target.settings).items()}
 
 
-def kafka_source(spark: Any, target: KafkaTarget, topic: str) -> Any:
+def kafka_source(spark: Any, target: KafkaTarget, topic: str, group_id: str) -> Any:
     """A streaming reader of ``topic``: the consumer, kmq and tracker queries all start here.
 
     Retention may delete records a stopped worker never saw; the queue carries on rather
@@ -115,6 +116,8 @@ def kafka_source(spark: Any, target: KafkaTarget, topic: str) -> Any:
         spark.readStream.format("kafka")
         .options(**kafka_options(target))
         .option("subscribe", topic)
+        # Its consumer groups under the queue's own prefix, which the worker's ACLs grant.
+        .option("groupIdPrefix", kn.spark_reader_group_prefix(group_id))
         .option("failOnDataLoss", "false")
         .option("kafka.isolation.level", "read_committed")
     )

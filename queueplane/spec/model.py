@@ -88,6 +88,9 @@ class QueueSpec:
     driver: dict[str, Any]
     executor: dict[str, Any]
     document: dict[str, Any]
+    # spec.access: who the worker runs as and who may produce (ACLs, see provision/acls.py)
+    worker_principal: str | None = None
+    producer_principals: tuple[str, ...] = ()
 
     def memory_mi(self, role: str) -> int:
         """``deployment.<role>.memory`` (driver or executor) in MiB: the schema allows ``<n>m`` or ``<n>g``."""
@@ -180,4 +183,6 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         driver=deployment["driver"],
         executor=deployment["executor"],
         document=d,
+        worker_principal=spec.get("access", {}).get("worker"),
+        producer_principals=tuple(spec.get("access", {}).get("producers", [])),
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from queueplane.kafka import clients
+from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.crash_journal import CrashJournal, journal_folder
 from queueplane.run.handler import Handler, load_handler
@@ -43,7 +44,7 @@ class ConsumerSettings(QueueSettings):
 
     def transactional_id(self, topic: str, partition: int) -> str:
         """Stable per input partition: a new task's producer fences the one a dead task left behind."""
-        return f"queueplane.{self.group_id}.{topic}.{partition}"
+        return f"{kn.transactional_id_prefix(self.group_id)}{topic}.{partition}"
 
 
 class WorkerProcess:

@@ -87,7 +87,7 @@ class ConsumerRuntime(QueueRuntime):
         if queue.exactly_once:
             fence_partitions(settings, queue.topic.name, queue.topic.partitions)
         reader = (
-            kafka_source(spark, target, queue.topic.name)
+            kafka_source(spark, target, queue.topic.name, queue.group.id)
             .option("startingOffsets", starting_offsets(target, queue))
             .option("includeHeaders", "true")
             .option("maxOffsetsPerTrigger", str(self.options.max_batch_records or DEFAULT_BATCH_RECORDS))

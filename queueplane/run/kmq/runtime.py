@@ -184,7 +184,7 @@ class KmqRuntime(QueueRuntime):
         queue, target = self.queue, self.target
         tasks = self.options.tasks or spark.sparkContext.defaultParallelism
         reader = (
-            kafka_source(spark, target, queue.topic.name)
+            kafka_source(spark, target, queue.topic.name, queue.group.id)
             .option("startingOffsets", starting_offsets(target, queue))
             .option("includeHeaders", "true")
             .option("maxOffsetsPerTrigger", str(batch_records(queue, self.options.max_batch_records)))

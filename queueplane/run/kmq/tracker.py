@@ -21,6 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from queueplane.kafka import clients
+from queueplane.kafka import names as kn
 from queueplane.kafka.limits import PRODUCER_MAX_BYTES, largest_record
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.dead_letters import Failure
@@ -97,7 +98,7 @@ def tracker_stream(spark: Any, queue: QueueSpec, target: KafkaTarget) -> Any:
     """The deliveries whose deadline passed, as a streaming DataFrame (EXPIRED_SCHEMA)."""
     assert queue.markers is not None
     markers = (
-        kafka_source(spark, target, queue.markers.name)
+        kafka_source(spark, target, queue.markers.name, queue.group.id)
         # Only without a checkpoint: every retained marker, so the open deliveries are rebuilt.
         .option("startingOffsets", "earliest")
         .load()
@@ -196,7 +197,7 @@ class Redeliverer:
         consumer = clients.consumer(
             self.settings,
             {
-                "group.id": f"queueplane-kmq-tracker-{self.queue.group.id}",
+                "group.id": kn.kmq_tracker_group(self.queue.group.id),
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 # An offset below the log's start was removed by retention: read on from the start.

@@ -1,0 +1,90 @@
+"""The ACLs a spec's principals get, and which of them plan creates, deletes or leaves alone."""
+
+from __future__ import annotations
+
+from specs_factory import dump, spec
+
+from queueplane.kafka.cluster import LiveState
+from queueplane.provision.acls import Acl, acl_changes, wanted_acls
+from queueplane.provision.plan import diff
+from queueplane.spec.rules import check_text
+
+
+def _queue(doc):
+    return check_text(dump(doc)).raise_if_invalid()[0]
+
+
+def _with_access(kind: str, **access):
+    doc = spec(kind)
+    doc["spec"]["access"] = access
+    return _queue(doc)
+
+
+def test_a_share_worker_reads_its_topic_and_group_and_writes_its_dlq_and_output_only():
+    queue = _with_access("share", worker="User:brewer", producers=["User:till", "User:app"])
+    got = {a.describe() for a in wanted_acls(queue)}
+    assert got == {
+        "User:brewer READ TOPIC:brew.orders.v1",
+        "User:brewer READ GROUP:kitchen-service",
+        "User:brewer READ GROUP:queueplane-spark:kitchen-service:*",
+        "User:brewer WRITE TOPIC:brew.orders.v1.dlq",
+        "User:brewer WRITE TOPIC:brew.ready.v1",
+        "User:brewer DESCRIBE_CONFIGS CLUSTER:kafka-cluster",
+        "User:till WRITE TOPIC:brew.orders.v1",
+        "User:app WRITE TOPIC:brew.orders.v1",
+    }
+
+
+def test_exactly_once_adds_the_workers_transactional_ids_and_kmq_its_markers_and_tracker():
+    eos = {a.describe() for a in wanted_acls(_with_access("consumer", worker="User:ledger"))}
+    assert "User:ledger WRITE TRANSACTIONAL_ID:queueplane.pay-ledger.*" in eos
+    kmq = {a.describe() for a in wanted_acls(_with_access("kmq", worker="User:mailer"))}
+    assert {
+        "User:mailer READ TOPIC:mail.jobs.v1.markers",
+        "User:mailer WRITE TOPIC:mail.jobs.v1.markers",
+        "User:mailer READ GROUP:queueplane-kmq-tracker-mailer",
+    } <= kmq
+    assert not any("TRANSACTIONAL_ID" in a for a in kmq)
+
+
+def test_no_access_wants_no_acls():
+    assert wanted_acls(_queue(spec("share"))) == []
+
+
+A = Acl("User:w", "TOPIC", "t", "READ")
+B = Acl("User:w", "TOPIC", "d", "WRITE")
+C = Acl("User:p", "TOPIC", "t", "WRITE")
+
+
+def test_only_recorded_acls_are_deleted_and_an_acl_granted_by_someone_else_is_never_recorded():
+    # B was granted by hand before the spec wanted it: kept, never recorded as queueplane's.
+    changes = acl_changes([A, B], live={B, C}, recorded=set())
+    assert (changes.create, changes.delete, changes.record) == ([A], [], [A])
+    # C is no longer wanted: deleted only because queueplane made it.
+    changes = acl_changes([A], live={A, B, C}, recorded={A, C})
+    assert (changes.create, changes.delete, changes.record) == ([], [C], [A])
+    # A recorded ACL deleted by hand is drift: created again.
+    changes = acl_changes([A], live=set(), recorded={A})
+    assert (changes.create, changes.drifted, changes.record) == ([A], [A], [A])
+
+
+def _state(acls, records=None) -> LiveState:
+    return LiveState("c", [1], {}, acls=acls, acl_records=records or {})
+
+
+def test_plan_shows_creates_deletes_and_drift_and_refuses_without_an_authorizer():
+    queue = _with_access("share", worker="User:brewer")
+    wanted = wanted_acls(queue)
+    gone = Acl("User:old-till", "TOPIC", "brew.orders.v1", "WRITE")
+    live = {(a.principal, a.resource, a.name, a.operation, a.prefixed) for a in [*wanted[1:], gone]}
+    records = {"kitchen/brew-orders": [a.as_dict() for a in [wanted[0], gone]]}
+    plan = diff([queue], _state(live, records), "t")
+    lines = [(c.symbol, c.target, c.describe()) for c in plan.changes if c.kind == "acl"]
+    assert lines == [
+        ("+", wanted[0].describe(), "made by queueplane, deleted since (drift)"),
+        ("-", gone.describe(), "no longer in the spec"),
+    ]
+    assert set(plan.acls["kitchen/brew-orders"].record) == {wanted[0]}
+
+    (refused,) = [c for c in diff([queue], _state(None), "t").refused if c.kind == "acl"]
+    assert refused.target == "kitchen/brew-orders" and "no authorizer" in refused.reason
