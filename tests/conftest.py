@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import parallel
@@ -66,16 +67,45 @@ def queueplane_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def local_kafka(queueplane_home: Path) -> Iterator[StackState]:
-    stack = LocalStack(queueplane_home / "local")
-    state = stack.up()
-    yield state
+def local_stack(queueplane_home: Path) -> Iterator[LocalStack]:
+    """The session's broker: PLAINTEXT for most tests, SASL_SSL with the authorizer for the secured ones."""
+    stack = LocalStack(queueplane_home / "local", secure=True)
+    stack.up()
+    yield stack
     stack.down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def local_kafka(local_stack: LocalStack) -> StackState:
+    state = local_stack.running_state()
+    assert state is not None
+    return state
 
 
 @pytest.fixture(scope="session")
 def kafka(local_kafka: StackState) -> KafkaTarget:
     return KafkaTarget({"bootstrap.servers": local_kafka.bootstrap}, local_kafka.bootstrap)
+
+
+@dataclass
+class SecureKafka:
+    """The session broker's SASL_SSL listener: its super user's target, and users made on demand."""
+
+    stack: LocalStack
+    admin: KafkaTarget
+
+    def user(self, name: str) -> KafkaTarget:
+        """A new SCRAM user (no ACLs yet) and its client settings."""
+        password = f"pw-{name}"
+        self.stack.add_user(name, password)
+        settings = self.stack.secure_settings(name, password)
+        return KafkaTarget(settings, settings["bootstrap.servers"])
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(local_stack: LocalStack) -> SecureKafka:
+    settings = local_stack.secure_settings()
+    return SecureKafka(local_stack, KafkaTarget(settings, settings["bootstrap.servers"]))
 
 
 @pytest.fixture

@@ -22,7 +22,13 @@ def register(commands: Any) -> None:
         "fetch",
         help="fetch and build everything queueplane needs ahead of time (Kafka and connector jars, helm, API schemas)",
     )
-    local_cmds.add_parser("up", help="fetch the jars if needed, start the broker, print bootstrap.servers")
+    up = local_cmds.add_parser("up", help="fetch the jars if needed, start the broker, print bootstrap.servers")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="also a SASL_SSL listener (SCRAM-SHA-512 over TLS, a local CA) and the StandardAuthorizer; "
+        "prints a client properties file for its super user",
+    )
     down = local_cmds.add_parser("down", help="stop the broker")
     down.add_argument("--purge", action="store_true", help="also delete its data and logs")
     status = local_cmds.add_parser("status", help="show whether the broker runs, and where")
@@ -76,9 +82,16 @@ def cmd_local(args: argparse.Namespace) -> int:
         return _cmd_kubernetes(args)
     stack = LocalStack.default()
     if args.local_command == "up":
+        stack.secure = args.secure
         with err.status("local Kafka") as status:
             state = stack.up(say=lambda message: status.update(f"local Kafka: {message}"))
         out.print(f"bootstrap.servers={state.bootstrap}", markup=False)
+        if args.secure:
+            properties = stack.tls_dir / "admin.properties"
+            settings = stack.secure_settings()
+            properties.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+            properties.chmod(0o600)
+            out.print(f"SASL_SSL: --kafka-config {properties}", markup=False)
         return EXIT_OK
     if args.local_command == "down":
         stopped = stack.down(purge=args.purge)

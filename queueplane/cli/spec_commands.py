@@ -122,5 +122,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
     else:
         counts = plan.counts()
         adopted = f"{counts['adopt']} adopted, " if counts["adopt"] else ""
-        out.print(f"Apply complete: {counts['create']} created, {adopted}{counts['change']} changed.")
+        deleted = f", {counts['delete']} deleted" if counts["delete"] else ""
+        out.print(f"Apply complete: {counts['create']} created, {adopted}{counts['change']} changed{deleted}.")
     return EXIT_OK

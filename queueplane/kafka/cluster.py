@@ -38,6 +38,7 @@ from queueplane.kafka.target import KafkaTarget
 log = logging.getLogger("queueplane.cluster")
 
 CONNECT_TIMEOUT_S = 8.0
+AUTHORIZER_CONFIG = "authorizer.class.name"
 REQUEST_TIMEOUT_S = 30.0
 
 # Config sources that mean "inherited", not set on the resource itself.
@@ -83,7 +84,7 @@ class LiveState:
     # team/name -> the ACLs apply created for that queue, as recorded
     acl_records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # ALLOW ACLs of the principals the specs name: (principal, resource, name, operation, prefixed);
-    # None when the cluster has no authorizer
+    # None when the cluster has no authorizer (ACLs there would be listed, never enforced)
     acls: set[AclKey] | None = field(default_factory=set)
 
 
@@ -221,8 +222,13 @@ class Cluster:
         # The ACLs of the principals the specs name, and of those apply once granted these queues.
         named = set(principals) | {a["principal"] for q in acl_queues for a in state.acl_records.get(q, [])}
         if named:
-            state.acls = self.describe_acls(named)
+            state.acls = self.describe_acls(named) if self.has_authorizer() else None
         return state
+
+    def has_authorizer(self) -> bool:
+        """Whether the brokers enforce ACLs: without an authorizer they keep and list ACLs
+        (DescribeAcls answers an empty list) but never check them."""
+        return bool(self.broker_configs().get(AUTHORIZER_CONFIG))
 
     def describe_acls(self, principals: Iterable[str]) -> set[AclKey] | None:
         """The ALLOW ACLs of ``principals``; None when the cluster has no authorizer."""
@@ -271,14 +277,15 @@ class Cluster:
         """Create and delete ALLOW ACLs; per ACL (its describe text), the error or None. Kafka has
         no validate-only mode for ACLs: that pass only checks the cluster has an authorizer."""
         if validate_only:
-            return {} if self.describe_acls([]) is not None else {"acls": "the cluster has no authorizer"}
+            return {} if self.has_authorizer() else {"acls": "the cluster has no authorizer"}
         outcomes: dict[str, str | None] = {}
         if create:
             futures = self.admin.create_acls([_binding(k) for k in create], request_timeout=REQUEST_TIMEOUT_S)
             for binding, outcome in _outcomes(futures).items():
                 outcomes[_acl_text(binding)] = outcome
         if delete:
-            futures = self.admin.delete_acls([_binding(k) for k in delete], request_timeout=REQUEST_TIMEOUT_S)
+            filters = [_binding(k, AclBindingFilter) for k in delete]
+            futures = self.admin.delete_acls(filters, request_timeout=REQUEST_TIMEOUT_S)
             for binding, outcome in _outcomes(futures).items():
                 outcomes[_acl_text(binding)] = outcome
         return outcomes
@@ -317,9 +324,10 @@ class Cluster:
         return {resource.name: outcome for resource, outcome in _outcomes(futures).items()}
 
 
-def _binding(key: AclKey) -> AclBinding:
+def _binding(key: AclKey, kind: type[AclBinding] = AclBinding) -> AclBinding:
+    """The ALLOW binding from any host for ``key``; ``kind`` AclBindingFilter matches exactly it."""
     principal, resource, name, operation, prefixed = key
-    return AclBinding(
+    return kind(
         ResourceType.BROKER if resource == "CLUSTER" else ResourceType[resource],
         name,
         ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL,

@@ -231,8 +231,10 @@ class LocalStack:
             state = self.running_state()
             if pods is None:
                 pods = state.pod_port is not None if state is not None else node_address_present()
+            # A restart (for the pod listener) keeps a SASL_SSL listener that clients use.
+            secure = self.secure or (state is not None and state.secure_port is not None)
             if state is not None and port_open(HOST, state.port):
-                if pods == (state.pod_port is not None) and (state.secure_port is not None or not self.secure):
+                if pods == (state.pod_port is not None) and secure == (state.secure_port is not None):
                     say("already running")
                     return state
                 if pods != (state.pod_port is not None):
@@ -243,7 +245,7 @@ class LocalStack:
             self.fetch(say)
             port, controller_port = self._ports()
             pod_port = self._pod_port() if pods else None
-            secure_port = self._kept_port("secure-port.json", HOST) if self.secure else None
+            secure_port = self._kept_port("secure-port.json", HOST) if secure else None
             self._write_configs(port, controller_port, pod_port, secure_port)
             if not (self.data_dir / "meta.properties").is_file():
                 say("formatting KRaft storage")

@@ -1,4 +1,4 @@
-"""The plan as people read it: one block per spec, one line per change, + = ~ ! marks.
+"""The plan as people read it: one block per spec, one line per change, + = ~ - ! marks.
 
 The command line and the Airflow task log print the same text from here.
 """
@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from queueplane.provision.plan import Plan
 
-_STYLES = {"create": "green", "adopt": "cyan", "change": "yellow", "refuse": "red"}
+_STYLES = {"create": "green", "adopt": "cyan", "change": "yellow", "delete": "red", "refuse": "red"}
 
 
 def render_plan(plan: Plan, console: Console) -> None:
@@ -31,6 +31,8 @@ def render_plan(plan: Plan, console: Console) -> None:
             console.print(f"  [{style}]{change.symbol}[/{style}] {escape(line)}")
     counts = plan.counts()
     adopted = f"{counts['adopt']} to adopt, " if counts["adopt"] else ""
+    deleted = f"{counts['delete']} to delete, " if counts["delete"] else ""
     console.print(
-        f"\nPlan: {counts['create']} to create, {adopted}{counts['change']} to change, {counts['refuse']} refused."
+        f"\nPlan: {counts['create']} to create, {adopted}{counts['change']} to change, {deleted}"
+        f"{counts['refuse']} refused."
     )
