@@ -142,6 +142,7 @@ def make_queue(
     ordering: str = "none",
     exactly_once: bool = False,
     retry: dict[str, str] | None = None,
+    access: dict[str, object] | None = None,
 ) -> TestQueue:
     tag = uuid.uuid4().hex[:8]
     module = f"qp_handler_{tag}"
@@ -173,6 +174,8 @@ def make_queue(
     }
     if retry:
         doc["spec"]["retry"] = retry
+    if access:
+        doc["spec"]["access"] = access
     spec_path = folder / "queue.yaml"
     spec_path.write_text(dump(doc))
     steps.apply(steps.plan([str(spec_path)], kafka))
@@ -306,6 +309,16 @@ def read_all(
     return records
 
 
+def cluster_flags(kafka: KafkaTarget, folder: Path) -> list[str]:
+    """How a command reaches ``kafka``: its bootstrap address, or a properties file beside the
+    queue when it needs more (SASL_SSL credentials)."""
+    if set(kafka.settings) == {"bootstrap.servers"}:
+        return ["--bootstrap-servers", kafka.bootstrap]
+    properties = folder / f"kafka-{abs(hash(tuple(sorted(kafka.settings.items()))))}.properties"
+    properties.write_text("".join(f"{k}={v}\n" for k, v in kafka.settings.items()))
+    return ["--kafka-config", str(properties)]
+
+
 def worker_command(queue: TestQueue, kafka: KafkaTarget, args: tuple[str, ...]) -> list[str]:
     return [
         sys.executable,
@@ -313,8 +326,7 @@ def worker_command(queue: TestQueue, kafka: KafkaTarget, args: tuple[str, ...]) 
         "queueplane",
         "run",
         str(queue.spec_path),
-        "--bootstrap-servers",
-        kafka.bootstrap,
+        *cluster_flags(kafka, queue.folder),
         "-o",
         "json",
         *args,

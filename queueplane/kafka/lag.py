@@ -49,11 +49,10 @@ def share_lag(
     A partition without state (the group never fetched from it) lags like an unread consumer
     group's; a partition whose state holds no lag yet is None (unknown).
     """
-    address = target.plaintext_address()
-    if address is None:
+    if not target.speaks_share_requests():
         return None
     try:
-        states = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, sorted(offsets))
+        states = share_partition_offsets(target.settings, queue.group.id, queue.topic.name, sorted(offsets))
     except (OSError, ValueError):
         return None
     lags: dict[int, int | None] = {}
@@ -129,7 +128,7 @@ class BacklogReader:
 
     def __call__(self) -> dict[int, int | None] | None:
         queue = self.queue
-        if queue.group.type == "share" and self.target.plaintext_address() is None:
+        if queue.group.type == "share" and not self.target.speaks_share_requests():
             return None
         if self._admin is None:
             self._admin = clients.admin(self.target)

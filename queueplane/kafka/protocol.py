@@ -1,6 +1,6 @@
 """A few Kafka wire-protocol requests the Python client does not offer.
 
-Only what queueplane needs and only over PLAINTEXT (the local stack): ApiVersions v3,
+Only what queueplane needs, over a connection secured as the clients' are (connection.py): ApiVersions v3,
 whose answer carries the cluster's finalized feature levels (share.version); a share group's
 offsets and lag (DescribeShareGroupOffsets) and its state and members (ShareGroupDescribe),
 which confluent-kafka's admin client does not describe for share groups.
@@ -10,65 +10,13 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from queueplane.kafka.connection import connect
+from queueplane.kafka.wire import Reader, compact_string, recv_exact, uvarint
+
 API_VERSIONS_KEY = 18
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _compact_string(text: str) -> bytes:
-    data = text.encode()
-    return _uvarint(len(data) + 1) + data
-
-
-class _Reader:
-    def __init__(self, data: bytes):
-        self.data, self.pos = data, 0
-
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise ValueError("truncated Kafka response")
-        chunk = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return chunk
-
-    def int16(self) -> int:
-        return struct.unpack(">h", self.take(2))[0]
-
-    def int32(self) -> int:
-        return struct.unpack(">i", self.take(4))[0]
-
-    def int64(self) -> int:
-        return struct.unpack(">q", self.take(8))[0]
-
-    def uvarint(self) -> int:
-        shift = result = 0
-        while True:
-            byte = self.take(1)[0]
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return result
-            shift += 7
-
-    def compact_string(self) -> str:
-        length = self.uvarint() - 1
-        return self.take(length).decode() if length > 0 else ""
-
-    def skip_tags(self) -> None:
-        for _ in range(self.uvarint()):
-            self.uvarint()
-            self.take(self.uvarint())
 
 
 @dataclass
@@ -79,26 +27,16 @@ class ApiVersions:
     finalized_features: dict[str, int] = field(default_factory=dict)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("broker closed the connection")
-        buf.extend(chunk)
-    return bytes(buf)
-
-
 def api_versions(host: str, port: int, timeout: float = 5.0) -> ApiVersions:
     """Send ApiVersions v3 and decode the answer, including its feature tagged fields."""
     client_id = b"queueplane"
-    header = struct.pack(">hhih", API_VERSIONS_KEY, 3, 1, len(client_id)) + client_id + _uvarint(0)
-    body = _compact_string("queueplane") + _compact_string("1") + _uvarint(0)
+    header = struct.pack(">hhih", API_VERSIONS_KEY, 3, 1, len(client_id)) + client_id + uvarint(0)
+    body = compact_string("queueplane") + compact_string("1") + uvarint(0)
     payload = header + body
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(struct.pack(">i", len(payload)) + payload)
-        size = struct.unpack(">i", _recv_exact(sock, 4))[0]
-        reader = _Reader(_recv_exact(sock, size))
+        size = struct.unpack(">i", recv_exact(sock, 4))[0]
+        reader = Reader(recv_exact(sock, size))
     reader.int32()  # correlation id; ApiVersions responses use header v0 (no tags)
     error = reader.int16()
     if error:
@@ -111,7 +49,7 @@ def api_versions(host: str, port: int, timeout: float = 5.0) -> ApiVersions:
     reader.int32()  # throttle time
     for _ in range(reader.uvarint()):
         tag, size = reader.uvarint(), reader.uvarint()
-        tagged = _Reader(reader.take(size))
+        tagged = Reader(reader.take(size))
         if tag == 2:
             for _ in range(tagged.uvarint() - 1):
                 name, max_level, _min_level = tagged.compact_string(), tagged.int16(), tagged.int16()
@@ -128,14 +66,14 @@ _KEY_TYPE_GROUP = 0
 
 
 def _compact_array(items: list[bytes]) -> bytes:
-    return _uvarint(len(items) + 1) + b"".join(items)
+    return uvarint(len(items) + 1) + b"".join(items)
 
 
 class _FlexibleClient:
     """One connection speaking flexible request/response versions (header v2 / v1)."""
 
-    def __init__(self, host: str, port: int, timeout: float):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str, port: int, settings: Mapping[str, str], timeout: float):
+        self.sock = connect(host, port, settings, timeout)
         self.correlation = 0
 
     def __enter__(self) -> _FlexibleClient:
@@ -144,36 +82,45 @@ class _FlexibleClient:
     def __exit__(self, *exc: object) -> None:
         self.sock.close()
 
-    def request(self, api_key: int, version: int, body: bytes) -> _Reader:
+    def request(self, api_key: int, version: int, body: bytes) -> Reader:
         self.correlation += 1
         client_id = b"queueplane"
-        header = struct.pack(">hhih", api_key, version, self.correlation, len(client_id)) + client_id + _uvarint(0)
+        header = struct.pack(">hhih", api_key, version, self.correlation, len(client_id)) + client_id + uvarint(0)
         payload = header + body
         self.sock.sendall(struct.pack(">i", len(payload)) + payload)
-        size = struct.unpack(">i", _recv_exact(self.sock, 4))[0]
-        reader = _Reader(_recv_exact(self.sock, size))
+        size = struct.unpack(">i", recv_exact(self.sock, 4))[0]
+        reader = Reader(recv_exact(self.sock, size))
         if reader.int32() != self.correlation:
             raise ConnectionError("Kafka answered another request")
         reader.skip_tags()
         return reader
 
 
-def _nullable_compact_string(reader: _Reader) -> str | None:
+def _nullablecompact_string(reader: Reader) -> str | None:
     length = reader.uvarint() - 1
     return None if length < 0 else reader.take(length).decode()
 
 
-def _group_coordinator(host: str, port: int, group: str, timeout: float) -> tuple[str, int]:
-    """The broker that coordinates ``group`` (FindCoordinator v6)."""
-    with _FlexibleClient(host, port, timeout) as client:
-        body = bytes([_KEY_TYPE_GROUP]) + _compact_array([_compact_string(group)]) + _uvarint(0)
+def _first_server(settings: Mapping[str, str]) -> tuple[str, int]:
+    first = settings.get("bootstrap.servers", "").split(",")[0].strip()
+    host, _, port = first.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"bootstrap.servers {first!r} is not host:port")
+    return host, int(port)
+
+
+def _group_coordinator(settings: Mapping[str, str], group: str, timeout: float) -> tuple[str, int]:
+    """The broker that coordinates ``group`` (FindCoordinator v6), at the listener we came in on."""
+    host, port = _first_server(settings)
+    with _FlexibleClient(host, port, settings, timeout) as client:
+        body = bytes([_KEY_TYPE_GROUP]) + _compact_array([compact_string(group)]) + uvarint(0)
         reader = client.request(FIND_COORDINATOR_KEY, 6, body)
         reader.int32()  # throttle
         coordinators = []
         for _ in range(reader.uvarint() - 1):
             reader.compact_string()
             node, chost, cport, error = reader.int32(), reader.compact_string(), reader.int32(), reader.int16()
-            _nullable_compact_string(reader)
+            _nullablecompact_string(reader)
             reader.skip_tags()
             coordinators.append((node, chost, cport, error))
     if not coordinators or coordinators[0][3]:
@@ -185,7 +132,7 @@ def _group_coordinator(host: str, port: int, group: str, timeout: float) -> tupl
 
 
 def share_partition_offsets(
-    host: str, port: int, group: str, topic: str, partitions: list[int], timeout: float = 5.0
+    settings: Mapping[str, str], group: str, topic: str, partitions: list[int], timeout: float = 5.0
 ) -> dict[int, tuple[int | None, int | None]]:
     """(start offset, lag) per partition (DescribeShareGroupOffsets v1, KIP-1226, Kafka 4.2+).
 
@@ -193,12 +140,12 @@ def share_partition_offsets(
     broker holds no state for the partition (the group never fetched from it); a lag of None
     where the broker reports none (-1).
     """
-    chost, cport = _group_coordinator(host, port, group, timeout)
+    chost, cport = _group_coordinator(settings, group, timeout)
     partition_items = [struct.pack(">i", p) for p in partitions]
-    topic_item = _compact_string(topic) + _compact_array(partition_items) + _uvarint(0)
-    group_item = _compact_string(group) + _compact_array([topic_item]) + _uvarint(0)
-    with _FlexibleClient(chost, cport, timeout) as client:
-        reader = client.request(DESCRIBE_SHARE_GROUP_OFFSETS_KEY, 1, _compact_array([group_item]) + _uvarint(0))
+    topic_item = compact_string(topic) + _compact_array(partition_items) + uvarint(0)
+    group_item = compact_string(group) + _compact_array([topic_item]) + uvarint(0)
+    with _FlexibleClient(chost, cport, settings, timeout) as client:
+        reader = client.request(DESCRIBE_SHARE_GROUP_OFFSETS_KEY, 1, _compact_array([group_item]) + uvarint(0))
     reader.int32()  # throttle
     offsets: dict[int, tuple[int | None, int | None]] = {}
     for _ in range(reader.uvarint() - 1):
@@ -214,13 +161,13 @@ def share_partition_offsets(
                     reader.int64(),
                     reader.int16(),
                 )
-                _nullable_compact_string(reader)
+                _nullablecompact_string(reader)
                 reader.skip_tags()
                 known = error == 0 and start >= 0
                 offsets[index] = (start if known else None, lag if known and lag >= 0 else None)
             reader.skip_tags()
         group_error = reader.int16()
-        message = _nullable_compact_string(reader)
+        message = _nullablecompact_string(reader)
         reader.skip_tags()
         if group_error:
             raise ConnectionError(
@@ -242,16 +189,16 @@ class ShareGroup:
     members: tuple[ShareMember, ...]
 
 
-def describe_share_group(host: str, port: int, group: str, topic: str, timeout: float = 5.0) -> ShareGroup:
+def describe_share_group(settings: Mapping[str, str], group: str, topic: str, timeout: float = 5.0) -> ShareGroup:
     """A share group's state and members, with each member's partitions of ``topic`` (ShareGroupDescribe v1)."""
-    chost, cport = _group_coordinator(host, port, group, timeout)
-    body = _compact_array([_compact_string(group)]) + b"\x00" + _uvarint(0)  # no authorized operations
-    with _FlexibleClient(chost, cport, timeout) as client:
+    chost, cport = _group_coordinator(settings, group, timeout)
+    body = _compact_array([compact_string(group)]) + b"\x00" + uvarint(0)  # no authorized operations
+    with _FlexibleClient(chost, cport, settings, timeout) as client:
         reader = client.request(SHARE_GROUP_DESCRIBE_KEY, 1, body)
     reader.int32()  # throttle
     described: ShareGroup | None = None
     for _ in range(reader.uvarint() - 1):
-        error, message = reader.int16(), _nullable_compact_string(reader)
+        error, message = reader.int16(), _nullablecompact_string(reader)
         reader.compact_string()  # group id
         state = reader.compact_string()
         reader.int32(), reader.int32()  # group and assignment epochs
@@ -259,7 +206,7 @@ def describe_share_group(host: str, port: int, group: str, topic: str, timeout: 
         members = []
         for _ in range(reader.uvarint() - 1):
             reader.compact_string()  # member id
-            _nullable_compact_string(reader)  # rack
+            _nullablecompact_string(reader)  # rack
             reader.int32()  # member epoch
             client_id, client_host = reader.compact_string(), reader.compact_string()
             for _ in range(reader.uvarint() - 1):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from queueplane.errors import UsageError
+from queueplane.kafka.connection import speaks
 
 ENV_BOOTSTRAP = "QUEUEPLANE_BOOTSTRAP_SERVERS"
 ENV_KAFKA_CONFIG = "QUEUEPLANE_KAFKA_CONFIG"
@@ -41,13 +42,10 @@ class KafkaTarget:
         """The first of the bootstrap servers, HOST:PORT."""
         return self.bootstrap.split(",")[0].strip()
 
-    def plaintext_address(self) -> tuple[str, int] | None:
-        """The first bootstrap host and port, when the cluster speaks PLAINTEXT (queueplane's own
-        protocol client, for share-group offsets, speaks nothing else); else None."""
-        if self.settings.get("security.protocol", "plaintext").lower() != "plaintext":
-            return None
-        host, _, port = self.first_server.rpartition(":")
-        return (host, int(port)) if host and port.isdigit() else None
+    def speaks_share_requests(self) -> bool:
+        """Whether queueplane's own protocol requests (share-group offsets and members) can reach
+        this cluster: PLAINTEXT or TLS, SASL PLAIN or SCRAM (kafka/connection.py)."""
+        return speaks(self.settings)
 
 
 def read_kafka_config(path: str) -> dict[str, str]:

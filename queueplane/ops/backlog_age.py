@@ -32,11 +32,10 @@ Ends = dict[int, tuple[int, int]]  # (log-start, log-end) per partition
 
 
 def _share_positions(target: KafkaTarget, queue: QueueSpec, ends: Ends) -> dict[int, int] | None:
-    address = target.plaintext_address()
-    if address is None:
+    if not target.speaks_share_requests():
         return None
     try:
-        offsets = share_partition_offsets(address[0], address[1], queue.group.id, queue.topic.name, list(ends))
+        offsets = share_partition_offsets(target.settings, queue.group.id, queue.topic.name, list(ends))
     except (OSError, ValueError):  # coordinator still loading, broker restarting: unknown this time
         return None
     positions: dict[int, int] = {}

@@ -82,11 +82,10 @@ def _consumer_group(admin: AdminClient, queue: QueueSpec) -> tuple[str, list[Mem
 
 
 def _share_group(target: KafkaTarget, queue: QueueSpec) -> tuple[str, list[Member]]:
-    address = target.plaintext_address()
-    if address is None:
+    if not target.speaks_share_requests():
         return "unknown", []
     try:
-        group = describe_share_group(address[0], address[1], queue.group.id, queue.topic.name)
+        group = describe_share_group(target.settings, queue.group.id, queue.topic.name)
     except (OSError, ValueError):
         return "unknown", []
     return group.state, [Member(m.client_id, m.client_host, list(m.partitions)) for m in group.members]

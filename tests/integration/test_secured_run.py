@@ -1,0 +1,49 @@
+"""The worker, lag and the dead-letter tools against the SASL_SSL listener, as least-privilege users.
+
+The worker authenticates as the principal its spec declares and has only the ACLs apply gave
+it; producers write as theirs; the platform's tools (lag, dlq) run as the super user.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from helpers import run_cli
+from worker_support import cluster_flags, make_queue, order, produce, read_all, run_worker
+
+pytestmark = pytest.mark.kafka
+
+COUNT = 200
+POISON = {7, 70}
+
+
+@pytest.mark.parametrize("group_type", ["share", "consumer", "kmq"])
+def test_a_worker_with_only_its_declared_acls_processes_its_queue_over_sasl_ssl(
+    secure_kafka, tmp_path, cli_env, group_type
+):
+    tag = uuid.uuid4().hex[:6]
+    worker, producer = secure_kafka.user(f"w{tag}"), secure_kafka.user(f"p{tag}")
+    access = {"worker": f"User:w{tag}", "producers": [f"User:p{tag}"]}
+    queue = make_queue(tmp_path, secure_kafka.admin, group_type=group_type, lock="3s", access=access)
+    produce(producer, queue.topic, [order(i, mode="reject" if i in POISON else "ok") for i in range(COUNT)])
+
+    admin = cluster_flags(secure_kafka.admin, queue.folder)
+    lag = run_cli(["lag", str(queue.spec_path), *admin, "-o", "json"], cli_env)
+    assert lag.returncode == 0, lag.stderr
+    assert json.loads(lag.stdout)["total"] == COUNT, lag.stdout
+
+    summary = run_worker(queue, worker, "--until-idle", "4s")
+    assert (summary["counts"]["accepted"], summary["counts"]["dlq"]) == (COUNT - len(POISON), len(POISON))
+    assert summary["kafka_client_errors"] == {}, summary["kafka_client_errors"]
+    assert len(read_all(secure_kafka.admin, queue.output, expect_at_least=COUNT - len(POISON))) >= COUNT - len(POISON)
+
+    lag = run_cli(["lag", str(queue.spec_path), *admin, "-o", "json"], cli_env)
+    assert json.loads(lag.stdout)["total"] == 0, lag.stdout
+    listed = run_cli(["dlq", "list", str(queue.spec_path), *admin, "-o", "json"], cli_env)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["pending"] == len(POISON)
+    redriven = run_cli(["dlq", "redrive", str(queue.spec_path), *admin, "-o", "json"], cli_env)
+    assert redriven.returncode == 0, redriven.stderr
+    assert json.loads(redriven.stdout)["moved"] == len(POISON)
