@@ -83,6 +83,18 @@ class ClusterUnreachable(QueueplaneError):
     """The Kafka cluster did not answer in time; nothing was changed."""
 
 
+# Where a principal's missing ACL comes from, for messages about a refused request.
+ACL_HINT = "a worker's ACLs come from spec.access.worker, granted by `queueplane apply`"
+
+
+class ClusterRefused(QueueplaneError):
+    """The Kafka cluster answered and refused: the credentials, or an ACL the request needs.
+
+    Waiting does not help, so nothing retries it; the message names what was refused and
+    never a secret.
+    """
+
+
 class PlanRefused(QueueplaneError):
     exit_code = EXIT_REFUSED
 

@@ -13,10 +13,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from confluent_kafka import KafkaException
+
 from queueplane import __version__
 from queueplane.cli import deploy_commands, local_commands, ops_commands, run_commands, spec_commands
 from queueplane.cli.common import EPILOG, emit_error, err, no_color, print_error, print_problems
 from queueplane.errors import EXIT_FAILED, EXIT_OK, QueueplaneError, SpecInvalid
+from queueplane.kafka.cluster import refusal
 
 NO_COLOR_HELP = "plain text, no colours (as $NO_COLOR)"
 
@@ -97,16 +100,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
         return 130
+    except KafkaException as exc:
+        refused = refusal(exc)
+        if refused is None:
+            return _internal_error(exc, output)
+        print_error(refused, output)
+        return refused.exit_code
     except Exception as exc:
-        if os.environ.get("QUEUEPLANE_DEBUG"):
-            raise
-        emit_error(output, "InternalError", EXIT_FAILED, str(exc))
-        err.print(
-            f"internal error: {type(exc).__name__}: {exc}. Run again with QUEUEPLANE_DEBUG=1 for a "
-            "traceback, and report it.",
-            markup=False,
-        )
-        return EXIT_FAILED
+        return _internal_error(exc, output)
+
+
+def _internal_error(exc: Exception, output: str) -> int:
+    if os.environ.get("QUEUEPLANE_DEBUG"):
+        raise exc
+    emit_error(output, "InternalError", EXIT_FAILED, str(exc))
+    err.print(
+        f"internal error: {type(exc).__name__}: {exc}. Run again with QUEUEPLANE_DEBUG=1 for a "
+        "traceback, and report it.",
+        markup=False,
+    )
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ class ClientErrors:
         self.level = logging.DEBUG
         self._counts: Counter[str] = Counter()
         self._logged: dict[str, tuple[float, int]] = {}  # name -> (when logged, count then)
+        self._last: dict[str, str] = {}  # name -> the latest error's text
         self._lock = threading.Lock()
 
     def __call__(self, error: KafkaError) -> None:
@@ -57,6 +58,7 @@ class ClientErrors:
         now = time.monotonic()
         with self._lock:
             self._counts[name] += 1
+            self._last[name] = error.str()
             count = self._counts[name]
             when, then = self._logged.get(name, (-self.EVERY_S, 0))
             if now - when < self.EVERY_S:
@@ -68,6 +70,11 @@ class ClientErrors:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def latest(self, name: str) -> tuple[int, str | None]:
+        """How many errors ``name`` there were so far, and the latest one's text."""
+        with self._lock:
+            return self._counts[name], self._last.get(name)
 
 
 ERRORS = ClientErrors()

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from queueplane.errors import ClusterUnreachable
+from queueplane.errors import ACL_HINT, ClusterRefused, ClusterUnreachable
 from queueplane.kafka import clients
 from queueplane.kafka.owners import ACLS_KEY, Owner, owners_in, read_records, write_records
 from queueplane.kafka.target import KafkaTarget
@@ -39,6 +40,7 @@ log = logging.getLogger("queueplane.cluster")
 
 CONNECT_TIMEOUT_S = 8.0
 AUTHORIZER_CONFIG = "authorizer.class.name"
+AUTHENTICATION_ERROR = "_AUTHENTICATION"  # librdkafka's name for refused SASL credentials
 REQUEST_TIMEOUT_S = 30.0
 
 # Config sources that mean "inherited", not set on the resource itself.
@@ -95,6 +97,22 @@ def _error_text(exc: BaseException) -> str:
     return str(exc)
 
 
+def refusal(exc: BaseException) -> ClusterRefused | None:
+    """A request Kafka refused for the credentials in use (authentication, or a missing ACL), as
+    one line saying so; None for any other failure."""
+    if not (isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError)):
+        return None
+    name = exc.args[0].name()
+    if name.endswith("AUTHORIZATION_FAILED"):
+        return ClusterRefused(
+            f"Kafka refused the request: {name} ({exc.args[0].str()}); the principal in use lacks an ACL it "
+            f"needs ({ACL_HINT})"
+        )
+    if name in (AUTHENTICATION_ERROR, "SASL_AUTHENTICATION_FAILED"):
+        return ClusterRefused(f"Kafka refused the credentials: {exc.args[0].str()}")
+    return None
+
+
 def _is_unknown_topic(exc: BaseException) -> bool:
     return (
         isinstance(exc, KafkaException)
@@ -133,16 +151,38 @@ class Cluster:
             from queueplane.errors import UsageError
 
             raise UsageError(f"invalid Kafka client settings for {target.label}: {_error_text(exc)}") from None
-        try:
-            described = self.admin.describe_cluster(request_timeout=connect_timeout).result(timeout=connect_timeout + 1)
-        except Exception as exc:
-            raise ClusterUnreachable(
-                f"cannot reach Kafka at {target.label} within {connect_timeout:.0f}s "
-                f"({_error_text(exc)}); nothing was changed"
-            ) from None
+        described = self._describe_cluster(connect_timeout)
         self.cluster_id: str = described.cluster_id or ""
         self.broker_ids: list[int] = sorted(node.id for node in described.nodes)
         self._broker_configs: dict[str, str] | None = None
+
+    def _describe_cluster(self, timeout: float) -> Any:
+        """DescribeCluster, watching the client's errors meanwhile: refused credentials are reported
+        at once (librdkafka retries them quietly until the request times out)."""
+        refused_before, _ = clients.ERRORS.latest(AUTHENTICATION_ERROR)
+        future = self.admin.describe_cluster(request_timeout=timeout)
+        deadline = time.monotonic() + timeout + 1
+        while True:
+            try:
+                return future.result(timeout=0.25)
+            except FutureTimeout:
+                pass
+            except Exception as exc:
+                raise ClusterUnreachable(
+                    f"cannot reach Kafka at {self.target.label} within {timeout:.0f}s "
+                    f"({_error_text(exc)}); nothing was changed"
+                ) from None
+            self.admin.poll(0)  # serves error_cb
+            refused, text = clients.ERRORS.latest(AUTHENTICATION_ERROR)
+            if refused > refused_before:
+                raise ClusterRefused(
+                    f"Kafka at {self.target.label} refused the credentials ({text}); check sasl.username, "
+                    "sasl.password and sasl.mechanism (or the client certificate); nothing was changed"
+                )
+            if time.monotonic() > deadline:
+                raise ClusterUnreachable(
+                    f"cannot reach Kafka at {self.target.label} within {timeout:.0f}s; nothing was changed"
+                )
 
     @classmethod
     def when_reachable(cls, target: KafkaTarget, wait_s: float) -> Cluster:

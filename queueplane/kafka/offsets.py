@@ -14,7 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from queueplane.errors import ClusterUnreachable, QueueplaneError
+from queueplane.errors import ACL_HINT, ClusterRefused, ClusterUnreachable, QueueplaneError
 from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
 
@@ -86,8 +86,14 @@ def require_topics(admin: AdminClient, target: KafkaTarget, spec: str, topics: d
     metadata = admin.list_topics(timeout=REQUEST_TIMEOUT_S)
     for name, what in topics.items():
         if name not in metadata.topics or metadata.topics[name].error is not None:
+            error = metadata.topics[name].error if name in metadata.topics else None
+            if error is not None and error.name().endswith("AUTHORIZATION_FAILED"):
+                refused = f"{spec}: Kafka refused to describe the {what} {name}: {error.name()}"
+                raise ClusterRefused(f"{refused}; {ACL_HINT}")
+            # An authorizer hides a topic the principal may not describe, as if it did not exist.
+            hidden = f" (or the principal {target.principal} may not see it: {ACL_HINT})" if target.principal else ""
             raise QueueMissing(
-                f"{spec}: the {what} {name} does not exist on {target.label}; "
+                f"{spec}: the {what} {name} does not exist on {target.label}{hidden}; "
                 f"create the queue's topics with `queueplane apply {spec}`"
             )
 

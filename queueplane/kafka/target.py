@@ -42,6 +42,13 @@ class KafkaTarget:
         """The first of the bootstrap servers, HOST:PORT."""
         return self.bootstrap.split(",")[0].strip()
 
+    @property
+    def principal(self) -> str | None:
+        """``User:<name>`` when the settings authenticate with SASL and a user name, else None."""
+        user = self.settings.get("sasl.username")
+        sasl = self.settings.get("security.protocol", "").upper().startswith("SASL")
+        return f"User:{user}" if user and sasl else None
+
     def speaks_share_requests(self) -> bool:
         """Whether queueplane's own protocol requests (share-group offsets and members) can reach
         this cluster: PLAINTEXT or TLS, SASL PLAIN or SCRAM (kafka/connection.py)."""
