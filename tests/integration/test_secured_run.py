@@ -7,11 +7,14 @@ it; producers write as theirs; the platform's tools (lag, dlq) run as the super 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
 from helpers import run_cli
 from worker_support import cluster_flags, make_queue, order, produce, read_all, run_worker
+
+from queueplane.kafka.target import KafkaTarget
 
 pytestmark = pytest.mark.kafka
 
@@ -47,3 +50,27 @@ def test_a_worker_with_only_its_declared_acls_processes_its_queue_over_sasl_ssl(
     redriven = run_cli(["dlq", "redrive", str(queue.spec_path), *admin, "-o", "json"], cli_env)
     assert redriven.returncode == 0, redriven.stderr
     assert json.loads(redriven.stdout)["moved"] == len(POISON)
+
+
+def test_refused_credentials_and_missing_acls_are_one_line_within_seconds_naming_no_secret(
+    secure_kafka, tmp_path, cli_env
+):
+    tag = uuid.uuid4().hex[:6]
+    queue = make_queue(tmp_path, secure_kafka.admin, group_type="share")
+    wrong = secure_kafka.stack.secure_settings("admin", f"not-the-password-{tag}")
+    nobody = secure_kafka.user(f"nobody{tag}")
+    cases = [
+        ("refused credentials", KafkaTarget(wrong, wrong["bootstrap.servers"]), "refused the credentials"),
+        ("no ACL at all", nobody, "CLUSTER_AUTHORIZATION_FAILED"),
+    ]
+    for what, target, said in cases:
+        flags = cluster_flags(target, queue.folder)
+        for command, extra in ((["run"], ["--until-idle", "5s"]), (["lag"], []), (["dlq", "list"], []), (["plan"], [])):
+            started = time.monotonic()
+            result = run_cli([*command, str(queue.spec_path), *extra, *flags], cli_env, timeout=60)
+            took = time.monotonic() - started
+            assert result.returncode == 1, (what, command, result.stderr)
+            (line,) = result.stderr.strip().splitlines()
+            assert said in line and "internal error" not in line, (what, command, line)
+            assert took < 10, (what, command, took)
+            assert target.settings["sasl.password"] not in result.stdout + result.stderr
