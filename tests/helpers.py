@@ -57,7 +57,9 @@ def tagged_examples(directory: Path, tag: str) -> dict[str, Path]:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         package = spec["processing"]["handler"].split(".")[0]
         if (EXAMPLES / package).is_dir() and not (path.parent / package).exists():
-            shutil.copytree(EXAMPLES / package, path.parent / package, ignore=shutil.ignore_patterns("__pycache__"))
+            # The team folder is also the handler's package: its code, not the example spec in it.
+            code_only = shutil.ignore_patterns("__pycache__", "*.yaml")
+            shutil.copytree(EXAMPLES / package, path.parent / package, ignore=code_only)
         out[f"queue__{meta['team']}__{meta['name']}"] = path
     return out
 

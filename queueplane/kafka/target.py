@@ -107,7 +107,8 @@ def java_client_settings(settings: dict[str, str]) -> dict[str, str]:
     """The same cluster for Kafka's Java client (Spark's Kafka source and sink), from librdkafka settings.
 
     Covers what a config file usually holds: bootstrap servers, the security protocol,
-    SASL PLAIN/SCRAM credentials and a PEM CA file.
+    SASL PLAIN/SCRAM credentials, a PEM CA (file or inline), a client certificate and key for
+    mTLS (files or inline), and hostname verification turned off.
     """
     java = {"bootstrap.servers": settings.get("bootstrap.servers", "")}
     if "security.protocol" in settings:
@@ -123,4 +124,30 @@ def java_client_settings(settings: dict[str, str]) -> dict[str, str]:
     if "ssl.ca.location" in settings:
         java["ssl.truststore.type"] = "PEM"
         java["ssl.truststore.location"] = settings["ssl.ca.location"]
+    elif "ssl.ca.pem" in settings:
+        java["ssl.truststore.type"] = "PEM"
+        java["ssl.truststore.certificates"] = settings["ssl.ca.pem"]
+    # A client certificate (mTLS): the JVM reads PEM key stores inline; its key must be PKCS#8.
+    certificate = _pem(settings, "ssl.certificate.pem", "ssl.certificate.location")
+    key = _pem(settings, "ssl.key.pem", "ssl.key.location")
+    if certificate and key:
+        java["ssl.keystore.type"] = "PEM"
+        java["ssl.keystore.certificate.chain"] = certificate
+        java["ssl.keystore.key"] = key
+        if "ssl.key.password" in settings:
+            java["ssl.key.password"] = settings["ssl.key.password"]
+    if settings.get("ssl.endpoint.identification.algorithm", "").lower() == "none":
+        java["ssl.endpoint.identification.algorithm"] = ""
     return java
+
+
+def _pem(settings: dict[str, str], inline: str, location: str) -> str | None:
+    """A PEM setting given inline or as a file (read here: executors get the text, not the path)."""
+    if settings.get(inline):
+        return settings[inline]
+    if settings.get(location):
+        try:
+            return Path(settings[location]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{location} {settings[location]}: cannot read the file: {exc.strerror}") from None
+    return None

@@ -74,6 +74,29 @@ def test_java_client_settings_translate_sasl_and_a_pem_ca():
     assert java["ssl.truststore.type"] == "PEM" and java["ssl.truststore.location"] == "/etc/ca.pem"
 
 
+def test_java_client_settings_carry_a_client_certificate_for_mtls_as_inline_pem(tmp_path):
+    (tmp_path / "client.pem").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    (tmp_path / "client.key").write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n")
+    java = java_client_settings(
+        {
+            "bootstrap.servers": "k:9093",
+            "security.protocol": "ssl",
+            "ssl.ca.pem": "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
+            "ssl.certificate.location": str(tmp_path / "client.pem"),
+            "ssl.key.location": str(tmp_path / "client.key"),
+            "ssl.key.password": "k3y",
+            "ssl.endpoint.identification.algorithm": "none",
+        }
+    )
+    assert java["security.protocol"] == "SSL" and java["ssl.keystore.type"] == "PEM"
+    assert java["ssl.keystore.certificate.chain"].startswith("-----BEGIN CERTIFICATE-----\nMIIB")
+    assert java["ssl.keystore.key"].startswith("-----BEGIN PRIVATE KEY-----\nMIIE")
+    assert java["ssl.key.password"] == "k3y" and java["ssl.truststore.certificates"].startswith("-----BEGIN")
+    assert java["ssl.endpoint.identification.algorithm"] == ""
+    with pytest.raises(UsageError, match=r"ssl\.key\.location"):
+        java_client_settings({"ssl.certificate.location": str(tmp_path / "client.pem"), "ssl.key.location": "/no"})
+
+
 def test_where_filters_need_key_equals_value():
     assert parse_where(["error.class=Timeout", "key=a=b"]) == [("error.class", "Timeout"), ("key", "a=b")]
     with pytest.raises(UsageError, match="KEY=VALUE"):
