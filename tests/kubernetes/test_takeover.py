@@ -33,6 +33,15 @@ def _foreign_chart(tmp_path):
     return chart
 
 
+def _renamed(path, name: str):
+    """The spec at ``path`` as a queue called ``name``, in a file beside it."""
+    doc = yaml.safe_load(path.read_text())
+    doc["metadata"]["name"] = name
+    renamed = path.with_name(f"{name}.yaml")
+    renamed.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return renamed
+
+
 @pytest.mark.timeout(900)
 def test_a_deploy_makes_its_namespace_restricted_and_never_takes_over_another_release_or_object(
     local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
@@ -74,22 +83,14 @@ def test_a_deploy_makes_its_namespace_restricted_and_never_takes_over_another_re
             ["install", "dns", str(_foreign_chart(tmp_path)), "--namespace", namespace],
             kubeconfig=str(local_kubernetes.kubeconfig),
         )
-        named_dns = yaml.safe_load(path.read_text())
-        named_dns["metadata"]["name"] = "dns"
-        dns_path = path.with_name("dns.yaml")
-        dns_path.write_text(yaml.safe_dump(named_dns, sort_keys=False))
-        taken = deploy(dns_path)
+        taken = deploy(_renamed(path, "dns"))
         assert taken.returncode == 2, taken.stdout + taken.stderr
         assert "is a release of chart coredns, not queueplane's" in taken.stderr
         assert _revisions(local_kubernetes, "dns", namespace) == [1]
 
         # An object no Helm release owns, with the name the chart would give one of its own.
         local_kubernetes.kubectl("-n", namespace, "create", "configmap", "lone-spec", "--from-literal=owner=ops")
-        lone = yaml.safe_load(path.read_text())
-        lone["metadata"]["name"] = "lone"
-        lone_path = path.with_name("lone.yaml")
-        lone_path.write_text(yaml.safe_dump(lone, sort_keys=False))
-        clash = deploy(lone_path)
+        clash = deploy(_renamed(path, "lone"))
         assert clash.returncode == 1, clash.stdout + clash.stderr
         assert "ConfigMap" in clash.stderr and "lone-spec" in clash.stderr and "Traceback" not in clash.stderr
         kept = json.loads(local_kubernetes.kubectl("-n", namespace, "get", "configmap", "lone-spec", "-o", "json"))
