@@ -107,14 +107,22 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
                 for queue, c in plan.acls.items()
             }
 
-        failed = {q: e for q, e in cluster.record_acls(records(True)).items() if e}
-        if failed:
-            return {a.describe(): "recording the queue's ACLs failed: " + next(iter(failed.values())) for a in create}
+        def unrecorded(failed: dict[str, str | None], when: str) -> dict[str, str | None]:
+            """Each failed queue's ACL changes, with the reason."""
+            return {
+                a.describe(): f"{when}: {error}"
+                for queue, error in failed.items()
+                if error
+                for a in (*plan.acls[queue].create, *plan.acls[queue].delete)
+            }
+
+        refused = unrecorded(cluster.record_acls(records(True)), "recording the queue's ACLs failed")
+        if refused:
+            return refused
         outcomes = cluster.change_acls([_key(a) for a in create], [_key(a) for a in delete], False)
         if any(outcomes.values()):
             return outcomes
-        failed = {q: e for q, e in cluster.record_acls(records(False)).items() if e}
-        return {**outcomes, **{a.describe(): f"recording failed: {e}" for q, e in failed.items() for a in delete}}
+        return {**outcomes, **unrecorded(cluster.record_acls(records(False)), "applied, but not recorded")}
 
     # Config changes go first: a broker publishes metadata changes in order, and one that
     # creates many partitions takes long to publish (it creates their logs), so configs

@@ -4,9 +4,10 @@ Queueplane acts with the platform's Kafka and Kubernetes credentials, so a spec 
 able to do all those credentials can. ``platform.yaml`` (schema: specs/platform-v1.schema.json)
 lists the teams and, per team, the namespaces, image repositories, topic prefixes and
 resource limits it may use. It governs the specs in the folders below it, each team's in
-``<folder>/<team>/``; the nearest one up the tree applies, so a repository can keep its
-examples under a platform file of their own. Without a platform file no team rule applies
-(a spec checked on its own, in a scratch folder).
+``<folder>/<team>/``. The highest one up the tree (to the repository root) applies, so a file a
+team drops into its own folder can never widen what it may do; it is reported instead. This
+repository has none at the top, so its examples keep a platform file of their own. Without a
+platform file no team rule applies (a spec checked on its own, in a scratch folder).
 """
 
 from __future__ import annotations
@@ -42,16 +43,17 @@ class Platform:
     teams: dict[str, Allowance]
 
 
-def find_platform_file(spec_path: str | Path) -> Path | None:
-    """The nearest ``platform.yaml`` in the spec's folder or above it, up to the repository root."""
+def platform_files(spec_path: str | Path) -> list[Path]:
+    """Every ``platform.yaml`` in the spec's folder and above it up to the repository root,
+    the highest first: that one governs (a team's own folder can never widen its allowance)."""
     folder = Path(spec_path).resolve().parent
+    found: list[Path] = []
     for candidate in (folder, *folder.parents):
-        found = candidate / PLATFORM_FILE_NAME
-        if found.is_file():
-            return found
+        if (candidate / PLATFORM_FILE_NAME).is_file():
+            found.append(candidate / PLATFORM_FILE_NAME)
         if (candidate / ".git").exists():
-            return None
-    return None
+            break
+    return found[::-1]
 
 
 def _default_limits() -> dict[str, Any]:
@@ -195,17 +197,35 @@ class Platforms:
 
     def __init__(self) -> None:
         self._by_file: dict[Path, tuple[Platform | None, list[Problem]]] = {}
-        self._by_folder: dict[Path, Path | None] = {}
+        self._by_folder: dict[Path, list[Path]] = {}
 
     def for_spec(self, spec_path: str) -> tuple[Platform | None, list[Problem], bool]:
-        """(platform, its problems when first read, whether a platform file governs the spec)."""
+        """(platform, problems not reported yet, whether a platform file governs the spec).
+
+        A platform file below the governing one is a problem of its own: it would look as if it
+        applied, and it never does.
+        """
         folder = Path(spec_path).resolve().parent
         if folder not in self._by_folder:
-            self._by_folder[folder] = find_platform_file(spec_path)
-        path = self._by_folder[folder]
-        if path is None:
+            self._by_folder[folder] = platform_files(spec_path)
+        found = self._by_folder[folder]
+        if not found:
             return None, [], False
-        if path in self._by_file:
-            return self._by_file[path][0], [], True
-        self._by_file[path] = load_platform(path)
-        return *self._by_file[path], True
+        governing, *below = found
+        problems: list[Problem] = []
+        if governing not in self._by_file:
+            self._by_file[governing] = load_platform(governing)
+            problems += self._by_file[governing][1]
+        for nested in below:
+            if nested not in self._by_file:
+                self._by_file[nested] = (None, [])
+                problems.append(
+                    Problem(
+                        _shown(nested),
+                        "",
+                        f"a platform file below {_shown(governing)}, which alone governs the specs here",
+                        "remove it; a team's allowance is changed in the platform file at the top",
+                    )
+                )
+        platform = self._by_file[governing][0]
+        return platform, problems, True

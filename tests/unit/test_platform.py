@@ -171,6 +171,18 @@ def test_a_broken_platform_file_is_reported_by_field_and_allows_none_of_its_spec
     assert 'did you mean "maxExecutors"?' in result.stdout + result.stderr
 
 
+def test_a_platform_file_in_a_team_folder_widens_nothing_and_is_reported(tmp_path):
+    doc = set_path(spec("share"), "spec/deployment/namespace", "kube-system")
+    path = _repo(tmp_path, doc)
+    own = {"apiVersion": "queueplane.io/v1", "kind": "Platform", "teams": {"kitchen": {"namespaces": ["kube-system"]}}}
+    (path.parent / "platform.yaml").write_text(yaml.safe_dump(own))
+    problems = load_specs([str(path.parent.parent)]).problems
+    rendered = {p.file: p.render() for p in problems}
+    assert '"kube-system" is not a namespace team "kitchen" may deploy to' in rendered[str(path)]
+    nested = str(path.parent / "platform.yaml")
+    assert f"a platform file below {path.parent.parent / 'platform.yaml'}, which alone governs" in rendered[nested]
+
+
 def test_without_a_platform_file_no_team_rule_applies(tmp_path):
     doc = set_path(spec("share"), "spec/deployment/namespace", "elsewhere")
     path = _repo(tmp_path, doc, folder="anything", platform=None)
