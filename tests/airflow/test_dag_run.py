@@ -64,7 +64,7 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
         "wait_until_ready": "skipped",
     }
     planned = _xcom(first, "plan")
-    assert planned["summary"] == {"create": 3, "change": 5, "refuse": 0}
+    assert planned["summary"] == {"create": 3, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
     admin = _admin(kafka)
     topics = admin.list_topics(timeout=10).topics
     for name in (f"{tag}.cafe.coffee-orders.v1", f"{tag}.cafe.coffee-orders.v1.dlq", f"{tag}.cafe.drinks-ready.v1"):
@@ -85,7 +85,7 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     second = dag.test(run_conf={"deploy": False})
 
     assert second.state == "success", _states(second)
-    assert _xcom(second, "plan")["summary"] == {"create": 0, "change": 0, "refuse": 0}
+    assert _xcom(second, "plan")["summary"] == {"create": 0, "adopt": 0, "change": 0, "delete": 0, "refuse": 0}
     assert _xcom(second, "apply_topics")["applied"] == []
     assert _xcom(second, "apply_group_configs")["applied"] == []
     assert len(_asset_events(uri)) == 2, "a run that finds the queue provisioned says so again"
@@ -134,3 +134,18 @@ def test_reconcile_passes_when_the_cluster_matches_and_fails_on_drift(specs, kaf
     drift = rf"drift: .*topic-config {tag}\.cafe\.coffee-orders\.v1 retention\.ms: 3600000 -> 604800000"
     with pytest.raises(AirflowFailException, match=drift):
         reconcile.get_task("plan_all").execute(context={})
+
+
+def test_a_spec_dag_provisions_a_secured_cluster_through_the_kafka_connection(
+    tmp_path, secure_kafka, airflow_db, monkeypatch
+):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", kafka_connection(secure_kafka.admin))
+    tag = unique_tag()
+    tagged_examples(tmp_path / "specs", tag)
+
+    run = queue_dags(tmp_path / "specs")[COFFEE].test(run_conf={"deploy": False})
+
+    assert run.state == "success", _states(run)
+    assert _xcom(run, "plan")["cluster"].startswith(secure_kafka.admin.bootstrap)
+    topics = _admin(secure_kafka.admin).list_topics(timeout=10).topics
+    assert {f"{tag}.cafe.coffee-orders.v1", f"{tag}.cafe.coffee-orders.v1.dlq"} <= set(topics)
