@@ -313,21 +313,17 @@ class Cluster:
         written = write_records(self.target, {ACLS_KEY + queue: {"acls": made} for queue, made in acls.items()})
         return {key.removeprefix(ACLS_KEY): error for key, error in written.items()}
 
-    def change_acls(self, create: list[AclKey], delete: list[AclKey], validate_only: bool) -> dict[str, str | None]:
-        """Create and delete ALLOW ACLs; per ACL (its describe text), the error or None. Kafka has
-        no validate-only mode for ACLs: that pass only checks the cluster has an authorizer."""
-        if validate_only:
-            return {} if self.has_authorizer() else {"acls": "the cluster has no authorizer"}
-        outcomes: dict[str, str | None] = {}
-        if create:
-            futures = self.admin.create_acls([_binding(k) for k in create], request_timeout=REQUEST_TIMEOUT_S)
-            for binding, outcome in _outcomes(futures).items():
-                outcomes[_acl_text(binding)] = outcome
-        if delete:
-            filters = [_binding(k, AclBindingFilter) for k in delete]
-            futures = self.admin.delete_acls(filters, request_timeout=REQUEST_TIMEOUT_S)
-            for binding, outcome in _outcomes(futures).items():
-                outcomes[_acl_text(binding)] = outcome
+    def change_acls(self, create: list[AclKey], delete: list[AclKey]) -> dict[AclKey, str | None]:
+        """Create and delete ALLOW ACLs; per ACL, the error or None."""
+        outcomes: dict[AclKey, str | None] = {}
+        for keys, kind, request in (
+            (create, AclBinding, self.admin.create_acls),
+            (delete, AclBindingFilter, self.admin.delete_acls),
+        ):
+            if keys:
+                bindings = {_binding(k, kind): k for k in keys}
+                futures = request(list(bindings), request_timeout=REQUEST_TIMEOUT_S)
+                outcomes.update({bindings[b]: outcome for b, outcome in _outcomes(futures).items()})
         return outcomes
 
     def create_partitions(self, increases: list[NewPartitions], validate_only: bool) -> dict[str, str | None]:
@@ -376,12 +372,6 @@ def _binding(key: AclKey, kind: type[AclBinding] = AclBinding) -> AclBinding:
         AclOperation[operation],
         AclPermissionType.ALLOW,
     )
-
-
-def _acl_text(binding: AclBinding) -> str:
-    resource = "CLUSTER" if binding.restype == ResourceType.BROKER else binding.restype.name
-    star = "*" if binding.resource_pattern_type == ResourcePatternType.PREFIXED else ""
-    return f"{binding.principal} {binding.operation.name} {resource}:{binding.name}{star}"
 
 
 def _outcomes(futures: dict[Any, Future[Any]]) -> dict[Any, str | None]:

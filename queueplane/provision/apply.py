@@ -98,8 +98,8 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
         queueplane made unrecorded, so the next plan finishes the job."""
         create = [a for c in plan.acls.values() for a in c.create]
         delete = [a for c in plan.acls.values() for a in c.delete]
-        if validate_only:
-            return cluster.change_acls([], [], True)
+        if validate_only:  # Kafka has no validate-only mode for ACLs: check there is an authorizer
+            return {} if cluster.has_authorizer() else {"acls": "the cluster has no authorizer"}
 
         def records(with_deleted: bool) -> dict[str, list[dict[str, object]]]:
             return {
@@ -119,7 +119,8 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
         refused = unrecorded(cluster.record_acls(records(True)), "recording the queue's ACLs failed")
         if refused:
             return refused
-        outcomes = cluster.change_acls([_key(a) for a in create], [_key(a) for a in delete], False)
+        changed = cluster.change_acls([_key(a) for a in create], [_key(a) for a in delete])
+        outcomes = {Acl(*key).describe(): error for key, error in changed.items()}
         if any(outcomes.values()):
             return outcomes
         return {**outcomes, **unrecorded(cluster.record_acls(records(False)), "applied, but not recorded")}
