@@ -108,6 +108,9 @@ class BacklogWatcher:
         return self._failing
 
     def read_now(self) -> dict[int, int | None] | None:
+        # A read against a stopped broker can wait out its timeout before it fails: the outage
+        # counts from when the failing read began, not from when it gave up.
+        began = (time.time(), time.monotonic())
         try:
             self.latest = self.read()
         except Exception as exc:  # lag is advisory: a failed read must not stop the worker
@@ -115,7 +118,7 @@ class BacklogWatcher:
             self.health.kafka_failed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             if not self._failing:
                 log.warning("backlog read failed (Kafka does not answer): %s", exc)
-                self._failing_since = (time.time(), time.monotonic())
+                self._failing_since = began
                 self._error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self._failing = True
         else:

@@ -52,3 +52,17 @@ def test_each_outage_is_kept_with_its_length_and_first_error_and_an_open_one_cou
     watcher.read_now()
     assert len(watcher.all_outages()) == 2 and watcher.all_outages()[-1]["error"] == "down"
     assert watcher.outages == [ended]
+
+
+def test_an_outage_counts_from_when_the_failing_read_began_not_from_when_it_timed_out():
+    def slow_failure():
+        time.sleep(0.3)  # a read against a stopped broker waits out its timeout
+        raise RuntimeError("timed out")
+
+    answers = iter([{0: 1}])
+    reads = iter([slow_failure, lambda: next(answers)])
+    watcher = BacklogWatcher(lambda: next(reads)(), Health(stall_s=60))
+    watcher.read_now()
+    watcher.read_now()
+    (ended,) = watcher.outages
+    assert ended["seconds"] >= 0.3, ended
