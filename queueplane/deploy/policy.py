@@ -10,14 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-# The driver creates, watches and deletes its executor pods, and creates the config maps,
-# services and on-demand volume claims that go with them; and it reports its own Queue's
-# status. Nothing else. Keys: (API group, resource).
+# In client mode the driver creates, watches and deletes its executor pods and the config
+# map of their Spark settings; and it reports its own Queue's status. Nothing else (no
+# services: the chart makes the driver's; no volume claims: executors claim none).
+# Keys: (API group, resource).
 DRIVER_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("", "pods"): frozenset({"get", "list", "watch", "create", "delete", "deletecollection"}),
-    ("", "services"): frozenset({"get", "list", "create", "delete", "deletecollection"}),
     ("", "configmaps"): frozenset({"get", "list", "create", "delete", "deletecollection"}),
-    ("", "persistentvolumeclaims"): frozenset({"get", "list", "create", "delete", "deletecollection"}),
     ("queueplane.io", "queues/status"): frozenset({"get", "patch"}),
 }
 # Resources a rule must name one object of: the Queue of the release (named like its Role).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import shlex
@@ -53,7 +54,18 @@ def test_every_example_renders_to_valid_labelled_objects(spec, tmp_path):
     rendered = render(queue, output_dir=tmp_path)
     assert (tmp_path / "manifests.yaml").read_text() == rendered.manifests
     kinds = sorted(o["kind"] for o in rendered.objects)
-    assert kinds == ["ConfigMap", "Deployment", "Queue", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "Queue",
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+    ]
     for obj in rendered.objects:
         labels = obj["metadata"]["labels"]
         assert labels["queueplane.io/team"] == queue.team and labels["queueplane.io/queue"] == queue.name
@@ -96,7 +108,8 @@ def test_checkpoint_claim_and_kafka_secrets_come_from_values(tmp_path):
     assert _find(rendered.objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate", "one checkpoint writer"
     (template,) = executor_pod_templates(rendered.objects)
     assert {v["name"] for v in template["spec"]["volumes"]} >= {"kafka-tls", "spark-local-dir-1", "tmp"}
-    assert "Secret" not in {o["kind"] for o in rendered.objects}, "secrets are referenced, never rendered"
+    (secret,) = [o for o in rendered.objects if o["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "coffee-orders-spark-auth", "Kafka secrets are referenced, never rendered"
 
 
 @pytest.mark.parametrize(
@@ -129,6 +142,51 @@ def test_probes_ask_the_worker_its_health_and_the_driver_uses_the_refreshing_in_
     assert "spark.ui.killEnabled=false" in args and "spark.ui.port=4040" in args
     service = _find(rendered.objects, "Service")
     assert {"name": "spark-ui", "port": 4040, "targetPort": "spark-ui"} in service["spec"]["ports"]
+
+
+def test_spark_rpc_is_authenticated_and_encrypted_with_the_releases_secret_from_a_file_on_every_pod(coffee):
+    """Driver and executors read one per-release secret from a mounted file, so Spark neither
+    generates one nor puts it in the executor pods' environment."""
+    secret = _find(coffee.objects, "Secret")
+    assert set(secret["data"]) == {"secret"} and len(base64.b64decode(secret["data"]["secret"])) == 64
+    args = _submit_args(_driver(coffee.objects))
+    assert {
+        "spark.authenticate=true",
+        "spark.authenticate.secret.file=/etc/queueplane/spark-auth/secret",
+        "spark.network.crypto.enabled=true",
+    } <= set(args)
+    deployment = _find(coffee.objects, "Deployment")["spec"]["template"]["spec"]
+    (template,) = executor_pod_templates(coffee.objects)
+    for pod, container in ((deployment, _driver(coffee.objects)), (template["spec"], template["spec"]["containers"][0])):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["spark-auth"]["secret"]["secretName"] == "coffee-orders-spark-auth"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["spark-auth"] == "/etc/queueplane/spark-auth"
+        assert not [e for e in container.get("env", []) if "SECRET" in e["name"]]
+
+
+def test_network_policies_let_the_release_reach_itself_dns_kafka_and_the_api_server_and_only_metrics_in(tmp_path):
+    overrides = {"networkPolicy": {"kafka": {"ports": [9093, 9094]}}}
+    policies = {
+        o["metadata"]["name"]: o["spec"]
+        for o in render(_queue(), output_dir=tmp_path, overrides=overrides).objects
+        if o["kind"] == "NetworkPolicy"
+    }
+    release = {"app.kubernetes.io/name": "queue-worker", "app.kubernetes.io/instance": "coffee-orders"}
+    pods = policies["coffee-orders"]
+    assert pods["podSelector"] == {"matchLabels": release}, "driver and executors"
+    assert pods["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": release}}]},
+        {"ports": [{"port": 9404, "protocol": "TCP"}]},
+    ]
+    ports = [sorted((p["protocol"], p["port"]) for p in rule.get("ports", [])) for rule in pods["egress"]]
+    assert pods["egress"][0] == {"to": [{"podSelector": {"matchLabels": release}}]}
+    assert ports[1:] == [[("TCP", 53), ("UDP", 53)], [("TCP", 9093), ("TCP", 9094)]]
+    driver = policies["coffee-orders-driver"]
+    assert driver["podSelector"]["matchLabels"] == {**release, "app.kubernetes.io/component": "driver"}
+    assert driver["egress"] == [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}]
+    off = render(_queue(), output_dir=tmp_path, overrides={"networkPolicy": {"enabled": False}})
+    assert "NetworkPolicy" not in {o["kind"] for o in off.objects}
 
 
 def test_the_chart_works_as_a_subchart_with_global_values(tmp_path):

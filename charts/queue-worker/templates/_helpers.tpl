@@ -10,6 +10,10 @@ suffixed name below stays within 63 characters.
 {{- default (include "queue-worker.name" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{- define "queue-worker.sparkAuthSecret" -}}
+{{- printf "%s-spark-auth" (include "queue-worker.name" .) -}}
+{{- end -}}
+
 {{- define "queue-worker.driverService" -}}
 {{- printf "%s-driver" (include "queue-worker.name" .) -}}
 {{- end -}}
@@ -42,6 +46,7 @@ queueplane.io/queue: {{ .Values.queue.name | quote }}
 {{- define "queue-worker.executorDir" -}}/etc/queueplane/executor{{- end -}}
 {{- define "queue-worker.kafkaDir" -}}/etc/queueplane/kafka{{- end -}}
 {{- define "queue-worker.tlsDir" -}}/etc/queueplane/kafka-tls{{- end -}}
+{{- define "queue-worker.sparkAuthDir" -}}/etc/queueplane/spark-auth{{- end -}}
 {{- define "queue-worker.localDir" -}}/var/spark/local{{- end -}}
 {{- define "queue-worker.checkpointDir" -}}/var/queueplane/checkpoints{{- end -}}
 
@@ -113,6 +118,9 @@ spec:
           mountPath: /tmp
         - name: spark-local-dir-1
           mountPath: {{ include "queue-worker.localDir" . }}
+        - name: spark-auth
+          mountPath: {{ include "queue-worker.sparkAuthDir" . }}
+          readOnly: true
         {{- if .Values.kafka.tlsSecret.name }}
         - name: kafka-tls
           mountPath: {{ include "queue-worker.tlsDir" . }}
@@ -123,6 +131,10 @@ spec:
       emptyDir: {}
     - name: spark-local-dir-1
       emptyDir: {}
+    - name: spark-auth
+      secret:
+        secretName: {{ include "queue-worker.sparkAuthSecret" . | quote }}
+        defaultMode: 0440
     {{- if .Values.kafka.tlsSecret.name }}
     - name: kafka-tls
       secret:
