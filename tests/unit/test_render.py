@@ -157,7 +157,8 @@ def test_spark_rpc_is_authenticated_and_encrypted_with_the_releases_secret_from_
     } <= set(args)
     deployment = _find(coffee.objects, "Deployment")["spec"]["template"]["spec"]
     (template,) = executor_pod_templates(coffee.objects)
-    for pod, container in ((deployment, _driver(coffee.objects)), (template["spec"], template["spec"]["containers"][0])):
+    executor = template["spec"]["containers"][0]
+    for pod, container in ((deployment, _driver(coffee.objects)), (template["spec"], executor)):
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["spark-auth"]["secret"]["secretName"] == "coffee-orders-spark-auth"
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
