@@ -144,26 +144,26 @@ def test_probes_ask_the_worker_its_health_and_the_driver_uses_the_refreshing_in_
     assert {"name": "spark-ui", "port": 4040, "targetPort": "spark-ui"} in service["spec"]["ports"]
 
 
-def test_spark_rpc_is_authenticated_and_encrypted_with_the_releases_secret_from_a_file_on_every_pod(coffee):
-    """Driver and executors read one per-release secret from a mounted file, so Spark neither
-    generates one nor puts it in the executor pods' environment."""
+def test_spark_rpc_is_authenticated_and_encrypted_with_the_releases_secret_never_written_into_a_pod(coffee):
+    """The driver reads the per-release secret from a mounted file, each executor from a variable
+    referring to the Secret; Spark neither makes one nor puts one in the executor pods' spec."""
     secret = _find(coffee.objects, "Secret")
-    assert set(secret["data"]) == {"secret"} and len(base64.b64decode(secret["data"]["secret"])) == 64
+    raw = base64.b64decode(secret["data"]["secret"])
+    assert len(raw) == 64, "the driver's file"
+    assert base64.b64decode(secret["data"]["secret-base64"]) == base64.b64encode(raw), "Spark keys a file in base64"
     args = _submit_args(_driver(coffee.objects))
     assert {
         "spark.authenticate=true",
         "spark.authenticate.secret.file=/etc/queueplane/spark-auth/secret",
+        "spark.kubernetes.executor.secretKeyRef._SPARK_AUTH_SECRET=coffee-orders-spark-auth:secret-base64",
         "spark.network.crypto.enabled=true",
     } <= set(args)
+    assert not [a for a in args if a.startswith("spark.authenticate.secret=")], "no secret in the pod spec"
     deployment = _find(coffee.objects, "Deployment")["spec"]["template"]["spec"]
-    (template,) = executor_pod_templates(coffee.objects)
-    executor = template["spec"]["containers"][0]
-    for pod, container in ((deployment, _driver(coffee.objects)), (template["spec"], executor)):
-        volumes = {v["name"]: v for v in pod["volumes"]}
-        assert volumes["spark-auth"]["secret"]["secretName"] == "coffee-orders-spark-auth"
-        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert mounts["spark-auth"] == "/etc/queueplane/spark-auth"
-        assert not [e for e in container.get("env", []) if "SECRET" in e["name"]]
+    volumes = {v["name"]: v for v in deployment["volumes"]}
+    assert volumes["spark-auth"]["secret"]["secretName"] == "coffee-orders-spark-auth"
+    mounts = {m["name"]: m["mountPath"] for m in _driver(coffee.objects)["volumeMounts"]}
+    assert mounts["spark-auth"] == "/etc/queueplane/spark-auth"
 
 
 def test_network_policies_let_the_release_reach_itself_dns_kafka_and_the_api_server_and_only_metrics_in(tmp_path):

@@ -118,9 +118,6 @@ spec:
           mountPath: /tmp
         - name: spark-local-dir-1
           mountPath: {{ include "queue-worker.localDir" . }}
-        - name: spark-auth
-          mountPath: {{ include "queue-worker.sparkAuthDir" . }}
-          readOnly: true
         {{- if .Values.kafka.tlsSecret.name }}
         - name: kafka-tls
           mountPath: {{ include "queue-worker.tlsDir" . }}
@@ -131,10 +128,6 @@ spec:
       emptyDir: {}
     - name: spark-local-dir-1
       emptyDir: {}
-    - name: spark-auth
-      secret:
-        secretName: {{ include "queue-worker.sparkAuthSecret" . | quote }}
-        defaultMode: 0440
     {{- if .Values.kafka.tlsSecret.name }}
     - name: kafka-tls
       secret:
