@@ -18,6 +18,7 @@ from pathlib import Path
 import parallel
 import pytest
 import worker_support
+from security_support import OAuthIssuer, client_certificate
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local import spark_archive
@@ -67,9 +68,18 @@ def queueplane_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def local_stack(queueplane_home: Path) -> Iterator[LocalStack]:
-    """The session's broker: PLAINTEXT for most tests, SASL_SSL with the authorizer for the secured ones."""
+def oauth_issuer() -> Iterator[OAuthIssuer]:
+    issuer = OAuthIssuer().start()
+    yield issuer
+    issuer.stop()
+
+
+@pytest.fixture(scope="session")
+def local_stack(queueplane_home: Path, oauth_issuer: OAuthIssuer) -> Iterator[LocalStack]:
+    """The session's broker: PLAINTEXT for most tests; SASL_SSL (SCRAM, and OAUTHBEARER tokens of
+    the session's issuer) and mTLS with the authorizer for the secured ones."""
     stack = LocalStack(queueplane_home / "local", secure=True)
+    oauth_issuer.write_jwks(stack.oauth_jwks)  # read as the broker starts
     stack.up()
     yield stack
     stack.down(purge=True)
@@ -93,6 +103,7 @@ class SecureKafka:
 
     stack: LocalStack
     admin: KafkaTarget
+    issuer: OAuthIssuer
 
     def user(self, name: str) -> KafkaTarget:
         """A new SCRAM user (no ACLs yet) and its client settings."""
@@ -101,11 +112,35 @@ class SecureKafka:
         settings = self.stack.secure_settings(name, password)
         return KafkaTarget(settings, settings["bootstrap.servers"])
 
+    def oauth_user(self, name: str) -> KafkaTarget:
+        """A new OAuth client of the session's issuer (principal ``User:<name>``), over SASL_SSL."""
+        secret = self.issuer.client(name)
+        settings = {
+            **{k: v for k, v in self.stack.secure_settings().items() if not k.startswith("sasl.")},
+            "sasl.mechanism": "OAUTHBEARER",
+            "sasl.oauthbearer.method": "oidc",
+            "sasl.oauthbearer.client.id": name,
+            "sasl.oauthbearer.client.secret": secret,
+            "sasl.oauthbearer.token.endpoint.url": self.issuer.token_url,
+        }
+        return KafkaTarget(settings, settings["bootstrap.servers"])
+
+    def certificate_user(self, name: str) -> KafkaTarget:
+        """A client certificate with CN=``name`` (principal ``User:<name>``), over the mTLS listener."""
+        certificate, key = client_certificate(self.stack.tls_dir, name)
+        folder = self.stack.tls_dir / "clients"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{name}.pem").write_text(certificate)
+        (folder / f"{name}.key").touch(mode=0o600)
+        (folder / f"{name}.key").write_text(key)
+        settings = self.stack.mtls_settings(folder / f"{name}.pem", folder / f"{name}.key")
+        return KafkaTarget(settings, settings["bootstrap.servers"])
+
 
 @pytest.fixture(scope="session")
-def secure_kafka(local_stack: LocalStack) -> SecureKafka:
+def secure_kafka(local_stack: LocalStack, oauth_issuer: OAuthIssuer) -> SecureKafka:
     settings = local_stack.secure_settings()
-    return SecureKafka(local_stack, KafkaTarget(settings, settings["bootstrap.servers"]))
+    return SecureKafka(local_stack, KafkaTarget(settings, settings["bootstrap.servers"]), oauth_issuer)
 
 
 @pytest.fixture

@@ -2,9 +2,10 @@
 
 confluent-kafka's clients cannot send the share-group requests queueplane needs, so those go
 over a socket of queueplane's own, which must reach a secured cluster the way the clients do:
-TLS (with the cluster's CA, and a client certificate for mTLS) and SASL PLAIN or SCRAM
-(RFC 5802, as Kafka speaks it) from the same librdkafka settings. A mechanism it does not
-speak (OAUTHBEARER, GSSAPI) is reported as such; callers treat the answer as unknown.
+TLS (with the cluster's CA, and a client certificate for mTLS), SASL PLAIN, SCRAM (RFC 5802,
+as Kafka speaks it) and OAUTHBEARER (RFC 7628, kafka/oauth.py) from the same librdkafka
+settings. A mechanism it does not speak (GSSAPI) is reported as such; callers treat the
+answer as unknown.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import secrets
 import socket
 import ssl
 import struct
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 
+from queueplane.kafka import oauth
 from queueplane.kafka.wire import Reader, recv_exact, uvarint
 
 SASL_HANDSHAKE_KEY = 17
 SASL_AUTHENTICATE_KEY = 36
-SUPPORTED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SUPPORTED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", oauth.MECHANISM)
 _SCRAM_HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 
 
@@ -53,6 +57,13 @@ def _tls_context(settings: Mapping[str, str]) -> ssl.SSLContext:
         context.load_cert_chain(
             settings["ssl.certificate.location"], settings.get("ssl.key.location"), settings.get("ssl.key.password")
         )
+    elif settings.get("ssl.certificate.pem") and settings.get("ssl.key.pem"):
+        # ssl loads a key pair from files only: a private folder, gone once loaded.
+        with tempfile.TemporaryDirectory() as folder:
+            pair = Path(folder) / "client.pem"
+            pair.touch(mode=0o600)
+            pair.write_text(settings["ssl.key.pem"].strip() + "\n" + settings["ssl.certificate.pem"].strip() + "\n")
+            context.load_cert_chain(str(pair), password=settings.get("ssl.key.password"))
     return context
 
 
@@ -121,7 +132,12 @@ def connect(host: str, port: int, settings: Mapping[str, str], timeout: float) -
             if struct.unpack(">h", answer[:2])[0]:
                 raise PermissionError(f"the broker does not enable SASL mechanism {mechanism}")
             user, password = settings.get("sasl.username", ""), settings.get("sasl.password", "")
-            if mechanism == "PLAIN":
+            if mechanism == oauth.MECHANISM:
+                challenge = _authenticate(sock, oauth.initial_response(settings, oauth.token(settings, timeout)), 2)
+                if challenge:  # RFC 7628: an error (JSON); the client answers ^A and the broker fails the login
+                    _authenticate(sock, b"\x01", 3)
+                    raise PermissionError(f"SASL authentication failed: {challenge.decode(errors='replace')}")
+            elif mechanism == "PLAIN":
                 _authenticate(sock, b"\x00" + user.encode() + b"\x00" + password.encode(), 2)
             else:
                 _scram(sock, mechanism, user, password)

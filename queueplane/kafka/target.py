@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from queueplane.errors import UsageError
+from queueplane.kafka import oauth
 from queueplane.kafka.connection import speaks
 
 ENV_BOOTSTRAP = "QUEUEPLANE_BOOTSTRAP_SERVERS"
@@ -107,14 +108,16 @@ def java_client_settings(settings: dict[str, str]) -> dict[str, str]:
     """The same cluster for Kafka's Java client (Spark's Kafka source and sink), from librdkafka settings.
 
     Covers what a config file usually holds: bootstrap servers, the security protocol,
-    SASL PLAIN/SCRAM credentials, a PEM CA (file or inline), a client certificate and key for
-    mTLS (files or inline), and hostname verification turned off.
+    SASL PLAIN/SCRAM credentials, OAUTHBEARER (kafka/oauth.py), a PEM CA (file or inline), a
+    client certificate and key for mTLS (files or inline), and hostname verification turned off.
     """
     java = {"bootstrap.servers": settings.get("bootstrap.servers", "")}
     if "security.protocol" in settings:
         java["security.protocol"] = settings["security.protocol"].upper()
     mechanism = settings.get("sasl.mechanisms") or settings.get("sasl.mechanism")
-    if mechanism:
+    if oauth.uses_oauth(settings):
+        java.update(oauth.java_settings(settings))
+    elif mechanism:
         java["sasl.mechanism"] = mechanism.upper()
         module = _JAAS_MODULES.get(mechanism.upper())
         if module and "sasl.username" in settings:

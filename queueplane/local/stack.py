@@ -26,6 +26,7 @@ from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScram
 from queueplane.errors import LocalStackError
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
+from queueplane.kafka.oauth import ALLOWED_URLS_PROPERTY
 from queueplane.kafka.protocol import api_versions
 from queueplane.local.kubernetes.host import node_address_present
 from queueplane.local.kubernetes.layout import NODE_IP
@@ -100,10 +101,16 @@ class StackState:
     pod_port: int | None = None
     # The SASL_SSL listener (SCRAM-SHA-512 over TLS), when the broker was started secure.
     secure_port: int | None = None
+    # The TLS listener that requires a client certificate (mTLS), beside it.
+    mtls_port: int | None = None
 
     @property
     def secure_bootstrap(self) -> str | None:
         return f"{HOST}:{self.secure_port}" if self.secure_port else None
+
+    @property
+    def mtls_bootstrap(self) -> str | None:
+        return f"{HOST}:{self.mtls_port}" if self.mtls_port else None
 
     @property
     def bootstrap(self) -> str:
@@ -246,20 +253,31 @@ class LocalStack:
             port, controller_port = self._ports()
             pod_port = self._pod_port() if pods else None
             secure_port = self._kept_port("secure-port.json", HOST) if secure else None
-            self._write_configs(port, controller_port, pod_port, secure_port)
+            mtls_port = self._kept_port("mtls-port.json", HOST) if secure else None
+            self._write_configs(port, controller_port, pod_port, secure_port, mtls_port)
             if not (self.data_dir / "meta.properties").is_file():
                 say("formatting KRaft storage")
                 self._format()
             say(f"starting Kafka {self.version} on {HOST}:{port}")
             pid = self._start()
             state = StackState(
-                pid, port, controller_port, self.version, str(self.directory), time.time(), pod_port, secure_port
+                pid,
+                port,
+                controller_port,
+                self.version,
+                str(self.directory),
+                time.time(),
+                pod_port,
+                secure_port,
+                mtls_port,
             )
             self.state_file.write_text(json.dumps(asdict(state), indent=2))
             self._wait_ready(state, say)
             if secure_port is not None:
                 self.add_user(ADMIN_USER, self._admin_password())
-                say(f"SASL_SSL (SCRAM-SHA-512) on {state.secure_bootstrap}, CA {self.tls_dir / 'ca.pem'}")
+                oauth = ", OAUTHBEARER" if self.oauth_jwks.is_file() else ""
+                say(f"SASL_SSL (SCRAM-SHA-512{oauth}) on {state.secure_bootstrap}, CA {self.tls_dir / 'ca.pem'}")
+                say(f"SSL with client certificates (mTLS) on {state.mtls_bootstrap}")
             return state
 
     def down(self, purge: bool = False) -> bool:
@@ -279,6 +297,7 @@ class LocalStack:
                     "ports.json",
                     "pod-port.json",
                     "secure-port.json",
+                    "mtls-port.json",
                 )
                 for child in ("data", "logs", "tls", *files):
                     path = self.directory / child
@@ -294,6 +313,8 @@ class LocalStack:
             return {"running": False, "directory": str(self.directory), "version": self.version}
         pods = {"bootstrap.servers for pods": state.pod_bootstrap} if state.pod_bootstrap else {}
         secure = {"bootstrap.servers (SASL_SSL)": state.secure_bootstrap} if state.secure_bootstrap else {}
+        if state.mtls_bootstrap:
+            secure["bootstrap.servers (mTLS)"] = state.mtls_bootstrap
         return {
             "running": True,
             "bootstrap.servers": state.bootstrap,
@@ -351,6 +372,27 @@ class LocalStack:
     def tls_dir(self) -> Path:
         return self.directory / "tls"
 
+    @property
+    def oauth_jwks(self) -> Path:
+        """The keys (a JWKS file) whose OAUTHBEARER tokens the SASL_SSL listener accepts: when the
+        file is there as the broker starts, it takes OAUTHBEARER beside SCRAM (the principal is
+        the token's ``sub``). Put your identity provider's keys, or a test issuer's, there."""
+        return self.tls_dir / "oauth-jwks.json"
+
+    def mtls_settings(self, certificate: Path, key: Path) -> dict[str, str]:
+        """librdkafka settings for the mTLS listener with a client certificate the local CA signed
+        and its key (PEM files; the principal is the certificate's CN)."""
+        state = self.running_state()
+        if state is None or state.mtls_bootstrap is None:
+            raise LocalStackError("the local broker runs without its mTLS listener; start it with --secure")
+        return {
+            "bootstrap.servers": state.mtls_bootstrap,
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(self.tls_dir / "ca.pem"),
+            "ssl.certificate.location": str(certificate),
+            "ssl.key.location": str(key),
+        }
+
     def _admin_password(self) -> str:
         path = self.tls_dir / "admin-password"
         if not path.is_file():
@@ -407,11 +449,17 @@ class LocalStack:
         return path
 
     def _write_configs(
-        self, port: int, controller_port: int, pod_port: int | None = None, secure_port: int | None = None
+        self,
+        port: int,
+        controller_port: int,
+        pod_port: int | None = None,
+        secure_port: int | None = None,
+        mtls_port: int | None = None,
     ) -> None:
         # Each listener advertises itself, so a client is sent back to the address it came in on.
         advertised = f"PLAINTEXT://{HOST}:{port}" + (f",PODS://{NODE_IP}:{pod_port}" if pod_port else "")
         advertised += f",SASL_SSL://{HOST}:{secure_port}" if secure_port else ""
+        advertised += f",MTLS://{HOST}:{mtls_port}" if mtls_port else ""
         listeners = advertised
         if self.proxied_at is not None:
             listeners += f",PROXIED://{HOST}:{self.proxied_listener_port()}"
@@ -425,7 +473,7 @@ class LocalStack:
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": (
-                "PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
+                "PLAINTEXT:PLAINTEXT,PODS:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL"
             ),
             "log.dirs": str(self.data_dir),
             **LOCAL_BROKER_SETTINGS,
@@ -438,15 +486,34 @@ class LocalStack:
     def _secure_configs(self) -> dict[str, str]:
         keytool = str(Path(self._java()).resolve().with_name("keytool"))
         tls = broker_tls(self.tls_dir, keytool, HOST)
+        oauth = {}
+        if self.oauth_jwks.is_file():
+            oauth = {
+                "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
+                ),
+                "listener.name.sasl_ssl.oauthbearer.sasl.server.callback.handler.class": (
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+                ),
+                "sasl.oauthbearer.jwks.endpoint.url": self.oauth_jwks.resolve().as_uri(),
+            }
         return {
-            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512" + (",OAUTHBEARER" if oauth else ""),
             "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;"
             ),
+            **oauth,
             "ssl.keystore.type": "PKCS12",
             "ssl.keystore.location": str(tls.keystore),
             "ssl.keystore.password": tls.password,
             "ssl.key.password": tls.password,
+            # The mTLS listener trusts client certificates the local CA signed (the keystore holds
+            # the CA as a trusted entry); a certificate's CN is its principal.
+            "listener.name.mtls.ssl.client.auth": "required",
+            "listener.name.mtls.ssl.truststore.type": "PKCS12",
+            "listener.name.mtls.ssl.truststore.location": str(tls.keystore),
+            "listener.name.mtls.ssl.truststore.password": tls.password,
+            "ssl.principal.mapping.rules": "RULE:^CN=(.*)$/$1/,DEFAULT",
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "super.users": f"User:ANONYMOUS;User:{ADMIN_USER}",
         }
@@ -480,6 +547,8 @@ class LocalStack:
             *os.environ.get(BROKER_JVM_OPTS, "-XX:+UseG1GC").split(),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.directory / 'log4j2.yaml'}",
+            # Kafka reads OAuth keys only from URLs the JVM allows.
+            f"-D{ALLOWED_URLS_PROPERTY}={self.oauth_jwks.resolve().as_uri()}",
             f"-Dkafka.logs.dir={self.log_file.parent}",
             "-cp",
             self._classpath(),

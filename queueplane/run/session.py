@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from queueplane.kafka import oauth
 from queueplane.run.runtime import QueueRuntime
 from queueplane.spec.model import QueueSpec
 
@@ -37,6 +38,10 @@ def spark_session(runtime: QueueRuntime) -> Any:
         builder = builder.config("spark.kubernetes.executor.podNamePrefix", executor_prefix(queue.name))
     if options.event_log_dir:
         builder = with_event_logs(builder, options.event_log_dir)
+    kafka_properties = kafka_system_properties(runtime.target.settings)
+    if kafka_properties:  # executors start after this: their JVMs take the properties as options
+        options_text = " ".join(f"-D{key}={value}" for key, value in kafka_properties.items())
+        builder = builder.config("spark.executor.extraJavaOptions", options_text)
     spark = (
         builder.config("spark.task.maxFailures", str(task_attempts(queue)))
         .config("spark.python.worker.reuse", "true")
@@ -47,7 +52,17 @@ def spark_session(runtime: QueueRuntime) -> Any:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    # The driver's JVM may already run (spark-submit starts it before this code): set them there.
+    for key, value in kafka_properties.items():
+        spark.sparkContext._jvm.java.lang.System.setProperty(key, value)
     return spark
+
+
+def kafka_system_properties(settings: dict[str, Any]) -> dict[str, str]:
+    """JVM system properties Kafka's Java client needs for these settings: the OAuth token endpoint
+    it may contact (Kafka's clients refuse any URL the JVM does not allow)."""
+    urls = oauth.allowed_urls(settings)
+    return {oauth.ALLOWED_URLS_PROPERTY: urls} if urls else {}
 
 
 def task_attempts(queue: QueueSpec) -> int:

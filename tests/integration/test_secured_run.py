@@ -22,12 +22,27 @@ COUNT = 200
 POISON = {7, 70}
 
 
-@pytest.mark.parametrize("group_type", ["share", "consumer", "kmq"])
-def test_a_worker_with_only_its_declared_acls_processes_its_queue_over_sasl_ssl(
-    secure_kafka, tmp_path, cli_env, group_type
+@pytest.mark.parametrize(
+    ("group_type", "login"),
+    [
+        ("share", "scram"),
+        ("consumer", "scram"),
+        ("kmq", "scram"),
+        ("share", "oauthbearer"),
+        ("consumer", "oauthbearer"),
+        ("share", "mtls"),
+        ("consumer", "mtls"),
+    ],
+)
+def test_a_worker_with_only_its_declared_acls_processes_its_queue_on_a_secured_listener(
+    secure_kafka, tmp_path, cli_env, group_type, login
 ):
+    """SCRAM over SASL_SSL, an OAuth client's tokens over SASL_SSL, or a client certificate
+    (mTLS): every client of the worker (librdkafka, Spark's Java client, queueplane's own
+    share-group requests) logs in the same way."""
     tag = uuid.uuid4().hex[:6]
-    worker, producer = secure_kafka.user(f"w{tag}"), secure_kafka.user(f"p{tag}")
+    logins = {"scram": secure_kafka.user, "oauthbearer": secure_kafka.oauth_user, "mtls": secure_kafka.certificate_user}
+    worker, producer = logins[login](f"w{tag}"), secure_kafka.user(f"p{tag}")
     access = {"worker": f"User:w{tag}", "producers": [f"User:p{tag}"]}
     queue = make_queue(tmp_path, secure_kafka.admin, group_type=group_type, lock="3s", access=access)
     produce(producer, queue.topic, [order(i, mode="reject" if i in POISON else "ok") for i in range(COUNT)])
@@ -40,6 +55,9 @@ def test_a_worker_with_only_its_declared_acls_processes_its_queue_over_sasl_ssl(
     summary = run_worker(queue, worker, "--until-idle", "4s")
     assert (summary["counts"]["accepted"], summary["counts"]["dlq"]) == (COUNT - len(POISON), len(POISON))
     assert summary["kafka_client_errors"] == {}, summary["kafka_client_errors"]
+    if login == "oauthbearer":
+        assert f"w{tag}" in secure_kafka.issuer.issued, "the worker's clients asked the token endpoint"
+    assert summary["lag_at_exit"] == 0, "the backlog was read as the worker's principal"
     assert len(read_all(secure_kafka.admin, queue.output, expect_at_least=COUNT - len(POISON))) >= COUNT - len(POISON)
 
     lag = run_cli(["lag", str(queue.spec_path), *admin, "-o", "json"], cli_env)
