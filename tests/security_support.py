@@ -38,7 +38,7 @@ class OAuthIssuer:
         issuer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 form = urllib.parse.parse_qs(self.rfile.read(length).decode())
                 scheme, _, encoded = (self.headers.get("Authorization") or "").partition(" ")

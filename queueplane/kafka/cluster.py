@@ -34,6 +34,7 @@ from confluent_kafka.admin import (
 from queueplane.errors import ACL_HINT, ClusterRefused, ClusterUnreachable
 from queueplane.kafka import clients
 from queueplane.kafka.owners import ACLS_KEY, Owner, owners_in, read_records, write_records
+from queueplane.kafka.refused import Refused
 from queueplane.kafka.target import KafkaTarget
 
 log = logging.getLogger("queueplane.cluster")
@@ -100,6 +101,12 @@ def _error_text(exc: BaseException) -> str:
 def refusal(exc: BaseException) -> ClusterRefused | None:
     """A request Kafka refused for the credentials in use (authentication, or a missing ACL), as
     one line saying so; None for any other failure."""
+    if isinstance(exc, Refused):
+        if exc.what.endswith("AUTHORIZATION_FAILED"):
+            return ClusterRefused(
+                f"Kafka refused the request: {exc}; the principal in use lacks an ACL it needs ({ACL_HINT})"
+            )
+        return ClusterRefused(f"Kafka refused the credentials: {exc}")
     if not (isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError)):
         return None
     name = exc.args[0].name()

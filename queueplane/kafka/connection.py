@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from queueplane.kafka import oauth
+from queueplane.kafka.refused import Refused
 from queueplane.kafka.wire import Reader, recv_exact, uvarint
 
 SASL_HANDSHAKE_KEY = 17
@@ -87,7 +88,7 @@ def _authenticate(sock: socket.socket, token: bytes, correlation: int) -> bytes:
     answer = Reader(_exchange(sock, SASL_AUTHENTICATE_KEY, 2, correlation, body, flexible=True))
     error, message = answer.int16(), answer.compact_string()
     if error:
-        raise PermissionError(f"SASL authentication failed: {message or f'error {error}'}")
+        raise Refused("SASL_AUTHENTICATION_FAILED", message or f"error {error}")
     return answer.take(answer.uvarint() - 1)
 
 
@@ -136,7 +137,7 @@ def connect(host: str, port: int, settings: Mapping[str, str], timeout: float) -
                 challenge = _authenticate(sock, oauth.initial_response(settings, oauth.token(settings, timeout)), 2)
                 if challenge:  # RFC 7628: an error (JSON); the client answers ^A and the broker fails the login
                     _authenticate(sock, b"\x01", 3)
-                    raise PermissionError(f"SASL authentication failed: {challenge.decode(errors='replace')}")
+                    raise Refused("SASL_AUTHENTICATION_FAILED", challenge.decode(errors="replace"))
             elif mechanism == "PLAIN":
                 _authenticate(sock, b"\x00" + user.encode() + b"\x00" + password.encode(), 2)
             else:

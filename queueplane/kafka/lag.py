@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import committed_offsets, log_offsets
 from queueplane.kafka.protocol import share_partition_offsets
+from queueplane.kafka.refused import Refused
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import QueueSpec
 
@@ -53,6 +54,8 @@ def share_lag(
         return None
     try:
         states = share_partition_offsets(target.settings, queue.group.id, queue.topic.name, sorted(offsets))
+    except Refused:
+        raise  # Kafka said no: not an unknown lag
     except (OSError, ValueError):
         return None
     lags: dict[int, int | None] = {}

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Mapping
 
 from queueplane.errors import UsageError
+from queueplane.kafka.refused import Refused
 
 MECHANISM = "OAUTHBEARER"
 LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
@@ -119,7 +120,9 @@ def token(settings: Mapping[str, str], timeout: float) -> str:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             issued = json.loads(answer.read())
     except urllib.error.HTTPError as exc:
-        raise PermissionError(f"the token endpoint refused the client credentials (HTTP {exc.code})") from None
+        raise Refused(
+            "SASL_AUTHENTICATION_FAILED", f"the token endpoint refused the client credentials (HTTP {exc.code})"
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise ConnectionError(f"the token endpoint did not answer with a token: {exc}") from None
     if not isinstance(issued, dict) or not issued.get("access_token"):

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from queueplane.kafka.connection import connect
+from queueplane.kafka.refused import refuse_if_unauthorized
 from queueplane.kafka.wire import Reader, compact_string, recv_exact, uvarint
 
 API_VERSIONS_KEY = 18
@@ -123,6 +124,8 @@ def _group_coordinator(settings: Mapping[str, str], group: str, timeout: float) 
             _nullablecompact_string(reader)
             reader.skip_tags()
             coordinators.append((node, chost, cport, error))
+    if coordinators:
+        refuse_if_unauthorized(coordinators[0][3], f"finding the coordinator of group {group!r}")
     if not coordinators or coordinators[0][3]:
         raise ConnectionError(
             f"no coordinator for group {group!r} (error {coordinators[0][3] if coordinators else '?'})"
@@ -163,12 +166,14 @@ def share_partition_offsets(
                 )
                 _nullablecompact_string(reader)
                 reader.skip_tags()
+                refuse_if_unauthorized(error, f"reading group {group!r}'s offsets of {topic!r}")
                 known = error == 0 and start >= 0
                 offsets[index] = (start if known else None, lag if known and lag >= 0 else None)
             reader.skip_tags()
         group_error = reader.int16()
         message = _nullablecompact_string(reader)
         reader.skip_tags()
+        refuse_if_unauthorized(group_error, f"reading group {group!r}'s offsets")
         if group_error:
             raise ConnectionError(
                 f"DescribeShareGroupOffsets failed for {group!r}: error {group_error} {message or ''}"
@@ -227,6 +232,7 @@ def describe_share_group(settings: Mapping[str, str], group: str, topic: str, ti
         if error == GROUP_ID_NOT_FOUND:
             described = ShareGroup("Dead", ())
         elif error:
+            refuse_if_unauthorized(error, f"describing group {group!r}")
             raise ConnectionError(f"ShareGroupDescribe failed for {group!r}: error {error} {message or ''}")
         else:
             described = ShareGroup(state, tuple(members))

@@ -21,8 +21,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from queueplane.errors import QueueplaneError
+from queueplane.errors import ClusterRefused, QueueplaneError
 from queueplane.kafka import clients
+from queueplane.kafka.cluster import refusal
 from queueplane.kafka.lag import BacklogReader, total_lag
 from queueplane.kafka.offsets import await_queue_topics
 from queueplane.kafka.target import KafkaTarget
@@ -80,7 +81,8 @@ class BacklogWatcher:
     """Reads the queue's backlog in the background, so no micro-batch waits for a broker round trip.
 
     Each read also tells the worker's health whether Kafka answers; a failing read is logged
-    once when it starts failing and once when it answers again.
+    once when it starts failing and once when it answers again. A read Kafka refuses (the
+    worker's credentials, or an ACL it lost) is kept in ``refused``: the worker stops on it.
     """
 
     INTERVAL_S = 1.0
@@ -92,6 +94,7 @@ class BacklogWatcher:
         self._failing = False
         self._failing_since: tuple[float, float] | None = None  # (wall, monotonic) of the first failed read
         self._error = ""
+        self.refused: ClusterRefused | None = None
         self.outages: list[dict[str, Any]] = []  # ended ones: when, how long, the first error
         # Since when Kafka answers without a break (monotonic): the worker's start, or the end of an outage.
         self.answering_since = time.monotonic()
@@ -113,8 +116,13 @@ class BacklogWatcher:
         began = (time.time(), time.monotonic())
         try:
             self.latest = self.read()
-        except Exception as exc:  # lag is advisory: a failed read must not stop the worker
+        except Exception as exc:  # lag is advisory: a failed read must not stop the worker, a refused one does
             self.latest = None
+            refused = refusal(exc)
+            if refused is not None and self.refused is None:
+                self.refused = refused
+                self.health.kafka_refused(str(refused))
+                log.error("%s", refused)
             self.health.kafka_failed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             if not self._failing:
                 log.warning("backlog read failed (Kafka does not answer): %s", exc)
@@ -349,11 +357,14 @@ def run_queue(
     try:
         last_look = time.monotonic()
         while query.isActive and not stop_requested.is_set():
-            if query.awaitTermination(0.25):
+            try:
+                if query.awaitTermination(0.25):
+                    break
+            except Exception:  # the query failed: query.exception() below says how
                 break
             in_batch = bool(query.status["isTriggerActive"])
             health.batch_running(time.monotonic(), in_batch)
-            if runtime.failed():
+            if runtime.failed() or watcher.refused is not None:
                 break
             # A source that runs no batch while there is nothing new never lets the sink see the
             # queue idle: look between batches here.
@@ -371,6 +382,16 @@ def run_queue(
             may_return.set()
             stopper.join()
         error = query.exception() or runtime.failed()
+        if error is not None and watcher.refused is None:
+            watcher.read_now()  # a query that failed because Kafka refused the worker says so in one line
+        if watcher.refused is not None:  # Kafka said no to the worker's principal: not waiting it out
+            health.query_stopped(str(watcher.refused))
+            if reporter is not None:
+                reporter.stop(observe(FAILED, str(watcher.refused)))
+            # The micro-batch that stop() cancels fails in its Python callback: expected, not worth a traceback.
+            logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+            query.stop()
+            raise watcher.refused
         if error is not None:
             first_line = str(error).splitlines()[0]
             health.query_stopped(first_line)

@@ -60,6 +60,7 @@ class Health:
         self._batch_since: float | None = None
         self._kafka_ok_at: float | None = None
         self._kafka_error: str | None = None
+        self._refused: str | None = None
 
     @property
     def started(self) -> bool:
@@ -110,6 +111,11 @@ class Health:
         with self._lock:
             self._kafka_error = error
 
+    def kafka_refused(self, why: str) -> None:
+        """Kafka refused the worker's principal: not ready from now on, whatever answers later."""
+        with self._lock:
+            self._refused = why
+
     def live(self, now: float) -> Verdict:
         with self._lock:
             if self._stopped is not None:
@@ -125,6 +131,8 @@ class Health:
         if not live.ok:
             return live
         with self._lock:
+            if self._refused is not None:
+                return Verdict(False, self._refused)
             if not self._started:
                 return Verdict(False, "the streaming query has not started yet")
             if self._kafka_ok_at is None or now - self._kafka_ok_at > self.kafka_stale_s:

@@ -11,9 +11,11 @@ import time
 import uuid
 
 import pytest
+from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from helpers import run_cli
-from worker_support import cluster_flags, make_queue, order, produce, read_all, run_worker
+from worker_support import cluster_flags, make_queue, order, produce, read_all, run_worker, start_worker
 
+from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
 
 pytestmark = pytest.mark.kafka
@@ -92,3 +94,35 @@ def test_refused_credentials_and_missing_acls_are_one_line_within_seconds_naming
             assert said in line and "internal error" not in line, (what, command, line)
             assert took < 10, (what, command, took)
             assert target.settings["sasl.password"] not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("group_type", ["share", "consumer"])
+def test_a_worker_that_loses_its_acls_mid_run_stops_with_one_line_instead_of_idling(secure_kafka, tmp_path, group_type):
+    """An operator revokes the worker's ACLs while it runs: its next backlog read is refused, and
+    it stops with the refusal (on Kubernetes: not ready, then the pod restarts and is refused at
+    start, in the open), instead of running on with nothing to read."""
+    tag = uuid.uuid4().hex[:6]
+    worker, producer = secure_kafka.user(f"w{tag}"), secure_kafka.user(f"p{tag}")
+    access = {"worker": f"User:w{tag}", "producers": [f"User:p{tag}"]}
+    queue = make_queue(tmp_path, secure_kafka.admin, group_type=group_type, lock="3s", access=access)
+    produce(producer, queue.topic, [order(i) for i in range(50)])
+    log = queue.folder / "worker.log"
+    running = start_worker(queue, worker, "--until-idle", "120s", log=log)
+    deadline = time.monotonic() + 120
+    while sum(1 for e in queue.events() if e.get("result") == "ok") < 50:
+        assert running.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+
+    admin = clients.admin(secure_kafka.admin)
+    everything = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, f"User:w{tag}", None, AclOperation.ANY, AclPermissionType.ANY
+    )
+    assert admin.delete_acls([everything])[everything].result(), "the worker had ACLs"
+    revoked = time.monotonic()
+    code = running.wait(60)
+    took = time.monotonic() - revoked
+    assert code == 1, log.read_text()[-3000:]
+    errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "AUTHORIZATION_FAILED" in errors[0] and "spec.access.worker" in errors[0], errors
+    assert "Traceback" not in log.read_text()
+    assert took < 15, took

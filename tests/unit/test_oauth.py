@@ -32,7 +32,7 @@ def test_client_credentials_become_the_java_login_handler_with_the_same_endpoint
     assert java["sasl.login.callback.handler.class"] == oauth.LOGIN_HANDLER
     assert java["sasl.oauthbearer.token.endpoint.url"] == OIDC["sasl.oauthbearer.token.endpoint.url"]
     assert java["sasl.jaas.config"] == (
-        f"{oauth.LOGIN_MODULE} required clientId=\"orders-worker\" clientSecret=\"s\\\"cret\" scope=\"kafka\" "
+        f'{oauth.LOGIN_MODULE} required clientId="orders-worker" clientSecret="s\\"cret" scope="kafka" '
         'extension_logicalCluster="lkc-1" extension_identityPoolId="pool-2";'
     )
     assert kafka_system_properties(OIDC) == {oauth.ALLOWED_URLS_PROPERTY: OIDC["sasl.oauthbearer.token.endpoint.url"]}
@@ -56,7 +56,10 @@ def test_the_unsecured_development_token_becomes_the_java_default_handlers_optio
 
 def test_queueplanes_own_requests_send_the_token_and_extensions_as_rfc_7628_says():
     assert speaks(OIDC)
-    assert oauth.initial_response(OIDC, "T0K") == b"n,,\x01auth=Bearer T0K\x01logicalCluster=lkc-1\x01identityPoolId=pool-2\x01\x01"
+    assert (
+        oauth.initial_response(OIDC, "T0K")
+        == b"n,,\x01auth=Bearer T0K\x01logicalCluster=lkc-1\x01identityPoolId=pool-2\x01\x01"
+    )
 
 
 @pytest.mark.parametrize(
