@@ -12,6 +12,7 @@ cannot resize or rename a team's queue behind its spec.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from queueplane.errors import UsageError
 
 AIRFLOW_VARIABLE = "queueplane_cluster_values"
 SPEC_OWNED = ("queue", "driver", "executor", "autoscaling")
+# Spark settings named like a credential; the chart's values schema refuses the same names.
+CREDENTIAL_NAME = re.compile(r"[Pp]assword|[Ss]ecret|[Jj]aas|[Tt]oken|[Cc]redential")
 
 
 def merge_values(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -46,6 +49,13 @@ def checked(values: Any, source: str) -> dict[str, Any]:
             f"{source}: /{owned[0]} comes from the queue's spec and cannot be set by the deployer "
             "(cluster values may set kafka, checkpoint, image, imagePullSecrets, cpuRequests, metrics, spark "
             "and pod placement)"
+        )
+    settings = (values.get("spark") or {}).get("conf") or {}
+    credentials = [key for key in settings if isinstance(key, str) and CREDENTIAL_NAME.search(key)]
+    if credentials:
+        raise UsageError(
+            f"{source}: /spark/conf/{credentials[0]}: credentials never go into chart values (helm keeps values "
+            "readable in the release); put them in a Secret (kafka.configSecret, kafka.tlsSecret)"
         )
     return values
 

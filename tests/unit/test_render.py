@@ -11,10 +11,11 @@ import pytest
 import yaml
 from helpers import EXAMPLE_SPECS, EXAMPLES, run_cli
 
+from queueplane.deploy import cluster_values
 from queueplane.deploy.helm import HelmError, run_helm
 from queueplane.deploy.policy import DRIVER_RBAC
 from queueplane.deploy.render import ManifestInvalid, chart_path, executor_pod_templates, render, validate_manifests
-from queueplane.errors import QueueplaneError, SpecInvalid
+from queueplane.errors import QueueplaneError, SpecInvalid, UsageError
 from queueplane.provision import steps
 
 SPECS = EXAMPLE_SPECS
@@ -204,6 +205,24 @@ def test_values_schema_is_strict():
     for bad in ("unknown=1", "image.tag=latest", "driver.cores=two", "kafka.configSecret.extra=x"):
         with pytest.raises(HelmError):
             run_helm(["template", "q", chart, "--set", bad])
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["spark.ssl.keyStorePassword", "spark.authenticate.secret", "spark.kafka.sasl.jaas.config", "spark.hadoop.x.token"],
+)
+def test_values_never_carry_credentials_in_spark_settings(setting, tmp_path):
+    """Credentials reach the worker only through Secrets: a Spark setting named like one is refused
+    by queueplane (naming it) and by the chart's schema (for helm alone)."""
+    values = tmp_path / "cluster.yaml"
+    values.write_text(yaml.safe_dump({"spark": {"conf": {setting: "x"}}}))
+    with pytest.raises(UsageError, match=f"/spark/conf/{setting}: credentials never go into chart values"):
+        cluster_values.from_files([str(values)])
+    escaped = setting.replace(".", "\\.")  # helm's --set reads dots as nesting
+    with pytest.raises(HelmError, match=f"invalid propertyName '{setting}'"):
+        run_helm(["template", "q", str(chart_path()), "--set-string", f"spark.conf.{escaped}=x"])
+    ok = run_helm(["template", "q", str(chart_path()), "--set-string", "spark.conf.spark\\.sql\\.ansi\\.enabled=true"])
+    assert "spark.sql.ansi.enabled=true" in ok.stdout
 
 
 def test_kubernetes_schema_rejects_unknown_fields_wrong_types_and_missing_fields(coffee):

@@ -22,6 +22,8 @@ def local_values(image: Image, kafka_bootstrap_for_pods: str) -> dict[str, Any]:
         # Imported into the node's containerd, never pulled: there is no registry to pull from.
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "kafka": {"bootstrapServers": kafka_bootstrap_for_pods},
+        # The broker's pod listener is the one port the release's NetworkPolicy lets it reach Kafka on.
+        "networkPolicy": {"kafka": {"ports": [int(kafka_bootstrap_for_pods.rsplit(":", 1)[1])]}},
         # Two cores for everything: the scheduler would otherwise fit a driver and one executor.
         "cpuRequests": {"driver": "250m", "executor": "250m"},
     }
