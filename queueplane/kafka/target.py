@@ -70,7 +70,8 @@ def read_kafka_config(path: str) -> dict[str, str]:
             continue
         key, sep, value = text.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"{path}:{number}: expected key=value, got {text!r}")
+            # The line itself is never shown: a value broken over lines (a PEM key) would be printed.
+            raise UsageError(f"{path}:{number}: expected key=value (a value on one line); the line is not shown")
 
         def env(match: re.Match[str], number: int = number) -> str:
             name = match.group(1)

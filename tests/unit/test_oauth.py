@@ -10,7 +10,7 @@ import pytest
 from queueplane.errors import UsageError
 from queueplane.kafka import oauth
 from queueplane.kafka.connection import speaks
-from queueplane.kafka.target import java_client_settings
+from queueplane.kafka.target import java_client_settings, read_kafka_config
 from queueplane.run.session import kafka_system_properties
 
 OIDC = {
@@ -74,3 +74,12 @@ def test_incomplete_settings_name_the_setting_and_never_its_value(settings, need
     with pytest.raises(UsageError, match=needle) as raised:
         java_client_settings({"sasl.mechanism": "OAUTHBEARER", **settings})
     assert "cret" not in str(raised.value)
+
+
+def test_a_malformed_config_line_is_named_by_its_number_and_never_shown(tmp_path):
+    """A PEM key pasted over several lines must not reach the terminal through the error."""
+    config = tmp_path / "client.properties"
+    config.write_text("bootstrap.servers=k:9093\nssl.key.pem=-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0\n")
+    with pytest.raises(UsageError) as raised:
+        read_kafka_config(str(config))
+    assert f"{config}:3: expected key=value" in str(raised.value) and "MIIE" not in str(raised.value)
