@@ -1,4 +1,4 @@
-"""OAUTHBEARER settings carried from librdkafka's names to Kafka's Java client and to queueplane's own requests."""
+"""Secured-cluster client settings: OAUTHBEARER for Java and queueplane's own requests; config file errors."""
 
 from __future__ import annotations
 
