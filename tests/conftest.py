@@ -85,6 +85,16 @@ def local_stack(queueplane_home: Path, oauth_issuer: OAuthIssuer) -> Iterator[Lo
     stack.down(purge=True)
 
 
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, KafkaTarget]]:
+    """A broker for one module's tests to stop and start (same data directory, same ports), so
+    the session's shared broker stays up for every other test."""
+    stack = LocalStack(tmp_path_factory.mktemp("own-broker") / "local")
+    state = stack.up()
+    yield stack, KafkaTarget({"bootstrap.servers": state.bootstrap}, state.bootstrap)
+    stack.down(purge=True)
+
+
 @pytest.fixture(scope="session")
 def local_kafka(local_stack: LocalStack) -> StackState:
     state = local_stack.running_state()

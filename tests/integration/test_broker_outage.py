@@ -1,7 +1,7 @@
 """Broker outages on every runtime, at start and mid-run: nothing lost.
 
-The test stops and restarts a broker of its own (same data directory, same ports), so the
-session's shared broker stays up for every other test.
+The test stops and restarts a broker of its own (``own_broker``: same data directory, same
+ports), so the session's shared broker stays up for every other test.
 """
 
 from __future__ import annotations
@@ -9,13 +9,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from worker_support import SteadyLoad, Supervised, make_queue, order, produce, read_all, recovered_after
-
-from queueplane.kafka.target import KafkaTarget
-from queueplane.local.stack import LocalStack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
@@ -26,14 +22,6 @@ RATE = 30  # then arriving steadily, so the mid-run outage is mid-run for every 
 AFTER_S = 10  # and for a while after it
 HUNG = 5  # records whose first delivery runs past the lock: redelivered across the outages
 RUNTIMES = ("share", "consumer", "consumer-exactly-once", "kmq")
-
-
-@pytest.fixture(scope="module")
-def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, KafkaTarget]]:
-    stack = LocalStack(tmp_path_factory.mktemp("outage-broker") / "local")
-    state = stack.up()
-    yield stack, KafkaTarget({"bootstrap.servers": state.bootstrap}, state.bootstrap)
-    stack.down(purge=True)
 
 
 def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_broker, tmp_path, record_property):
