@@ -143,7 +143,6 @@ def make_queue(
     exactly_once: bool = False,
     retry: dict[str, str] | None = None,
     access: dict[str, object] | None = None,
-    topic_config: dict[str, object] | None = None,
 ) -> TestQueue:
     tag = uuid.uuid4().hex[:8]
     module = f"qp_handler_{tag}"
@@ -156,7 +155,7 @@ def make_queue(
         "kind": "Queue",
         "metadata": {"name": f"w-{tag}", "team": "test"},
         "spec": {
-            "topic": {"name": topic, "partitions": partitions, "config": topic_config or {}},
+            "topic": {"name": topic, "partitions": partitions},
             "group": {
                 "type": group_type,
                 "id": f"g-{tag}",

@@ -8,32 +8,24 @@ from collections.abc import Iterable
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from queueplane.kafka import clients
-from queueplane.kafka.names import MAX_MESSAGE_BYTES
 from queueplane.kafka.target import KafkaTarget
 
 log = logging.getLogger("queueplane.worker")
 
+MAX_MESSAGE_BYTES = "max.message.bytes"
 PRODUCER_MAX_BYTES = 1_000_000  # librdkafka's message.max.bytes unless raised
 
 
-def record_bounds(target: KafkaTarget, topics: Iterable[str], timeout_s: float = 10.0) -> tuple[int | None, int | None]:
-    """The smallest and the largest ``max.message.bytes`` among ``topics`` that exist (None, None
-    when none could be read), for a producer that writes to all of them.
+def smallest_record_batch(target: KafkaTarget, topics: Iterable[str], timeout_s: float = 10.0) -> int | None:
+    """The smallest ``max.message.bytes`` among ``topics`` that exist; None when none could be read.
 
-    The smallest bounds its batches: the broker checks that limit per record batch, not per
-    record, so a batch holding one record too large for the topic is refused whole and every
-    record in it gets the same error; batches within the limit make that error name one record
-    only, and the worker sends that record to the DLQ while the others are written. The largest
-    bounds one record: librdkafka refuses a record over its own ``message.max.bytes`` (1 MB)
-    before any broker sees it, so a dead letter of a record the queue took must be let through.
+    The broker checks that limit per record batch, not per record: a batch holding one record
+    too large for the topic is refused whole, and every record in it gets the same error. A
+    producer whose batches stay within the limit makes that error name one record only, so a
+    worker can send that record to the DLQ and the others are written.
     """
     limits = _record_limits(target, topics, timeout_s)
-    return (min(limits), max(limits)) if limits else (None, None)
-
-
-def producer_record_bytes(largest: int | None) -> dict[str, int]:
-    """librdkafka's ``message.max.bytes`` for a producer whose topics take records up to ``largest``."""
-    return {"message.max.bytes": max(PRODUCER_MAX_BYTES, largest)} if largest else {}
+    return min(limits) if limits else None
 
 
 def largest_record(target: KafkaTarget, topics: Iterable[str], timeout_s: float = 10.0) -> int | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 # Topic configs
 RETENTION_MS = "retention.ms"
-MAX_MESSAGE_BYTES = "max.message.bytes"
 CLEANUP_POLICY = "cleanup.policy"
 
 # Share-group GROUP configs (KIP-932, IncrementalAlterConfigs on ConfigResource GROUP)

@@ -20,7 +20,6 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPart
 
 from queueplane.errors import QueueplaneError, UsageError
 from queueplane.kafka import clients
-from queueplane.kafka.limits import largest_record, producer_record_bytes
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run import dead_letters as dlq
@@ -267,12 +266,7 @@ def redrive(
     total = reader.pending()
     producer = clients.producer(
         target.settings,
-        {
-            "transactional.id": f"queueplane.{redrive_group(queue)}",
-            "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
-            # A dead letter goes back whole: as large as the queue's topic takes.
-            **producer_record_bytes(largest_record(target, [queue.topic.name])),
-        },
+        {"transactional.id": f"queueplane.{redrive_group(queue)}", "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000)},
     )
     producer.init_transactions(TXN_TIMEOUT_S)
     per_batch = max(1, int(rate)) if rate else 500

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from queueplane.kafka import clients
-from queueplane.kafka.limits import producer_record_bytes
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
 # Handler threads mostly wait (I/O, sleeps) and then need the GIL back for a few microseconds.
@@ -67,17 +66,9 @@ class ServedProducer:
     records, release semaphores) run on this thread, so no handler waits on another's poll.
     """
 
-    def __init__(
-        self, kafka: dict[str, Any], linger_ms: int, batch_bytes: int | None = None, record_bytes: int | None = None
-    ):
-        """``batch_bytes``: batches no larger than the topics take, so a refused batch is one record;
-        ``record_bytes``: the largest record the topics take, which the producer must let through."""
-        extra: dict[str, Any] = {
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": linger_ms,
-            **producer_record_bytes(record_bytes),
-        }
+    def __init__(self, kafka: dict[str, Any], linger_ms: int, batch_bytes: int | None = None):
+        """``batch_bytes``: batches no larger than the topics take, so a refused batch is one record."""
+        extra: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": linger_ms}
         if batch_bytes:
             extra["batch.size"] = min(batch_bytes, 1_000_000)
         self.producer = clients.producer(kafka, extra)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from queueplane.kafka.limits import record_bounds
+from queueplane.kafka.limits import smallest_record_batch
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import QueueSpec
 
@@ -36,16 +36,13 @@ class QueueSettings(JsonSettings):
     delivery_limit: int
     handler: str
     search_paths: list[str] = field(default_factory=list)
-    # The producer's batch.size and record limit: the smallest and the largest max.message.bytes
-    # of the output and DLQ topics (kafka/limits.py).
+    # The producer's batch.size: the smallest max.message.bytes of the output and DLQ topics.
     batch_bytes: int | None = None
-    record_bytes: int | None = None
 
     @staticmethod
     def common(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
         """The shared fields' values, from the spec and the cluster."""
         folder = Path(queue.source).resolve().parent
-        smallest, largest = record_bounds(target, [queue.dead_letter.name, *filter(None, [queue.output_topic])])
         return {
             "kafka": dict(target.settings),
             "queue": queue.name,
@@ -58,6 +55,5 @@ class QueueSettings(JsonSettings):
             # In local mode the handler's package sits beside the spec, or is the team folder the
             # spec sits in (specs/<team>/__init__.py makes `<team>.handlers` importable).
             "search_paths": [str(folder), str(folder.parent)],
-            "batch_bytes": smallest,
-            "record_bytes": largest,
+            "batch_bytes": smallest_record_batch(target, [queue.dead_letter.name, *filter(None, [queue.output_topic])]),
         }

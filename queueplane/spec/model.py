@@ -17,10 +17,6 @@ GroupType = Literal["consumer", "share", "kmq"]
 Ordering = Literal["none", "partition", "key"]
 
 
-# What a dead letter's headers add to its record (the error message is cut at 2,000 characters).
-DEAD_LETTER_HEADROOM = 64 * 1024
-
-
 def config_value(value: Any) -> str:
     """Kafka config values are strings; spec numbers and booleans become their Kafka spelling."""
     if isinstance(value, bool):
@@ -141,15 +137,11 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         start_from=group_doc["startFrom"],
     )
     dlq_doc = spec["deadLetter"]
-    dlq_config = {k: config_value(v) for k, v in dlq_doc.get("config", {}).items()}
-    if kn.MAX_MESSAGE_BYTES in topic.config and kn.MAX_MESSAGE_BYTES not in dlq_config:
-        # Any record the queue takes must fit in its DLQ, with the headers a dead letter adds.
-        dlq_config[kn.MAX_MESSAGE_BYTES] = str(int(topic.config[kn.MAX_MESSAGE_BYTES]) + DEAD_LETTER_HEADROOM)
     dead_letter = TopicSpec(
         name=dlq_doc.get("topic", f"{topic.name}.dlq"),
         partitions=dlq_doc.get("partitions", topic.partitions),
         replication_factor=topic.replication_factor,
-        config=dlq_config,
+        config={k: config_value(v) for k, v in dlq_doc.get("config", {}).items()},
         adopt=dlq_doc["adopt"],
     )
     markers = None

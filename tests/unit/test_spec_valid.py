@@ -9,7 +9,6 @@ from helpers import EXAMPLES
 from specs_factory import dump, spec
 
 from queueplane.spec import durations
-from queueplane.spec.model import DEAD_LETTER_HEADROOM
 from queueplane.spec.rules import check_text, load_specs
 from queueplane.spec.schema import load_schema, resolve
 
@@ -56,16 +55,6 @@ def test_config_values_are_sent_in_kafka_spelling():
     doc["spec"]["topic"]["config"] = {"retention.ms": 86400000, "preallocate": True}
     (queue,) = check_text(dump(doc)).raise_if_invalid()
     assert queue.topic.config == {"retention.ms": "86400000", "preallocate": "true"}
-
-
-def test_a_dlq_takes_any_record_its_queue_takes_unless_the_spec_sizes_it():
-    doc = spec("share")
-    doc["spec"]["topic"]["config"] = {"max.message.bytes": 10_485_760}
-    (queue,) = check_text(dump(doc)).raise_if_invalid()
-    assert queue.dead_letter.config == {"max.message.bytes": str(10_485_760 + DEAD_LETTER_HEADROOM)}
-    doc["spec"]["deadLetter"] = {"config": {"max.message.bytes": 20_971_520}}
-    (queue,) = check_text(dump(doc)).raise_if_invalid()
-    assert queue.dead_letter.config == {"max.message.bytes": "20971520"}
 
 
 @pytest.mark.parametrize(

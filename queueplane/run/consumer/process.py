@@ -15,7 +15,6 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
-from queueplane.kafka.limits import producer_record_bytes
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.crash_journal import CrashJournal, journal_folder
 from queueplane.run.handler import Handler, load_handler
@@ -55,9 +54,7 @@ class WorkerProcess:
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
-        self.delivery = ServedProducer(
-            settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes, record_bytes=settings.record_bytes
-        )
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
         # Never subscribes: it reads and commits the group's offsets, and lends its group metadata
         # to transactions. read_committed makes committed() wait for offsets of open transactions.
@@ -92,7 +89,6 @@ def transactional_producer(settings: ConsumerSettings, topic: str, partition: in
             "transactional.id": settings.transactional_id(topic, partition),
             "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
             "linger.ms": 5,
-            **producer_record_bytes(settings.record_bytes),
         },
     )
     producer.init_transactions(TXN_TIMEOUT_S)

@@ -100,9 +100,7 @@ class KmqProcess:
         self.settings = settings
         self.resume = ResumePoint.from_json_fields(settings.resume_floor, settings.resume_started)
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        self.delivery = ServedProducer(
-            settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes, record_bytes=settings.record_bytes
-        )
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
         self.threads = HandlerThreads(settings.threads)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
-from queueplane.kafka.limits import largest_record, producer_record_bytes
+from queueplane.kafka.limits import PRODUCER_MAX_BYTES, largest_record
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Record
@@ -133,8 +133,8 @@ class Redeliverer:
         self.queue = queue
         self.settings = dict(target.settings)
         # It copies records back onto the queue topic, or to the DLQ: as large as those topics take.
-        largest = largest_record(target, [queue.topic.name, queue.dead_letter.name])
-        role = {"enable.idempotence": True, "acks": "all", **producer_record_bytes(largest)}
+        largest = largest_record(target, [queue.topic.name, queue.dead_letter.name]) or 0
+        role = {"enable.idempotence": True, "acks": "all", "message.max.bytes": max(PRODUCER_MAX_BYTES, largest)}
         self.producer = clients.producer(self.settings, role)
         self._stop = threading.Event()
         threading.Thread(target=self._serve_deliveries, name="qp-kmq-redeliver", daemon=True).start()

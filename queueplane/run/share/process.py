@@ -41,9 +41,7 @@ class ProcessRuntime:
     def __init__(self, settings: ShareSettings):
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        self.delivery = ServedProducer(
-            settings.kafka, linger_ms=1, batch_bytes=settings.batch_bytes, record_bytes=settings.record_bytes
-        )
+        self.delivery = ServedProducer(settings.kafka, linger_ms=1, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
         self.pool = HandlerPool(self, settings.slots)
         self.fetchers: list[ShareFetcher] = []
