@@ -101,22 +101,20 @@ def _error_text(exc: BaseException) -> str:
 def refusal(exc: BaseException) -> ClusterRefused | None:
     """A request Kafka refused for the credentials in use (authentication, or a missing ACL), as
     one line saying so; None for any other failure."""
+    # The error's name, and how each line quotes it: a client's error (librdkafka) or queueplane's own requests'.
     if isinstance(exc, Refused):
-        if exc.what.endswith("AUTHORIZATION_FAILED"):
-            return ClusterRefused(
-                f"Kafka refused the request: {exc}; the principal in use lacks an ACL it needs ({ACL_HINT})"
-            )
-        return ClusterRefused(f"Kafka refused the credentials: {exc}")
-    if not (isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError)):
+        name, request_text, credentials_text = exc.what, str(exc), str(exc)
+    elif isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        name, credentials_text = exc.args[0].name(), exc.args[0].str()
+        request_text = f"{name} ({credentials_text})"
+    else:
         return None
-    name = exc.args[0].name()
     if name.endswith("AUTHORIZATION_FAILED"):
         return ClusterRefused(
-            f"Kafka refused the request: {name} ({exc.args[0].str()}); the principal in use lacks an ACL it "
-            f"needs ({ACL_HINT})"
+            f"Kafka refused the request: {request_text}; the principal in use lacks an ACL it needs ({ACL_HINT})"
         )
     if name in (AUTHENTICATION_ERROR, "SASL_AUTHENTICATION_FAILED"):
-        return ClusterRefused(f"Kafka refused the credentials: {exc.args[0].str()}")
+        return ClusterRefused(f"Kafka refused the credentials: {credentials_text}")
     return None
 
 

@@ -382,15 +382,24 @@ class LocalStack:
     def mtls_settings(self, certificate: Path, key: Path) -> dict[str, str]:
         """librdkafka settings for the mTLS listener with a client certificate the local CA signed
         and its key (PEM files; the principal is the certificate's CN)."""
-        state = self.running_state()
-        if state is None or state.mtls_bootstrap is None:
-            raise LocalStackError("the local broker runs without its mTLS listener; start it with --secure")
         return {
-            "bootstrap.servers": state.mtls_bootstrap,
-            "security.protocol": "SSL",
-            "ssl.ca.location": str(self.tls_dir / "ca.pem"),
+            **self._secured_listener("mTLS", "SSL"),
             "ssl.certificate.location": str(certificate),
             "ssl.key.location": str(key),
+        }
+
+    def _secured_listener(self, listener: str, protocol: str) -> dict[str, str]:
+        """Where a secured listener (SASL_SSL or mTLS) of the running broker is, and the CA it uses."""
+        state = self.running_state()
+        bootstrap = (
+            None if state is None else state.secure_bootstrap if protocol == "SASL_SSL" else state.mtls_bootstrap
+        )
+        if bootstrap is None:
+            raise LocalStackError(f"the local broker runs without its {listener} listener; start it with --secure")
+        return {
+            "bootstrap.servers": bootstrap,
+            "security.protocol": protocol,
+            "ssl.ca.location": str(self.tls_dir / "ca.pem"),
         }
 
     def _admin_password(self) -> str:
@@ -413,16 +422,11 @@ class LocalStack:
 
     def secure_settings(self, user: str = ADMIN_USER, password: str | None = None) -> dict[str, str]:
         """librdkafka settings for the SASL_SSL listener as ``user`` (default: the super user)."""
-        state = self.running_state()
-        if state is None or state.secure_bootstrap is None:
-            raise LocalStackError("the local broker runs without its SASL_SSL listener; start it with --secure")
         return {
-            "bootstrap.servers": state.secure_bootstrap,
-            "security.protocol": "SASL_SSL",
+            **self._secured_listener("SASL_SSL", "SASL_SSL"),
             "sasl.mechanism": "SCRAM-SHA-512",
             "sasl.username": user,
             "sasl.password": password if password is not None else self._admin_password(),
-            "ssl.ca.location": str(self.tls_dir / "ca.pem"),
         }
 
     def _log4j_file(self, tools: bool = False) -> Path:
