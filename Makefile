@@ -123,6 +123,7 @@ bench: setup
 	$(BIN)/python bench/autoscale.py
 	$(BIN)/python bench/kmq.py
 	$(BIN)/python bench/soak.py
+	$(BIN)/python bench/goals.py
 
 local-down: setup
 	[ "$$(id -u)" != 0 ] || $(QP) local kubernetes down

@@ -93,6 +93,16 @@ def full_rate(finished_at: Sequence[float]) -> float:
     return round(len(finished_at) / span, 1) if span > 0 else 0.0
 
 
+def goal(
+    name: str, measured: float, baseline: float, at_least: float | None = None, at_most: float | None = None
+) -> dict[str, Any]:
+    """One goal of the issue's table: measured / baseline, against its bound (bench/goals.py prints them)."""
+    ratio = round(measured / baseline, 3) if baseline else 0.0
+    met = (at_least is None or ratio >= at_least) and (at_most is None or ratio <= at_most)
+    bound = f">= {at_least}" if at_least is not None else f"<= {at_most}"
+    return {"goal": name, "ratio": ratio, "bound": bound, "met": met, "measured": measured, "baseline": baseline}
+
+
 def save(name: str, result: dict[str, Any], figure: Any) -> None:
     """``bench/results/NAME.json`` and ``NAME.png``, and the figures on stdout."""
     RESULTS.mkdir(exist_ok=True)

@@ -1,11 +1,12 @@
 """kmq worker benchmark: what the markers and the tracker cost next to a plain consumer group.
 
 1. Trivial handler, same broker, same run, same partitions, records and concurrency: steady
-   records/s of a kmq queue as a ratio to a consumer-group queue (goal >= 0.7).
+   records/s of a kmq queue as a ratio to a consumer-group queue (goal >= 0.85). A warm-up run of
+   each side first, then ``--rounds`` rounds that swap which side goes first; each side's best counts.
 2. Marker bytes per message: key and value bytes written to the markers topic per message
    (a start and an end marker each; Kafka adds its per-record overhead on top).
 
-    .venv/bin/python bench/kmq.py [--records 20000] [--concurrency 16]
+    .venv/bin/python bench/kmq.py [--records 20000] [--concurrency 16] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import apply_queue, bench_broker, console, pyplot, save
+from common import apply_queue, bench_broker, console, goal, pyplot, save
 from share import HANDLERS, fill, worker_throughput
 
 from queueplane.kafka.target import KafkaTarget
@@ -51,22 +52,46 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds after the warm-up")
     args = parser.parse_args()
-    result: dict = {"records": args.records, "partitions": PARTITIONS, "goal": "kmq / consumer >= 0.7"}
+    result: dict = {"records": args.records, "partitions": PARTITIONS, "rounds": {"consumer": [], "kmq": []}}
     with bench_broker("qp-bench-kmq-") as (folder, target):
         marks = folder / "marks"
         marks.mkdir()
         os.environ["QP_BENCH_MARKS"] = str(marks)
         (folder / "bench_handlers.py").write_text(HANDLERS)
-        for group_type in ("consumer", "kmq"):
+
+        def one_run(group_type: str, records: int) -> dict:
             queue = apply_trivial_queue(folder, target, group_type, args.concurrency)
-            fill(target, queue["topic"], args.records)
-            console.print(f"trivial handler, {group_type} group, concurrency {args.concurrency}")
-            result[group_type] = worker_throughput(queue["path"], target, args.records, marks)
-            console.print(result[group_type])
+            fill(target, queue["topic"], records)
+            measured = worker_throughput(queue["path"], target, records, marks)
             if group_type == "kmq":
-                result["marker_bytes"] = marker_bytes(target, f"{queue['topic']}.markers", args.records)
-    result["ratio"] = round(result["kmq"]["steady_records_per_s"] / result["consumer"]["steady_records_per_s"], 3)
+                result["marker_bytes"] = marker_bytes(target, f"{queue['topic']}.markers", records)
+            return measured
+
+        # A warm-up of each side first (page cache, the broker's JIT), not counted; then rounds that
+        # swap which side goes first, so neither gets the quieter moments alone. Each side's best counts.
+        console.print("warm-up: one short run of each side, not counted")
+        for group_type in ("consumer", "kmq"):
+            one_run(group_type, max(2_000, args.records // 10))
+        for round_no in range(args.rounds):
+            order = ("consumer", "kmq") if round_no % 2 == 0 else ("kmq", "consumer")
+            for group_type in order:
+                console.print(
+                    f"round {round_no + 1}: trivial handler, {group_type} group, concurrency {args.concurrency}"
+                )
+                result["rounds"][group_type].append(one_run(group_type, args.records))
+                console.print(result["rounds"][group_type][-1])
+    for group_type in ("consumer", "kmq"):
+        result[group_type] = max(result["rounds"][group_type], key=lambda r: r["steady_records_per_s"])
+    result["goals"] = [
+        goal(
+            "kmq worker / consumer-group worker",
+            result["kmq"]["steady_records_per_s"],
+            result["consumer"]["steady_records_per_s"],
+            0.85,
+        )
+    ]
     save("kmq", result, plot(result))
     return 0
 
@@ -77,7 +102,8 @@ def plot(result: dict) -> Any:
     rates = [result["consumer"]["steady_records_per_s"], result["kmq"]["steady_records_per_s"]]
     left.bar(["consumer group", "kmq"], rates, color=["#c44e52", "#4c72b0"])
     left.set_ylabel("steady records/s")
-    left.set_title(f"trivial handler, {result['partitions']} partitions: ratio {result['ratio']:.2f} (goal >= 0.7)")
+    ratio = result["goals"][0]["ratio"]
+    left.set_title(f"trivial handler, {result['partitions']} partitions: ratio {ratio:.2f} (goal >= 0.85)")
     m = result["marker_bytes"]
     right.bar(["key + value"], [m["payload_bytes_per_message"]], color="#55a868")
     right.set_ylabel("marker bytes per message")

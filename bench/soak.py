@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from common import apply_queue, bench_broker, console, pyplot, save
+from common import apply_queue, bench_broker, console, goal, pyplot, save
 
 from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
@@ -206,6 +206,19 @@ def run_soak(minutes: float, rate: float, folder: Path, target: KafkaTarget, tai
             "samples": soaked.samples,
         }
     result["max_growth"] = MAX_GROWTH
+    result["goals"] = [
+        g
+        for group, q in result["queues"].items()
+        for g in (
+            goal(f"soak, {group}: records lost / produced", q["lost"], q["produced"], at_most=0.0),
+            goal(
+                f"soak, {group}: RSS growth over the last two thirds",
+                q["rss_growth_last_two_thirds"],
+                1.0,
+                at_most=MAX_GROWTH,
+            ),
+        )
+    ]
     result["met"] = all(
         q["lost"] == 0 and q["rss_growth_last_two_thirds"] < MAX_GROWTH for q in result["queues"].values()
     )

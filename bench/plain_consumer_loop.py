@@ -1,0 +1,74 @@
+"""The consumer-group baseline a team would write instead of a worker: confluent-kafka, one process per core.
+
+At-least-once the usual way: consume a batch, produce each record's output, wait until the
+producer has delivered them all, then commit the batch's offsets. Set up as its users would
+set it up for speed, and as durable as the worker:
+- batches of up to ``BATCH`` records per ``consume()`` (librdkafka prefetches behind them);
+- the producer idempotent with ``acks=all`` (as the worker's), lingering 5 ms to fill its batches;
+- the commit asynchronous: the outputs are delivered before it, so a lost commit only redelivers;
+- as many processes as cores, in one consumer group, so the partitions are split between them as
+  between a worker's Python workers.
+
+A record counts as finished when its output is written, as for the worker (the output's
+write timestamp): both sides are timed from the same place.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable
+from multiprocessing.synchronize import Event
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+
+BATCH = 2000
+# How long one consume() waits for a batch to fill; a stop request is seen within it.
+WAIT_S = 0.2
+
+
+def echo_loop(settings: dict[str, Any], group: str, topic: str, output: str, stop: Event) -> None:
+    """Consume ``topic``, echo each record to ``output``, commit after delivery, until ``stop``."""
+    consumer = Consumer({**settings, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    producer = Producer({**settings, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    consumer.subscribe([topic])
+    try:
+        while not stop.is_set():
+            batch = [m for m in consumer.consume(BATCH, WAIT_S) if m.error() is None]
+            if not batch:
+                continue
+            for message in batch:
+                while True:
+                    try:
+                        producer.produce(output, message.value(), message.key())
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+            if producer.flush(60) != 0:
+                raise KafkaException("outputs not delivered within 60 s")
+            consumer.commit(asynchronous=True)
+    finally:
+        consumer.close()
+
+
+def run(settings: dict[str, Any], group: str, topic: str, output: str, processes: int) -> Callable[[], None]:
+    """Start ``processes`` loops in one group; returns the function that stops them and waits."""
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    loops = [
+        context.Process(target=echo_loop, args=(settings, group, topic, output, stop), daemon=True)
+        for _ in range(processes)
+    ]
+    for loop in loops:
+        loop.start()
+
+    def finish() -> None:
+        stop.set()
+        deadline = time.monotonic() + 30
+        for loop in loops:
+            loop.join(max(0.0, deadline - time.monotonic()))
+            if loop.is_alive():
+                loop.kill()
+
+    return finish
