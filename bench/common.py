@@ -10,8 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -110,6 +114,63 @@ def save(name: str, result: dict[str, Any], figure: Any) -> None:
     figure.tight_layout()
     figure.savefig(RESULTS / f"{name}.png", dpi=110)
     print(json.dumps(result, indent=2))
+
+
+@contextlib.contextmanager
+def profiled(name: str, enabled: bool = True) -> Iterator[None]:
+    """py-spy samples this process and its children (Spark's Python workers) while the block runs.
+
+    Written to ``bench/results/NAME-profile.txt`` (py-spy's collapsed stacks, for a flame graph
+    tool) and summarised in ``NAME-profile-top.txt``: where the Python time goes, by the
+    function on top of the stack and by the functions anywhere on it. Sampling does not pause
+    the processes (``--nonblocking``), so the run it watches keeps its pace.
+    """
+    if not enabled:
+        yield
+        return
+    RESULTS.mkdir(exist_ok=True)
+    raw = RESULTS / f"{name}-profile.txt"
+    binary = str(Path(sys.executable).with_name("py-spy"))
+    sampling = ["--subprocesses", "--nonblocking", "--rate", "50", "--format", "raw"]
+    spy = subprocess.Popen(
+        [binary, "record", "--pid", str(os.getpid()), *sampling, "--output", str(raw)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(120)
+    if raw.is_file():
+        summary = profile_summary(raw.read_text())
+        (RESULTS / f"{name}-profile-top.txt").write_text(summary)
+        console.print(summary)
+
+
+def profile_summary(collapsed: str, top: int = 25) -> str:
+    """The share of samples per function: on top of the stack (self) and anywhere on it (total)."""
+    own: Counter[str] = Counter()
+    anywhere: Counter[str] = Counter()
+    samples = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [f for f in stack.split(";") if not f.startswith("process ")]
+        if not frames:
+            continue
+        samples += int(count)
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            anywhere[frame] += int(count)
+    if not samples:
+        return "no samples\n"
+    lines = [f"{samples} samples of Python stacks (all processes)", "", "self  function"]
+    lines += [f"{n / samples:5.1%} {frame}" for frame, n in own.most_common(top)]
+    lines += ["", "total function"]
+    lines += [f"{n / samples:5.1%} {frame}" for frame, n in anywhere.most_common(top)]
+    return "\n".join(lines) + "\n"
 
 
 def pyplot() -> Any:

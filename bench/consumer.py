@@ -24,7 +24,7 @@ busiest key slot); the trivial runs count the steady middle, 10% to 90% of the r
 batch's Python workers starting up is not its throughput. The first-to-last figures are kept
 beside. The trivial runs alternate the sides for ``--rounds`` rounds and count each side's best.
 
-    .venv/bin/python bench/consumer.py [--records 20000] [--trivial-records 300000] [--rounds 2]
+    .venv/bin/python bench/consumer.py [--records 20000] [--trivial-records 300000] [--rounds 2] [--profile]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import plain_consumer_loop
-from common import apply_queue, bench_broker, console, full_rate, goal, pyplot, save, steady_rate
+from common import apply_queue, bench_broker, console, full_rate, goal, profiled, pyplot, save, steady_rate
 
 from queueplane.kafka import clients
 from queueplane.kafka.lag import queue_backlog
@@ -241,6 +241,9 @@ def main() -> int:
     parser.add_argument("--hot-records", type=int, default=2_000)
     parser.add_argument("--trivial-records", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the trivial runs")
+    parser.add_argument(
+        "--profile", action="store_true", help="one more trivial run of the worker and of the plain loop under py-spy"
+    )
     args = parser.parse_args()
     result: dict = {
         "records": args.records,
@@ -325,6 +328,13 @@ def main() -> int:
             goal("consumer worker, exactlyOnce / at-least-once", best["exactly_once"], best["worker_key"], 0.8),
         ]
         console.print(result["trivial"])
+        if args.profile:
+            for side, run in (("worker_key", run_worker), ("plain_loop", run_plain_loop)):
+                spec = apply_consumer_queue(folder, target, "echo", "key")
+                fill(target, spec["topic"], trivial_layout)
+                console.print(f"profiled: trivial handler, {side}")
+                with profiled(f"consumer-{side}"):
+                    run(spec, target, len(trivial_layout))
     save("consumer", result, plot(result))
     return 0
 
