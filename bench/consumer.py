@@ -188,7 +188,7 @@ def python_identity(batches: Iterator[Any]) -> Iterator[Any]:
     yield from batches
 
 
-def pass_through(target: KafkaTarget, topic: str, output: str, records: int, python: bool = False) -> list[float]:
+def pass_through(target: KafkaTarget, spec: dict, records: int, python: bool = False) -> list[float]:
     """The baseline: Spark's Kafka source straight into Spark's Kafka sink, no Python in between.
 
     ``python``: the records cross into a Python worker and back unchanged (``mapInArrow``), the
@@ -211,7 +211,7 @@ def pass_through(target: KafkaTarget, topic: str, output: str, records: int, pyt
         .getOrCreate()
     )
     frame = (
-        kafka_source(spark, target, topic)
+        kafka_source(spark, target, spec["topic"], spec["group"])
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(DEFAULT_BATCH_RECORDS))
         .load()
@@ -219,11 +219,11 @@ def pass_through(target: KafkaTarget, topic: str, output: str, records: int, pyt
     )
     if python:
         frame = frame.mapInArrow(python_identity, "key binary, value binary")
-    visible = Visible(target, output)
+    visible = Visible(target, spec["output"])
     query = (
         frame.writeStream.format("kafka")
         .options(**kafka_options(target))
-        .option("topic", output)
+        .option("topic", spec["output"])
         .option("checkpointLocation", tempfile.mkdtemp(prefix="qp-bench-pass-"))
         .trigger(processingTime="0 seconds")
         .start()
@@ -242,6 +242,10 @@ def main() -> int:
     parser.add_argument("--trivial-records", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the trivial runs")
     parser.add_argument(
+        "--only",
+        help="comma-separated trivial sides to run, skipping the 10 ms scenarios; prints the rates, saves nothing",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="one more trivial run of the worker and of the plain loop under py-spy"
     )
     args = parser.parse_args()
@@ -259,7 +263,7 @@ def main() -> int:
             ("key", "key", layout, key_ideal(layout)),
             ("hot_key", "key", seed_layout(args.hot_records, hot_key=True), 1 / SLEEP_S),
         ]
-        for name, ordering, records, ideal in scenarios:
+        for name, ordering, records, ideal in [] if args.only else scenarios:
             spec = apply_consumer_queue(folder, target, "sleep_10ms", ordering)
             fill(target, spec["topic"], records)
             console.print(f"10 ms handler, ordering={ordering} ({name}), {len(records)} records")
@@ -272,11 +276,12 @@ def main() -> int:
             }
             console.print(result[name])
         trivial_layout = seed_layout(args.trivial_records)
-        runs: dict[str, list[dict[str, float]]] = {side: [] for side in TRIVIAL_SIDES}
+        sides = {side: TRIVIAL_SIDES[side] for side in args.only.split(",")} if args.only else TRIVIAL_SIDES
+        runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         # Rounds alternate the sides, so neither gets the quieter moments or the warmer JVM alone;
         # each side's best round counts (on a shared machine, noise only ever slows a run down).
         for round_no in range(1, args.rounds + 1):
-            for side, (ordering, exactly_once) in TRIVIAL_SIDES.items():
+            for side, (ordering, exactly_once) in sides.items():
                 spec = apply_consumer_queue(folder, target, "echo", ordering, exactly_once)
                 fill(target, spec["topic"], trivial_layout)
                 console.print(f"round {round_no}: trivial handler, {side}, {len(trivial_layout)} records")
@@ -284,13 +289,16 @@ def main() -> int:
                     stamps = run_plain_loop(spec, target, len(trivial_layout))
                 elif side.endswith("pass_through"):
                     python = side == "python_pass_through"
-                    stamps = pass_through(target, spec["topic"], spec["output"], len(trivial_layout), python)
+                    stamps = pass_through(target, spec, len(trivial_layout), python)
                 else:
                     stamps = run_worker(spec, target, len(trivial_layout))
                 rates = {"steady": steady_rate(stamps), "first_to_last": full_rate(stamps)}
                 runs[side].append(rates)
                 console.print(rates)
-        best = {side: max(r["steady"] for r in runs[side]) for side in TRIVIAL_SIDES}
+        best = {side: max(r["steady"] for r in runs[side]) for side in sides}
+        if args.only:
+            console.print(best)
+            return 0
         result["trivial"] = {
             "records": len(trivial_layout),
             "processes": CORES,
