@@ -15,10 +15,15 @@ runs), the daemon drops Spark's zips from ``sys.path`` so the package's cached b
 used, and imports the pure-Python modules every worker needs before it forks. It imports
 nothing that starts threads (pyarrow, numpy): forking a process with threads is unsafe,
 which is why pyspark imports the worker module after the fork in the first place.
+
+What it imported is then frozen out of the garbage collector's sight (``gc.freeze``): the
+forked workers share those objects and never need to look at them again, and pyspark's
+worker loop runs a full collection after every task, which otherwise walks all of them.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.machinery
 import os
@@ -86,6 +91,9 @@ def main() -> None:
     drop_spark_zips()
     preload()
     from pyspark.daemon import manager
+
+    gc.collect()
+    gc.freeze()
 
     manager()
 
