@@ -9,8 +9,8 @@ set it up for speed, and as durable as the worker:
 - as many processes as cores, in one consumer group, so the partitions are split between them as
   between a worker's Python workers.
 
-A record counts as finished when its output is written, as for the worker (the output's
-write timestamp): both sides are timed from the same place.
+A record counts as finished when its output becomes visible to a read_committed reader of the
+output topic, as the worker's do (bench/consumer.py times both sides with the same reader).
 """
 
 from __future__ import annotations

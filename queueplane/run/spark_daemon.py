@@ -23,7 +23,6 @@ worker loop runs a full collection after every task, which otherwise walks all o
 
 from __future__ import annotations
 
-import gc
 import importlib
 import importlib.machinery
 import os
@@ -92,9 +91,9 @@ def main() -> None:
     preload()
     from pyspark.daemon import manager
 
-    gc.collect()
-    gc.freeze()
+    from queueplane.run.processes import freeze_what_lives
 
+    freeze_what_lives()
     manager()
 
 
