@@ -119,10 +119,14 @@ class BacklogWatcher:
         except Exception as exc:  # lag is advisory: a failed read must not stop the worker, a refused one does
             self.latest = None
             refused = refusal(exc)
-            if refused is not None and self.refused is None:
-                self.refused = refused
-                self.health.kafka_refused(str(refused))
-                log.error("%s", refused)
+            if refused is not None:
+                # Kafka answered, with a refusal: not an outage. The worker is not ready from now
+                # on and stops on it (``refused``), with the refusal as its one line.
+                if self.refused is None:
+                    self.refused = refused
+                    self.health.kafka_refused(str(refused))
+                    log.error("%s", refused)
+                return None
             self.health.kafka_failed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             if not self._failing:
                 log.warning("backlog read failed (Kafka does not answer): %s", exc)

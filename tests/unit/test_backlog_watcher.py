@@ -1,9 +1,11 @@
-"""The driver's backlog watcher: after an outage idle time starts over, and each outage is kept."""
+"""The driver's backlog watcher: after an outage idle time starts over, each outage is kept, a refusal is none."""
 
 from __future__ import annotations
 
+import logging
 import time
 
+from queueplane.kafka.refused import Refused
 from queueplane.run.driver import BacklogWatcher
 from queueplane.run.health import Health
 
@@ -66,3 +68,17 @@ def test_an_outage_counts_from_when_the_failing_read_began_not_from_when_it_time
     watcher.read_now()
     (ended,) = watcher.outages
     assert ended["seconds"] >= 0.3, ended
+
+
+def test_a_refused_read_is_no_outage_and_leaves_the_worker_not_ready_with_the_refusal(caplog):
+    answers = iter([Refused("TOPIC_AUTHORIZATION_FAILED"), {0: 1}])
+    health = Health(stall_s=60)
+    watcher = BacklogWatcher(_reads(answers), health)
+    with caplog.at_level(logging.WARNING, logger="queueplane.worker"):
+        watcher.read_now()
+    assert watcher.refused is not None and "lacks an ACL" in str(watcher.refused)
+    assert not watcher.failing and watcher.all_outages() == [], "Kafka answered: with a refusal"
+    assert [r.getMessage() for r in caplog.records] == [str(watcher.refused)], "one line, the refusal"
+    watcher.read_now()  # Kafka answers the next read: the principal was still refused
+    verdict = health.ready(time.monotonic())
+    assert not verdict.ok and "lacks an ACL" in verdict.reason
