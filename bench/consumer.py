@@ -43,6 +43,7 @@ from typing import Any
 
 import plain_consumer_loop
 from common import apply_queue, bench_broker, console, full_rate, goal, profiled, pyplot, save, steady_rate
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.lag import queue_backlog
@@ -144,7 +145,10 @@ class Visible(threading.Thread):
                 "enable.auto.commit": False,
             },
         )
-        self._consumer.subscribe([topic])
+        # Assigned, not subscribed: it reads from the first record on, with no group join to wait
+        # for while the outputs already arrive (they would be stamped late, all at once).
+        partitions = self._consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         self.start()
 
     def run(self) -> None:
