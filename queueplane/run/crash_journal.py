@@ -174,9 +174,23 @@ class CrashJournal:
                 self._alone_slot = None
             self._alone.notify_all()
 
-    def call(self, partition: int, offset: int, handler: Callable[[T], R], record: T) -> R:
-        """``handler(record)`` between ``begin`` and ``end``; a suspect whose call returns (or raises) is cleared."""
+    def call(
+        self,
+        partition: int,
+        offset: int,
+        handler: Callable[[T], R],
+        record: T,
+        on_start: Callable[[], None] | None = None,
+    ) -> R:
+        """``handler(record)`` between ``begin`` and ``end``; a suspect whose call returns (or raises) is cleared.
+
+        ``on_start`` runs once the call may start: a suspect waits in ``begin`` for the others
+        (up to ``alone_s``), a wait that is not its handler's time and must not count against
+        its deadline.
+        """
         token = self.begin(partition, offset)
+        if on_start is not None:
+            on_start()
         try:
             return handler(record)
         finally:
@@ -207,7 +221,9 @@ class CrashJournal:
             self._alone_slot = slot
             self._alone_until = time.monotonic() + 2 * self.alone_s  # the wait for the others, then its call
         others_until = time.monotonic() + self.alone_s
-        while any(i != slot for i in _used_slot_indices(self._map)) and time.monotonic() < others_until:
+        while time.monotonic() < others_until and any(
+            i != slot for i in _running_slot_indices(self._map, self.alone_s)
+        ):
             time.sleep(ALONE_POLL_S)
 
     # -- files ----------------------------------------------------------------------------------
@@ -238,9 +254,12 @@ class CrashJournal:
         return pid.isdigit() and _start_time(int(pid)) == started
 
 
-def _used_slot_indices(buffer: bytes | mmap.mmap) -> Iterator[int]:
-    for i, (used, _partition, _offset, _started) in enumerate(SLOT.iter_unpack(buffer)):
-        if used:
+def _running_slot_indices(buffer: bytes | mmap.mmap, given_up_s: float) -> Iterator[int]:
+    """The slots of calls that may still return: one started ``given_up_s`` ago was given up
+    (it hangs, its thread is kept), and waiting for it would only hold the suspect back."""
+    oldest_ms = int((time.time() - given_up_s) * 1000)
+    for i, (used, _partition, _offset, started) in enumerate(SLOT.iter_unpack(buffer)):
+        if used and started > oldest_ms:
             yield i
 
 

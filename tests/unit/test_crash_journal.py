@@ -79,3 +79,18 @@ def test_a_suspect_that_hangs_holds_the_others_back_no_longer_than_its_bound(tmp
     began = time.monotonic()
     journal.end(journal.begin(0, 1))
     assert time.monotonic() - began < 1.0
+
+
+def test_a_suspect_does_not_wait_for_a_call_given_up_past_its_deadline(tmp_path):
+    _die_in_a_call(tmp_path, 0, 99)
+    journal = CrashJournal(tmp_path, alone_s=3)
+    hung = threading.Thread(target=journal.begin, args=(0, 1))  # a call that never returns, in its own slot
+    hung.start()
+    hung.join()
+    # Its call started a minute ago: the watchdog gave it up long since, its thread is only kept.
+    slot = next(i for i, (used, *_) in enumerate(SLOT.iter_unpack(journal.path.read_bytes())) if used)
+    with journal.path.open("r+b") as handle:
+        os.pwrite(handle.fileno(), SLOT.pack(1, 0, 1, int(time.time() * 1000) - 60_000), slot * SLOT.size)
+    began = time.monotonic()
+    journal.begin(0, 99)
+    assert time.monotonic() - began < 1.5, "a suspect waits for the calls that may return, not for a hung one"

@@ -120,6 +120,8 @@ class Slot:
                 journal.cleared(record.partition, record.offset)
                 return True
             attempt = crashes + 1
+        # A suspect first waits to run alone: its deadline counts from when its handler starts.
+        restart = (lambda: self._clock_from_now(gen)) if crashes else None
         while True:
             if wait_ms:
                 time.sleep(wait_ms / 1000)
@@ -134,7 +136,7 @@ class Slot:
             failure: Failure | None = None
             outputs: list[ProducedRecord] = []
             try:
-                result = journal.call(record.partition, record.offset, self.task.process.handler, delivery)
+                result = journal.call(record.partition, record.offset, self.task.process.handler, delivery, restart)
                 outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
             except Reject as exc:
                 failure, final = Failure.of(exc), True
@@ -156,6 +158,11 @@ class Slot:
             self.task.report(delivery, RELEASED, failure, latency_ms, inflight)
             attempt += 1
             wait_ms = retry_delay_ms(attempt - 1, s.backoff_ms, s.max_backoff_ms)
+
+    def _clock_from_now(self, gen: int) -> None:
+        with self.lock:
+            if gen == self.generation and self.current is not None:
+                self.current.started = time.monotonic()
 
     def watch(self, now: float) -> None:
         """Give up on a call past its deadline: count the attempt failed and go on in a new thread."""
