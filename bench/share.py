@@ -18,6 +18,7 @@ plain loop for ``--rounds`` rounds and count each side's best, after warm-up run
 not counted, that warm the broker (and choose the loop's poll size).
 
     .venv/bin/python bench/share.py [--records 20000] [--trivial-records 2000000] [--slots 6,24,48] [--rounds 2]
+        [--profile]
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from common import (
     console,
     full_rate,
     goal,
+    profiled,
     pyplot,
     save,
     steady_rate,
@@ -263,6 +265,9 @@ def main() -> int:
     parser.add_argument("--trivial-records", type=int, default=2_000_000)
     parser.add_argument("--slots", default="6,24,48")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the trivial runs")
+    parser.add_argument(
+        "--profile", action="store_true", help="one more trivial run of the worker and of the plain loop under py-spy"
+    )
     args = parser.parse_args()
     slot_counts = [int(s) for s in args.slots.split(",")]
     result: dict = {
@@ -327,6 +332,10 @@ def main() -> int:
             for round_no in range(1, args.rounds + 1):
                 for side in ("worker", "plain_loop"):
                     rounds[side].append(trivial_run(side, f"round {round_no}", args.trivial_records, poll_records))
+            if args.profile:  # not counted: py-spy's sampling takes a share of the two cores
+                for side in ("worker", "plain_loop"):
+                    with profiled(f"share-{side}"):
+                        trivial_run(side, "profiled", args.trivial_records, poll_records)
         best = {side: max(runs, key=lambda run: run["steady_records_per_s"]) for side, runs in rounds.items()}
         result["trivial"] = {
             "slots": slots,

@@ -67,6 +67,10 @@ class PartitionTask:
         self._error: BaseException | None = None
         self._pending: list[ProducedRecord] = []  # exactly-once: released outputs awaiting the next transaction
         self._refused: list[tuple[Record, Failure, float, int]] = []  # outputs refused: to the DLQ next
+        # At-least-once: rows of records released from the tracker, shown once their writes are
+        # acknowledged; and records completed whose output the broker then refused, by offset.
+        self._awaiting: list[Outcome] = []
+        self._turned: dict[int, tuple[Record, Failure, float, int]] = {}
         self.writer = TransactionalWriter(process, topic, partition) if s.exactly_once else None
         self.committed = process.committed(topic, partition)  # after the writer fenced any predecessor
         self.last_commit = self.committed
@@ -137,14 +141,13 @@ class PartitionTask:
         self._done.set()
         self._watcher.join()
         deadline = time.monotonic() + COMMIT_TIMEOUT_S
-        while self.tracker.unfinished and time.monotonic() < deadline:  # outputs still being acknowledged
+        while self.tracker.unfinished and time.monotonic() < deadline:  # refused outputs turning into dead letters
             self.raise_if_failed()
             self._dead_letter_refused()
             time.sleep(0.005)
         self.raise_if_failed()
-        if self.tracker.unfinished:
+        if self.tracker.unfinished or not self.commit(end, within_s=max(0.0, deadline - time.monotonic())):
             raise RuntimeError(f"outputs of {self.topic}[{self.partition}] not acknowledged in {COMMIT_TIMEOUT_S:.0f}s")
-        self.commit(end)
         if self.writer is not None:
             self.writer.close()
 
@@ -168,47 +171,53 @@ class PartitionTask:
         latency_ms: float,
         inflight: int,
     ) -> None:
-        """A record is done: its writes become durable (now, or in the next transaction), then it counts as complete.
+        """A record is done: it completes now, and its writes become durable before its offset is committed.
 
-        Without a transaction the outcome row waits for the writes: an output the broker refuses
-        (InvalidOutput: too large, not writable) turns the record into a dead letter instead, on
-        the watcher's thread, while the task goes on. A refused dead letter fails the task: its
-        offset is not committed and the record comes again.
+        exactlyOnce writes them in the next transaction. At-least-once hands them to the producer
+        here, and ``commit`` waits until the producer has acknowledged everything before it
+        commits or shows the rows. The producer calls back only for a write that failed, not
+        once per record: that callback, on the delivery thread, cost more than a trivial handler.
+
+        An output the broker refuses (InvalidOutput: too large, not writable) turns the record
+        into a dead letter instead, written before its offset is committed. A refused dead
+        letter fails the task: its offset is not committed and the record comes again.
         """
-        if self.writer is not None or not produced:
-            self.report(record, outcome, failure, latency_ms, inflight)
+        row = Outcome.of(record, outcome, failure, latency_ms, inflight)
+        if self.writer is not None:
+            with self._lock:
+                self._outcomes.append(row)
             self.tracker.complete(record.offset, produced)
             return
-        remaining = [len(produced)]
+        if not produced:
+            self.tracker.complete(record.offset, row)
+            return
         refused = [False]  # one dead letter per record, however many of its outputs were refused
 
-        def turn_dead(why: InvalidOutput) -> None:
+        def turn_dead(why: InvalidOutput, sent: bool) -> None:
             if outcome == DEAD_LETTERED:
                 self.fail(RuntimeError(f"DLQ write for {record.topic}[{record.partition}]@{record.offset}: {why}"))
             elif not refused[0]:
                 refused[0] = True
                 with self._lock:
-                    self._refused.append((record, Failure.of(why), latency_ms, inflight))
+                    if sent:  # completed already: commit turns it before its offset goes
+                        self._turned[record.offset] = (record, Failure.of(why), latency_ms, inflight)
+                    else:
+                        self._refused.append((record, Failure.of(why), latency_ms, inflight))
 
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                why = refused_write(err)
-                if why is None:
-                    where = f"{record.topic}[{record.partition}]@{record.offset}"
-                    self.fail(RuntimeError(f"write for {where} failed: {err}"))
-                else:
-                    turn_dead(why)
-                return
-            remaining[0] -= 1
-            if remaining[0] == 0 and not refused[0]:
-                self.report(record, outcome, failure, latency_ms, inflight)
-                self.tracker.complete(record.offset, None)
+        def failed(err: Any, _msg: Any) -> None:  # called for failed writes only
+            why = refused_write(err)
+            if why is None:
+                self.fail(RuntimeError(f"write for {record.topic}[{record.partition}]@{record.offset} failed: {err}"))
+            else:
+                turn_dead(why, sent=True)
 
         try:
             for item in produced:
-                produce(self.process.producer, item, delivered)
-        except InvalidOutput as exc:
-            turn_dead(exc)
+                produce(self.process.producer, item, failed)
+        except InvalidOutput as exc:  # refused before it was sent: not complete until its dead letter is
+            turn_dead(exc, sent=False)
+            return
+        self.tracker.complete(record.offset, row)
 
     def _dead_letter_refused(self) -> None:
         """Records whose outputs the broker refused go to the DLQ (on the watcher's thread: never
@@ -223,6 +232,33 @@ class PartitionTask:
         now_ms = int(time.time() * 1000)
         dead = dead_letter_record(record, self.settings.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
         self.settle(record, DEAD_LETTERED, failure, [dead], latency_ms, inflight)
+
+    def _turn_refused_outputs(self) -> bool:
+        """Records among the awaiting rows whose output the broker refused go to the DLQ instead,
+        their rows with them; True when it wrote dead letters, which the commit waits for too."""
+        with self._lock:
+            turned = [self._turned.pop(row.offset) for row in self._awaiting if row.offset in self._turned]
+        if not turned:
+            return False
+        gone = {record.offset for record, *_ in turned}
+        rows = [row for row in self._awaiting if row.offset not in gone]
+        now_ms = int(time.time() * 1000)
+        for record, failure, latency_ms, inflight in turned:
+            dead = dead_letter_record(
+                record, self.settings.dlq_topic, record.delivery_count, failure, now_ms - int(latency_ms), now_ms
+            )
+            where = f"{record.topic}[{record.partition}]@{record.offset}"
+
+            def failed(err: Any, _msg: Any, where: str = where) -> None:
+                self.fail(RuntimeError(f"DLQ write for {where}: {refused_write(err) or err}"))
+
+            try:
+                produce(self.process.producer, dead, failed)
+            except InvalidOutput as exc:
+                raise RuntimeError(f"DLQ write for {where}: {exc}") from None
+            rows.append(Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight))
+        self._awaiting = rows
+        return True
 
     def drain(self) -> list[Outcome]:
         with self._lock:
@@ -259,27 +295,46 @@ class PartitionTask:
                 slot.watch(now)
             self._dead_letter_refused()
             if now - last_commit >= self.settings.commit_interval_ms / 1000:
-                last_commit = now
                 try:
-                    self.commit(None)
+                    if self.commit(None):
+                        last_commit = now
                 except Exception as exc:
                     self.fail(exc)
 
-    def commit(self, end: int | None) -> None:
-        """Commit the completed prefix (all of it, up to ``end``, once the batch is done)."""
+    def commit(self, end: int | None, within_s: float = 0.0) -> bool:
+        """Commit the completed prefix (all of it, up to ``end``, once the batch is done).
+
+        At-least-once commits only once the producer has acknowledged every write so far, so
+        the prefix's outputs are durable; False when that did not happen within ``within_s``
+        (a busy producer mid-batch: a later tick tries again with a longer prefix).
+        """
         released = self.tracker.advance(end)
-        for produced in released:
-            if produced:
-                self._pending.extend(produced)
+        if self.writer is not None:
+            for produced in released:
+                if produced:
+                    self._pending.extend(produced)
+        else:
+            self._awaiting.extend(released)
         mark = self.tracker.watermark
         if mark is None or (self.last_commit is not None and mark <= self.last_commit):
-            return
+            return True
         if self.writer is not None:
             self.writer.commit(self._pending, TopicPartition(self.topic, self.partition, mark))
             self._pending = []
         else:
+            delivery = self.process.delivery
+            if not delivery.all_delivered(within_s):
+                return False
+            self.raise_if_failed()
+            if self._turn_refused_outputs() and not delivery.all_delivered(within_s):
+                return False  # the dead letters are not acknowledged yet: the next try commits
+            self.raise_if_failed()
             self.process.commit(self.topic, self.partition, mark)
+            with self._lock:
+                self._outcomes.extend(self._awaiting)
+            self._awaiting = []
         self.last_commit = mark
+        return True
 
 
 PROCESSES: PerProcess[WorkerProcess] = PerProcess(lambda text: WorkerProcess(ConsumerSettings.from_json(text)))

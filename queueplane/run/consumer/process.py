@@ -54,7 +54,9 @@ class WorkerProcess:
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
-        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
+        # Callbacks for failed writes only: a task learns its outputs are durable from the
+        # producer's count of unacknowledged records (PartitionTask.commit).
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes, errors_only=True)
         self.producer = self.delivery.producer
         # Never subscribes: it reads and commits the group's offsets, and lends its group metadata
         # to transactions. read_committed makes committed() wait for offsets of open transactions.
