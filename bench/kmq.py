@@ -6,7 +6,7 @@
 2. Marker bytes per message: key and value bytes written to the markers topic per message
    (a start and an end marker each; Kafka adds its per-record overhead on top).
 
-    .venv/bin/python bench/kmq.py [--records 20000] [--concurrency 16] [--rounds 3]
+    .venv/bin/python bench/kmq.py [--records 20000] [--concurrency 16] [--rounds 3] [--profile]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import apply_queue, bench_broker, console, goal, pyplot, save
+from common import apply_queue, bench_broker, console, goal, profiled, pyplot, save
 from share import HANDLERS, fill, worker_throughput
 
 from queueplane.kafka.target import KafkaTarget
@@ -53,6 +53,11 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds after the warm-up")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the warm-up, one run of each side under py-spy instead of the rounds; saves only the profiles",
+    )
     args = parser.parse_args()
     result: dict = {"records": args.records, "partitions": PARTITIONS, "rounds": {"consumer": [], "kmq": []}}
     with bench_broker("qp-bench-kmq-") as (folder, target):
@@ -75,6 +80,11 @@ def main() -> int:
         console.print("warm-up: one short run of each side, not counted")
         for group_type in ("consumer", "kmq"):
             one_run(group_type, max(2_000, args.records // 10))
+        if args.profile:
+            for group_type in ("consumer", "kmq"):
+                with profiled(f"kmq-{group_type}"):
+                    console.print(one_run(group_type, args.records))
+            return 0
         for round_no in range(args.rounds):
             order = ("consumer", "kmq") if round_no % 2 == 0 else ("kmq", "consumer")
             for group_type in order:

@@ -104,27 +104,43 @@ def trivial(record):
 """
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 class RssSampler:
-    """Peak resident memory of this process, its Spark JVM, the Spark Python workers and the broker.
+    """Peak resident memory of this process, its Spark JVM, the Spark Python workers and the broker;
+    and the CPU time each of them (and the plain loop's processes) used.
 
     The local broker and the plain loop's process are children of this process too: the
-    broker's JVM is reported apart from the driver's, and the loop is left out.
+    broker's JVM is reported apart from the driver's, and the loop is left out of the memory.
+    CPU time says what a run cost the machine beyond the records/s: on two cores the broker,
+    Spark's JVM and the Python processes share the same cores.
     """
 
     def __init__(self) -> None:
         self.peak = {"driver_python_mb": 0.0, "driver_jvm_mb": 0.0, "python_workers_mb": 0.0, "broker_jvm_mb": 0.0}
+        self._cpu: dict[int, tuple[str, int]] = {}  # pid → (role, CPU ticks last seen)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds so far by role, of every process seen (one that ended keeps its last reading)."""
+        totals: dict[str, float] = {}
+        for role, ticks in list(self._cpu.values()):
+            totals[role] = round(totals.get(role, 0.0) + ticks / CLOCK_TICKS, 2)
+        return totals
+
     @staticmethod
-    def _processes() -> list[tuple[int, int, str, float]]:
+    def _processes() -> list[tuple[int, int, str, float, int]]:
         out = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 stat = (entry / "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                fields = stat.rsplit(")", 1)[1].split()
+                ppid = int(fields[1])
+                ticks = int(fields[11]) + int(fields[12])  # utime + stime
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 rss = (
                     next(
@@ -136,7 +152,7 @@ class RssSampler:
                 )
             except (OSError, StopIteration, ValueError, IndexError):
                 continue
-            out.append((int(entry.name), ppid, cmd, rss))
+            out.append((int(entry.name), ppid, cmd, rss, ticks))
         return out
 
     def _loop(self) -> None:
@@ -144,7 +160,7 @@ class RssSampler:
         while not self._stop.is_set():
             procs = self._processes()
             children: dict[int, list[int]] = {}
-            for pid, ppid, _, _ in procs:
+            for pid, ppid, *_ in procs:
                 children.setdefault(ppid, []).append(pid)
             tree, todo = set(), [me]
             while todo:
@@ -152,20 +168,25 @@ class RssSampler:
                 tree.add(pid)
                 todo.extend(children.get(pid, []))
             workers = jvm = python = broker = 0.0
-            for pid, _, cmd, rss in procs:
+            for pid, _, cmd, rss, ticks in procs:
                 if pid not in tree:
                     continue
                 if pid == me:
                     python = rss
+                    self._cpu[pid] = ("benchmark", ticks)
                 elif "java" in cmd.split(" ")[0]:
                     if "kafka.Kafka" in cmd:
                         broker += rss
+                        self._cpu[pid] = ("broker_jvm", ticks)
                     else:
                         jvm += rss
+                        self._cpu[pid] = ("spark_jvm", ticks)
                 elif "multiprocessing" in cmd:
+                    self._cpu[pid] = ("plain_loop", ticks)
                     continue  # the plain loop's process: the baseline, not the worker
                 elif "pyspark" in cmd or "daemon" in cmd or "worker" in cmd or "python" in cmd:
                     workers += rss
+                    self._cpu[pid] = ("python_workers", ticks)
             for key, value in (
                 ("driver_python_mb", python),
                 ("driver_jvm_mb", jvm),
@@ -266,7 +287,10 @@ def main() -> int:
     parser.add_argument("--slots", default="6,24,48")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the trivial runs")
     parser.add_argument(
-        "--profile", action="store_true", help="one more trivial run of the worker and of the plain loop under py-spy"
+        "--profile",
+        action="store_true",
+        help="after the warm-up, one trivial run of the worker and one of the plain loop under py-spy, "
+        "instead of the 10 ms scenarios and the counted rounds; saves only the profiles",
     )
     args = parser.parse_args()
     slot_counts = [int(s) for s in args.slots.split(",")]
@@ -282,7 +306,8 @@ def main() -> int:
         os.environ["QP_BENCH_MARKS"] = str(marks)
         (folder / "bench_handlers.py").write_text(HANDLERS)
         with RssSampler() as rss:
-            for slots in slot_counts:
+            sampler = rss
+            for slots in [] if args.profile else slot_counts:
                 queue = apply_share_queue(folder, target, "sleep_10ms", slots)
                 fill(target, queue["topic"], args.records)
                 console.print(f"sleep 10ms handler, {slots} slots")
@@ -304,6 +329,7 @@ def main() -> int:
                 cores = TRIVIAL_CORES if side == "worker" else 1
                 queue = apply_share_queue(folder, target, "trivial", slots, cores)
                 fill(target, queue["topic"], records)
+                before = sampler.cpu_seconds()
                 if side == "worker":
                     console.print(f"{label}: trivial handler, worker, {slots} slots, {cores} cores")
                     run = worker_throughput(queue["path"], target, records, marks)
@@ -313,6 +339,13 @@ def main() -> int:
                         f"max.poll.records={poll_records}"
                     )
                     run = plain_loop_throughput(target, queue, records, marks, poll_records)
+                time.sleep(0.5)  # a last reading of the processes that ran it
+                after = sampler.cpu_seconds()
+                run["cpu_s_per_100k_records"] = {
+                    role: round((seconds - before.get(role, 0.0)) * 100_000 / records, 2)
+                    for role, seconds in after.items()
+                    if seconds > before.get(role, 0.0)
+                }
                 console.print(run)
                 return run
 
@@ -329,13 +362,14 @@ def main() -> int:
             warm_up["worker"] = trivial_run("worker", "warm-up (not counted)", args.trivial_records // 4)
             poll_records = max(PLAIN_POLL_SIZES, key=lambda size: warm_up[f"plain_loop_{size}"]["steady_records_per_s"])
             result["broker_warm_up"] = warm_up
-            for round_no in range(1, args.rounds + 1):
-                for side in ("worker", "plain_loop"):
-                    rounds[side].append(trivial_run(side, f"round {round_no}", args.trivial_records, poll_records))
             if args.profile:  # not counted: py-spy's sampling takes a share of the two cores
                 for side in ("worker", "plain_loop"):
                     with profiled(f"share-{side}"):
                         trivial_run(side, "profiled", args.trivial_records, poll_records)
+                return 0
+            for round_no in range(1, args.rounds + 1):
+                for side in ("worker", "plain_loop"):
+                    rounds[side].append(trivial_run(side, f"round {round_no}", args.trivial_records, poll_records))
         best = {side: max(runs, key=lambda run: run["steady_records_per_s"]) for side, runs in rounds.items()}
         result["trivial"] = {
             "slots": slots,

@@ -102,7 +102,7 @@ def _scram(sock: socket.socket, mechanism: str, user: str, password: str) -> Non
     fields = dict(part.split("=", 1) for part in server_first.split(","))
     nonce, salt, iterations = fields["r"], base64.b64decode(fields["s"]), int(fields["i"])
     if not nonce.startswith(client_nonce):
-        raise PermissionError("SASL authentication failed: the broker's SCRAM nonce does not extend ours")
+        raise Refused("SASL_AUTHENTICATION_FAILED", "the broker's SCRAM nonce does not extend ours")
     salted = hashlib.pbkdf2_hmac(digest, password.encode(), salt, iterations)
     client_key = hmac.digest(salted, b"Client Key", digest)
     stored_key = hashlib.new(digest, client_key).digest()
@@ -113,7 +113,7 @@ def _scram(sock: socket.socket, mechanism: str, user: str, password: str) -> Non
     server_final = _authenticate(sock, f"{without_proof},p={proof}".encode(), 3).decode()
     expected = hmac.digest(hmac.digest(salted, b"Server Key", digest), auth_message, digest)
     if server_final != "v=" + base64.b64encode(expected).decode():
-        raise PermissionError("SASL authentication failed: the broker's SCRAM signature does not match")
+        raise Refused("SASL_AUTHENTICATION_FAILED", "the broker's SCRAM signature does not match")
 
 
 def connect(host: str, port: int, settings: Mapping[str, str], timeout: float) -> socket.socket:
@@ -131,7 +131,7 @@ def connect(host: str, port: int, settings: Mapping[str, str], timeout: float) -
             body = struct.pack(">h", len(mechanism)) + mechanism.encode()
             answer = _exchange(sock, SASL_HANDSHAKE_KEY, 1, 1, body, flexible=False)
             if struct.unpack(">h", answer[:2])[0]:
-                raise PermissionError(f"the broker does not enable SASL mechanism {mechanism}")
+                raise Refused("UNSUPPORTED_SASL_MECHANISM", f"the broker does not enable {mechanism}")
             user, password = settings.get("sasl.username", ""), settings.get("sasl.password", "")
             if mechanism == oauth.MECHANISM:
                 challenge = _authenticate(sock, oauth.initial_response(settings, oauth.token(settings, timeout)), 2)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_support import SteadyLoad, Supervised, make_queue, read_all, recovered_after
+from worker_support import SteadyLoad, Supervised, make_queue, order, produce, read_all, recovered_after
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.fault_proxy import FaultProxy
@@ -24,6 +24,10 @@ from queueplane.local.stack import HOST, LocalStack
 pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
 RATE = 50  # records a second to each queue, arriving from before the faults until after them
+# And a burst to each queue as the first fault begins: in flight through it. Trivial records, so
+# a share worker's polls (whole producer batches) end within the lock however large they are.
+BURST = 20_000
+BURST_FIRST_ID = 500_000  # apart from the steady load's ids
 AFTER_S = 5
 # (toxic, attributes, seconds): ~400 ms more per response; every connection reset as it opens;
 # every connection stalled (no data either way, nothing closed) until healed.
@@ -74,15 +78,22 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
             assert time.monotonic() < deadline and workers[runtime].running(), logs[runtime].read_text()[-3000:]
             time.sleep(0.3)
     faulted_at = time.monotonic()
+    burst = [order(i) for i in range(BURST_FIRST_ID, BURST_FIRST_ID + BURST)]
+    for queue in queues.values():
+        produce(direct, queue.topic, burst)
     for kind_of_fault, attributes, seconds in FAULTS:
         assert load.is_alive(), f"records were still arriving when {kind_of_fault} began"
         faults.toxic("broker", kind_of_fault, kind_of_fault, **attributes)
+        if kind_of_fault == FAULTS[0][0]:
+            in_flight = {runtime: _unhandled(queue, burst) for runtime, queue in queues.items()}
         time.sleep(seconds)
         faults.heal("broker", kind_of_fault)
         healed_at = time.time()
         time.sleep(3)
     time.sleep(AFTER_S)
-    total = load.stop()
+    steady = load.stop()
+    total = steady + BURST
+    expected = {f"id-{i:06d}" for i in [*range(steady), *range(BURST_FIRST_ID, BURST_FIRST_ID + BURST)]}
 
     table = {}
     for runtime, queue in queues.items():
@@ -90,7 +101,7 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
         done_s = time.monotonic() - faulted_at
         read = read_all(direct, queue.output, expect_at_least=total, timeout_s=60)
         outputs = [json.loads(m.value())["id"] for m in read]
-        missing = {f"id-{i:06d}" for i in range(total)} - set(outputs)
+        missing = expected - set(outputs)
         assert not missing, f"{runtime}: {len(missing)} records never accepted, e.g. {sorted(missing)[:5]}"
         assert read_all(direct, queue.dlq, timeout_s=3) == [], f"{runtime}: every record is valid, none in the DLQ"
         duplicates = len(outputs) - len(set(outputs))
@@ -101,8 +112,15 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
             "lost": 0,
             "duplicates": duplicates,
             "restarts": workers[runtime].restarts,
+            "burst_unhandled_at_first_fault": in_flight[runtime],
             "recovered_s": round(recovered_after(queue, healed_at), 1),  # after the last fault, the stall
             "done_s": round(done_s),
         }
     record_property("network_faults", table)
     print(f"\nlatency/reset/stall, {total} records per runtime: {table}")
+
+
+def _unhandled(queue, burst: list[bytes]) -> int:
+    """How many of the burst's records the queue's handler has not yet accepted."""
+    done = {e.get("id") for e in queue.events() if e.get("result") == "ok"}
+    return sum(1 for value in burst if json.loads(value)["id"] not in done)

@@ -16,6 +16,8 @@ from helpers import run_cli
 from worker_support import cluster_flags, make_queue, order, produce, read_all, run_worker, start_worker
 
 from queueplane.kafka import clients
+from queueplane.kafka.connection import connect
+from queueplane.kafka.refused import Refused
 from queueplane.kafka.target import KafkaTarget
 
 pytestmark = pytest.mark.kafka
@@ -126,3 +128,20 @@ def test_a_worker_that_loses_its_acls_mid_run_stops_with_one_line_instead_of_idl
     assert len(errors) == 1 and "AUTHORIZATION_FAILED" in errors[0] and "spec.access.worker" in errors[0], errors
     assert "Traceback" not in log.read_text()
     assert took < 15, took
+
+
+def test_queueplanes_own_requests_are_refused_in_kafkas_words_for_a_mechanism_or_password_the_listener_refuses(
+    secure_kafka,
+):
+    """The lag and backlog reads speak Kafka's protocol themselves: a refusal there is a Refused
+    (the worker stops on it in one line), not a broker that does not answer."""
+    settings = secure_kafka.stack.secure_settings()
+    host, port = settings["bootstrap.servers"].rsplit(":", 1)
+    cases = [
+        ({"sasl.mechanism": "SCRAM-SHA-256"}, "UNSUPPORTED_SASL_MECHANISM"),
+        ({"sasl.password": "not-the-password"}, "SASL_AUTHENTICATION_FAILED"),
+    ]
+    for change, what in cases:
+        with pytest.raises(Refused) as refused:
+            connect(host, int(port), {**settings, **change}, timeout=10).close()
+        assert refused.value.what == what, change
