@@ -78,8 +78,8 @@ class PerProcess(Generic[T]):
 class ServedProducer:
     """An idempotent producer whose delivery callbacks a background thread serves.
 
-    Handler threads produce and go on; the callbacks (which complete offsets, settle
-    records, release semaphores) run on this thread, so no handler waits on another's poll.
+    Handler threads produce and go on; the callbacks (which settle records, release
+    semaphores, or report a failed write) run on this thread, so no handler waits on another's poll.
     """
 
     def __init__(
