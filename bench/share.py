@@ -306,7 +306,6 @@ def main() -> int:
         os.environ["QP_BENCH_MARKS"] = str(marks)
         (folder / "bench_handlers.py").write_text(HANDLERS)
         with RssSampler() as rss:
-            sampler = rss
             for slots in [] if args.profile else slot_counts:
                 queue = apply_share_queue(folder, target, "sleep_10ms", slots)
                 fill(target, queue["topic"], args.records)
@@ -329,7 +328,7 @@ def main() -> int:
                 cores = TRIVIAL_CORES if side == "worker" else 1
                 queue = apply_share_queue(folder, target, "trivial", slots, cores)
                 fill(target, queue["topic"], records)
-                before = sampler.cpu_seconds()
+                before = rss.cpu_seconds()
                 if side == "worker":
                     console.print(f"{label}: trivial handler, worker, {slots} slots, {cores} cores")
                     run = worker_throughput(queue["path"], target, records, marks)
@@ -340,7 +339,7 @@ def main() -> int:
                     )
                     run = plain_loop_throughput(target, queue, records, marks, poll_records)
                 time.sleep(0.5)  # a last reading of the processes that ran it
-                after = sampler.cpu_seconds()
+                after = rss.cpu_seconds()
                 run["cpu_s_per_100k_records"] = {
                     role: round((seconds - before.get(role, 0.0)) * 100_000 / records, 2)
                     for role, seconds in after.items()

@@ -182,12 +182,11 @@ class PartitionTask:
         into a dead letter instead, written before its offset is committed. A refused dead
         letter fails the task: its offset is not committed and the record comes again.
         """
-        row = Outcome.of(record, outcome, failure, latency_ms, inflight)
         if self.writer is not None:
-            with self._lock:
-                self._outcomes.append(row)
+            self.report(record, outcome, failure, latency_ms, inflight)
             self.tracker.complete(record.offset, produced)
             return
+        row = Outcome.of(record, outcome, failure, latency_ms, inflight)
         if not produced:
             self.tracker.complete(record.offset, row)
             return
