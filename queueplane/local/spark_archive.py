@@ -97,8 +97,10 @@ def archive_path() -> Path | None:
     digest = hashlib.sha256()
     stat = java.stat()
     digest.update(f"{java}\0{stat.st_size}\0{stat.st_mtime_ns}\0{jars}\0".encode())
+    # The JVM refuses an archive whose jars changed size or time, as a reinstall at the same path does.
     for jar in sorted(jars.glob("*.jar")):
-        digest.update(jar.name.encode() + b"\0")
+        jar_stat = jar.stat()
+        digest.update(f"{jar.name}\0{jar_stat.st_size}\0{jar_stat.st_mtime_ns}\0".encode())
     return cache_dir() / "spark-cds" / f"spark-{digest.hexdigest()[:16]}.jsa"
 
 
