@@ -19,6 +19,7 @@ from queueplane.cli.common import (
     resolve_target,
 )
 from queueplane.errors import EXIT_OK, UsageError
+from queueplane.provision import steps
 from queueplane.run.options import STARTUP_WAIT_S, RunOptions
 
 
@@ -28,9 +29,11 @@ def register(commands: Any) -> None:
         "run",
         "run a queue's worker (Spark local mode here)",
         "Run the worker for one spec: Spark in local mode against the cluster (the local stack by "
-        "default), until a stop condition, then print a summary.",
+        "default), until a stop condition, then print a summary. Several specs run as one worker "
+        "application: one Spark driver and executor pool, a streaming query per queue, each queue "
+        "with its own group, DLQ, metrics and stop condition.",
     )
-    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("spec", metavar="SPEC", nargs="+")
     p.add_argument("--local", action="store_true", default=True, help="Spark in local mode (the default here)")
     p.add_argument("--until-idle", metavar="DURATION", help="stop after this long without records, e.g. 10s")
     p.add_argument("--max-records", type=int, metavar="N", help="stop after N records ended accepted or in the DLQ")
@@ -89,7 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         ) from None
 
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
-    queue = one_spec(args.spec, target, wait_s=STARTUP_WAIT_S)
+    if len(args.spec) == 1:
+        queues = [one_spec(args.spec[0], target, wait_s=STARTUP_WAIT_S)]
+    else:
+        queues = steps.validate(args.spec, target, STARTUP_WAIT_S)
     options = RunOptions(
         local=args.local,
         until_idle_s=duration_flag(args.until_idle, "--until-idle"),
@@ -101,17 +107,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_batch_records=args.max_batch_records,
         event_log_dir=args.event_log_dir,
     )
-    show = args.output == "text" and err.is_terminal
+    # Progress bars for one queue; several log a line per micro-batch, each with its queue's name.
+    show = args.output == "text" and err.is_terminal and len(queues) == 1
     if not show:  # no progress bars: one log line per micro-batch instead
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
         logging.getLogger("py4j").setLevel(logging.WARNING)
-    summary = run_with_progress(queue, target, options, err, show=show)
+    if len(queues) == 1:
+        summaries = [run_with_progress(queues[0], target, options, err, show=show)]
+    else:
+        from queueplane.cli.run_progress import run_application_of
+
+        summaries = run_application_of(queues, target, options)
     if args.output != "text":
-        emit(args.output, summary.as_dict())
+        documents = [summary.as_dict() for summary in summaries]
+        emit(args.output, documents[0] if len(documents) == 1 else documents)
     else:
         from queueplane.cli.run_progress import summary_table
 
-        out.print(summary_table(summary))
+        for summary in summaries:
+            out.print(summary_table(summary))
     return EXIT_OK
 
 

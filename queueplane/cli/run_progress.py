@@ -9,7 +9,7 @@ from rich.table import Table
 from queueplane.kafka.lag import queue_backlog, total_lag
 from queueplane.kafka.target import KafkaTarget
 from queueplane.ops.status import queue_reads
-from queueplane.run.driver import run_queue
+from queueplane.run.driver import QueueJob, run_application, run_queue
 from queueplane.run.options import BatchProgress, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, REDELIVERED, RELEASED, SKIPPED
 from queueplane.spec.model import QueueSpec
@@ -48,6 +48,19 @@ def run_with_progress(
                 progress.update(backlog_bar, total=peak, completed=peak - p.backlog, description=f"backlog {p.backlog}")
 
         return run_queue(queue, target, options, on_batch=on_batch, backlog=backlog, reads=reads)
+
+
+def run_application_of(queues: list[QueueSpec], target: KafkaTarget, options: RunOptions) -> list[RunSummary]:
+    """Several queues in one worker application, each read and served as it would be alone."""
+    jobs = [
+        QueueJob(
+            queue,
+            backlog=queue_backlog(target, queue),
+            reads=queue_reads(target, queue) if options.metrics_port is not None else None,
+        )
+        for queue in queues
+    ]
+    return run_application(jobs, target, options)
 
 
 def summary_table(summary: RunSummary) -> Table:

@@ -142,3 +142,29 @@ class Health:
         if starved is not None:
             return Verdict(False, starved)
         return Verdict(True, "the query runs and Kafka answers")
+
+
+class ApplicationHealth:
+    """The health of an application of several queues: live and ready while each queue is.
+
+    One driver serves the probes of all its queues; a queue that cannot work makes the whole
+    pod not ready, and the reason names it, so an operator sees which one.
+    """
+
+    def __init__(self, queues: dict[str, Health]):
+        self.queues = queues
+
+    def _all(self, check: str, now: float) -> Verdict:
+        verdicts = {name: getattr(health, check)(now) for name, health in self.queues.items()}
+        if len(verdicts) == 1:
+            return next(iter(verdicts.values()))
+        failing = [f"{name}: {v.reason}" for name, v in verdicts.items() if not v.ok]
+        if failing:
+            return Verdict(False, "; ".join(failing))
+        return Verdict(True, f"all {len(verdicts)} queues: {next(iter(verdicts.values())).reason}")
+
+    def live(self, now: float) -> Verdict:
+        return self._all("live", now)
+
+    def ready(self, now: float) -> Verdict:
+        return self._all("ready", now)

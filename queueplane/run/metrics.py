@@ -9,17 +9,26 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow.compute as pc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from queueplane.run.health import Health, Verdict
+from queueplane.run.health import Verdict
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DLQ_WRITE_FAILED, RELEASED
+
+
+class Checks(Protocol):
+    """What the probes ask: a worker's health, or an application's over all its queues."""
+
+    def live(self, now: float) -> Verdict: ...
+    def ready(self, now: float) -> Verdict: ...
+
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DELIVERY_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 20)
@@ -44,10 +53,14 @@ def _observe_many(histogram: Any, values: np.ndarray) -> None:
 
 
 class _KafkaCollector:
-    """Counters whose totals live elsewhere (the clients' error counts, the backlog watcher's outages)."""
+    """Counters whose totals live elsewhere (the clients' error counts, each queue's backlog outages).
 
-    def __init__(self, queue: str, errors: Callable[[], Mapping[str, int]], unanswered_s: Callable[[], float]):
-        self.queue, self.errors, self.unanswered_s = queue, errors, unanswered_s
+    One per registry: an application's queues share its driver's Kafka clients, so each queue
+    shows the driver's error counts beside the time its own backlog reads went unanswered.
+    """
+
+    def __init__(self) -> None:
+        self.queues: dict[str, tuple[Callable[[], Mapping[str, int]], Callable[[], float]]] = {}
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         errors = CounterMetricFamily(
@@ -55,159 +68,177 @@ class _KafkaCollector:
             "Errors the driver's Kafka clients reported outside a request (broker down, refused, reset), by name.",
             labels=["queue", "error"],
         )
-        for name, count in sorted(self.errors().items()):
-            errors.add_metric([self.queue, name], count)
-        yield errors
         unanswered = CounterMetricFamily(
             "queueplane_kafka_unanswered_seconds",
             "Time the driver's backlog reads found Kafka not answering.",
             labels=["queue"],
         )
-        unanswered.add_metric([self.queue], self.unanswered_s())
+        for queue, (read_errors, unanswered_s) in sorted(self.queues.items()):
+            for name, count in sorted(read_errors().items()):
+                errors.add_metric([queue, name], count)
+            unanswered.add_metric([queue], unanswered_s())
+        yield errors
         yield unanswered
 
 
-class WorkerMetrics:
-    def __init__(self, queue: str):
-        self.queue = queue
-        self.registry = CollectorRegistry()
+class _Families:
+    """The metric families of one registry, which every queue of an application labels with its name."""
+
+    def __init__(self, registry: CollectorRegistry):
         self.records = Counter(
             "queueplane_records",
             "Records handled, by outcome (accepted, released, dlq).",
             ["queue", "outcome"],
-            registry=self.registry,
+            registry=registry,
         )
         self.dlq_write_failures = Counter(
             "queueplane_dead_letter_write_failures",
             "Dead letters the DLQ refused (each parked in the queue's topic until it takes them).",
             ["queue"],
-            registry=self.registry,
+            registry=registry,
         )
         self.latency = Histogram(
             "queueplane_handler_latency_seconds",
             "Handler call time per delivery.",
             ["queue"],
             buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self.deliveries = Histogram(
             "queueplane_delivery_count",
             "Delivery count of each handled record.",
             ["queue"],
             buckets=DELIVERY_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self.inflight = Gauge(
             "queueplane_inflight",
             "Most handler calls in flight at once in the last batch.",
             ["queue"],
-            registry=self.registry,
+            registry=registry,
         )
         self.backlog = Gauge(
             "queueplane_backlog_records",
             "Records not yet delivered, per partition.",
             ["queue", "partition"],
-            registry=self.registry,
+            registry=registry,
         )
         self.removed_unread = Gauge(
             "queueplane_records_removed_unread",
             "Records retention removed before the group read them (skipped: in neither output nor DLQ).",
             ["queue"],
-            registry=self.registry,
+            registry=registry,
         )
         self.executors = Gauge(
             "queueplane_executors",
             "Spark executors: running (registered with the driver) and requested by the autoscaler.",
             ["queue", "state"],
-            registry=self.registry,
+            registry=registry,
         )
         self.oldest_waiting = Gauge(
             "queueplane_oldest_waiting_seconds",
             "How long the oldest record the group has not finished has waited (read every few seconds).",
             ["queue"],
-            registry=self.registry,
+            registry=registry,
         )
         self.dead_letters_pending = Gauge(
             "queueplane_dead_letters_pending",
             "Records waiting in the dead-letter topic after its redrive position (counted every few seconds).",
             ["queue"],
-            registry=self.registry,
+            registry=registry,
         )
         self.target_lag = Gauge(
             "queueplane_target_lag_seconds",
             "The spec's autoscaling.targetLagSeconds: the oldest wait the queue should stay under.",
             ["queue"],
-            registry=self.registry,
+            registry=registry,
         )
         self.max_executors = Gauge(
             "queueplane_max_executors",
             "The most executors the autoscaler may ask for (the spec's bound, or the partitions' cap).",
             ["queue"],
-            registry=self.registry,
+            registry=registry,
         )
+        self.kafka = _KafkaCollector()
+        registry.register(self.kafka)
+
+
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
+
+
+class WorkerMetrics:
+    """One queue's series in a registry; the queues of one application share the registry."""
+
+    def __init__(self, queue: str, registry: CollectorRegistry | None = None):
+        self.queue = queue
+        self.registry = registry if registry is not None else CollectorRegistry()
+        if self.registry not in _FAMILIES:
+            _FAMILIES[self.registry] = _Families(self.registry)
+        families = self.f = _FAMILIES[self.registry]
         # Every labelled series exists from the start, at 0: a rate over a series that appears
         # with its first increment misses that increment, and an absent series reads as no data.
         for outcome in (ACCEPTED, RELEASED, DEAD_LETTERED):
-            self.records.labels(queue, outcome)
-        self.dlq_write_failures.labels(queue)
-        self.latency.labels(queue)
-        self.deliveries.labels(queue)
-        self.inflight.labels(queue)
-        self._server: Any = None
+            families.records.labels(queue, outcome)
+        families.dlq_write_failures.labels(queue)
+        families.latency.labels(queue)
+        families.deliveries.labels(queue)
+        families.inflight.labels(queue)
 
     def watch_kafka(self, errors: Callable[[], Mapping[str, int]], unanswered_s: Callable[[], float]) -> None:
         """Kafka as the driver sees it, read at each scrape: client errors by name, time without an answer."""
-        self.registry.register(_KafkaCollector(self.queue, errors, unanswered_s))
-
-    def serve(self, port: int, host: str, health: Health) -> None:
-        self._server = ThreadingHTTPServer((host, port), _handler(self.registry, health))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="qp-metrics", daemon=True).start()
+        self.f.kafka.queues[self.queue] = (errors, unanswered_s)
 
     def observe(self, counts: Mapping[str, int], table: Any) -> None:
         """One batch of outcome rows (an Arrow table), added in bulk rather than row by row."""
         for outcome, n in counts.items():
-            self.records.labels(self.queue, outcome).inc(n)
+            self.f.records.labels(self.queue, outcome).inc(n)
         if counts.get(RELEASED):
             refused = pc.sum(pc.starts_with(table.column("error"), DLQ_WRITE_FAILED)).as_py()
             if refused:
-                self.dlq_write_failures.labels(self.queue).inc(refused)
+                self.f.dlq_write_failures.labels(self.queue).inc(refused)
         if table.num_rows:
-            _observe_many(self.latency.labels(self.queue), table.column("latency_ms").to_numpy() / 1000)
-            _observe_many(self.deliveries.labels(self.queue), table.column("delivery_count").to_numpy())
-            self.inflight.labels(self.queue).set(pc.max(table.column("inflight")).as_py() or 0)
+            _observe_many(self.f.latency.labels(self.queue), table.column("latency_ms").to_numpy() / 1000)
+            _observe_many(self.f.deliveries.labels(self.queue), table.column("delivery_count").to_numpy())
+            self.f.inflight.labels(self.queue).set(pc.max(table.column("inflight")).as_py() or 0)
 
     def set_backlog(self, lag: dict[int, int | None] | None) -> None:
         for partition, value in (lag or {}).items():
             if value is not None:
-                self.backlog.labels(self.queue, str(partition)).set(value)
+                self.f.backlog.labels(self.queue, str(partition)).set(value)
 
     def set_removed_unread(self, count: int) -> None:
-        self.removed_unread.labels(self.queue).set(count)
+        self.f.removed_unread.labels(self.queue).set(count)
 
     def set_bounds(self, target_lag_s: float, max_executors: int) -> None:
-        self.target_lag.labels(self.queue).set(target_lag_s)
-        self.max_executors.labels(self.queue).set(max_executors)
+        self.f.target_lag.labels(self.queue).set(target_lag_s)
+        self.f.max_executors.labels(self.queue).set(max_executors)
 
     def set_queue_reads(self, oldest_s: float | None, dead_letters: int | None) -> None:
         """The latest reads; an unknown one keeps its last value (Prometheus would see a gap as a reset)."""
         if oldest_s is not None:
-            self.oldest_waiting.labels(self.queue).set(oldest_s)
+            self.f.oldest_waiting.labels(self.queue).set(oldest_s)
         if dead_letters is not None:
-            self.dead_letters_pending.labels(self.queue).set(dead_letters)
+            self.f.dead_letters_pending.labels(self.queue).set(dead_letters)
 
     def set_executors(self, running: int, requested: int) -> None:
-        self.executors.labels(self.queue, "running").set(running)
-        self.executors.labels(self.queue, "requested").set(requested)
+        self.f.executors.labels(self.queue, "running").set(running)
+        self.f.executors.labels(self.queue, "requested").set(requested)
+
+
+class MetricsServer:
+    """The driver's HTTP endpoint: ``/metrics`` from a registry, ``/livez`` and ``/readyz`` from a health."""
+
+    def __init__(self, registry: CollectorRegistry, health: Checks, port: int, host: str):
+        self._server = ThreadingHTTPServer((host, port), _handler(registry, health))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="qp-metrics", daemon=True).start()
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self._server.shutdown()
+        self._server.server_close()
 
 
-def _handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
+def _handler(registry: CollectorRegistry, health: Checks) -> type[BaseHTTPRequestHandler]:
     checks: dict[str, Callable[[float], Verdict]] = {"/livez": health.live, "/readyz": health.ready}
 
     class Handler(BaseHTTPRequestHandler):

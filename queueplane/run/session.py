@@ -18,35 +18,49 @@ DAEMON_MODULE = "queueplane.run.spark_daemon"  # forks Python workers with pyspa
 EXECUTOR_PREFIX_MAX = 47  # Spark refuses a longer executor pod name prefix (a pod name is at most 63)
 
 
-def spark_session(runtime: QueueRuntime) -> Any:
+def spark_session(runtimes: list[QueueRuntime], app_name: str) -> Any:
+    """The session of an application's queues: each runtime adds what its group type needs.
+
+    Settings that are one per application take what the most demanding queue needs (task
+    attempts, the local heap), the sum (local task threads: each queue's tasks are its own, and
+    a thread costs nothing while its queue is idle), or the least (shuffle partitions: only kmq's
+    tracker shuffles, into one stateful partition). With several queues, each query runs in its
+    own FAIR scheduler pool.
+    """
     from pyspark.sql import SparkSession
 
-    queue, options = runtime.queue, runtime.options
-    builder = runtime.configure(SparkSession.builder.appName(f"queueplane-{queue.name}"))
+    builder = SparkSession.builder.appName(app_name)
+    for runtime in runtimes:
+        builder = runtime.configure(builder)
+    queues = [runtime.queue for runtime in runtimes]
+    options, target = runtimes[0].options, runtimes[0].target
+    attempts = max(task_attempts(queue) for queue in queues)
     if options.local:
-        # Executors' Python workers must run this interpreter, with the spec's folder importable.
+        # Executors' Python workers must run this interpreter, with the specs' folders importable.
         os.environ["PYSPARK_PYTHON"] = sys.executable
-        spec_dir = str(Path(queue.source).resolve().parent)
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (spec_dir, os.environ.get("PYTHONPATH")) if p)
-        master = f"local[{runtime.local_threads()},{task_attempts(queue)}]"
+        spec_dirs = dict.fromkeys(str(Path(queue.source).resolve().parent) for queue in queues)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (*spec_dirs, os.environ.get("PYTHONPATH")) if p)
+        master = f"local[{sum(runtime.local_threads() for runtime in runtimes)},{attempts}]"
         builder = builder.master(master).config("spark.ui.enabled", "false")
         # One JVM is driver and executor here: the heap both get on Kubernetes, not the JVM's
         # default of a quarter of the machine, which a long run fills with garbage before collecting.
-        heap_mi = queue.memory_mi("driver") + queue.memory_mi("executor")
+        heap_mi = max(queue.memory_mi("driver") + queue.memory_mi("executor") for queue in queues)
         builder = builder.config("spark.driver.memory", f"{heap_mi}m")
     elif os.environ.get("POD_NAME"):  # the chart's driver pod
-        builder = builder.config("spark.kubernetes.executor.podNamePrefix", executor_prefix(queue.name))
+        builder = builder.config("spark.kubernetes.executor.podNamePrefix", executor_prefix(queues[0].name))
+    if len(runtimes) > 1:
+        builder = builder.config("spark.scheduler.mode", "FAIR")
     if options.event_log_dir:
         builder = with_event_logs(builder, options.event_log_dir)
-    kafka_properties = kafka_system_properties(runtime.target.settings)
+    kafka_properties = kafka_system_properties(target.settings)
     if kafka_properties:  # executors start after this: their JVMs take the properties as options
         options_text = " ".join(f"-D{key}={value}" for key, value in kafka_properties.items())
         builder = builder.config("spark.executor.extraJavaOptions", options_text)
     spark = (
-        builder.config("spark.task.maxFailures", str(task_attempts(queue)))
+        builder.config("spark.task.maxFailures", str(attempts))
         .config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", DAEMON_MODULE)
-        .config("spark.sql.shuffle.partitions", str(runtime.shuffle_partitions))
+        .config("spark.sql.shuffle.partitions", str(min(runtime.shuffle_partitions for runtime in runtimes)))
         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()

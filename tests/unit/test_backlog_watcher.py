@@ -6,7 +6,7 @@ import logging
 import time
 
 from queueplane.kafka.refused import Refused
-from queueplane.run.driver import BacklogWatcher
+from queueplane.run.backlog_watcher import BacklogWatcher
 from queueplane.run.health import Health
 
 

@@ -35,9 +35,9 @@ class ShareRuntime(QueueRuntime):
         )
 
     def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
-        from queueplane.run.share.source import SOURCE_NAME, ShareSource
+        from queueplane.run.share.source import register_source
 
-        spark.dataSource.register(ShareSource)
+        source = register_source(spark, self.queue.name)
         cores = int(self.queue.executor.get("cores", 1))
         options = self.options
         if executor_ceiling is not None:  # tasks for the most executors; with fewer, they run in turns
@@ -50,7 +50,7 @@ class ShareRuntime(QueueRuntime):
             tasks = options.tasks or (cores if options.local else spark.sparkContext.defaultParallelism)
             settings = self.settings(tasks)
         return (
-            spark.readStream.format(SOURCE_NAME)
+            spark.readStream.format(source)
             .option("settings", settings.to_json())
             .option("tasks", str(tasks))
             .option("drain_file", str(drain_file))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -20,6 +21,9 @@ from queueplane.run.outcomes import OUTCOME_SCHEMA, columns_batch
 from queueplane.run.share.process import RUNTIMES
 
 SOURCE_NAME = "queueplane-share"
+# Set in the environment of a queue's source: Spark keeps one pool of Python workers per
+# environment of the function it runs, so each share queue's tasks have processes of their own.
+QUEUE_ENV = "QUEUEPLANE_SHARE_QUEUE"
 
 
 class SlotTask(InputPartition):
@@ -75,3 +79,23 @@ class ShareSource(DataSource):
         return ShareStreamReader(
             self.options["settings"], int(self.options.get("tasks", "1")), self.options.get("drain_file", "")
         )
+
+
+def register_source(spark: Any, queue_name: str) -> str:
+    """Register the source under a name of this queue's; return the name.
+
+    A process's fetchers hold acquired records and settled outcomes between micro-batches, and
+    only the queue's next task in that process collects them, so a queue's tasks must keep
+    coming back to its processes. Alone in an application they do; beside other queues, Spark
+    would hand a task to any idle Python worker. Registered with the queue's name in its
+    environment, the source's tasks run in a worker pool of the queue's own.
+    """
+    name = f"{SOURCE_NAME}-{queue_name}"
+    source = type("QueueShareSource", (ShareSource,), {"name": classmethod(lambda cls: name)})
+    environment = spark.sparkContext.environment
+    environment[QUEUE_ENV] = queue_name
+    try:
+        spark.dataSource.register(source)
+    finally:
+        del environment[QUEUE_ENV]
+    return name

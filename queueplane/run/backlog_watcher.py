@@ -1,0 +1,98 @@
+"""The driver's view of a queue's backlog, read in the background: lag, outages and refusals."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from queueplane.errors import ClusterRefused
+from queueplane.kafka.cluster import refusal
+from queueplane.run.health import Health
+
+log = logging.getLogger("queueplane.worker")
+
+
+class BacklogWatcher:
+    """Reads the queue's backlog in the background, so no micro-batch waits for a broker round trip.
+
+    Each read also tells the worker's health whether Kafka answers; a failing read is logged
+    once when it starts failing and once when it answers again. A read Kafka refuses (the
+    worker's credentials, or an ACL it lost) is kept in ``refused``: the worker stops on it.
+    """
+
+    INTERVAL_S = 1.0
+
+    def __init__(self, read: Callable[[], dict[int, int | None] | None], health: Health):
+        self.read = read
+        self.health = health
+        self.latest: dict[int, int | None] | None = None
+        self._failing = False
+        self._failing_since: tuple[float, float] | None = None  # (wall, monotonic) of the first failed read
+        self._error = ""
+        self.refused: ClusterRefused | None = None
+        self.outages: list[dict[str, Any]] = []  # ended ones: when, how long, the first error
+        # Since when Kafka answers without a break (monotonic): the worker's start, or the end of an outage.
+        self.answering_since = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="qp-backlog", daemon=True)
+
+    def start(self) -> None:
+        self.read_now()
+        self._thread.start()
+
+    @property
+    def failing(self) -> bool:
+        """The last backlog read failed: Kafka does not answer."""
+        return self._failing
+
+    def read_now(self) -> dict[int, int | None] | None:
+        # A read against a stopped broker can wait out its timeout before it fails: the outage
+        # counts from when the failing read began, not from when it gave up.
+        began = (time.time(), time.monotonic())
+        try:
+            self.latest = self.read()
+        except Exception as exc:  # lag is advisory: a failed read must not stop the worker, a refused one does
+            self.latest = None
+            refused = refusal(exc)
+            if refused is not None:
+                # Kafka answered, with a refusal: not an outage. The worker is not ready from now
+                # on and stops on it (``refused``), with the refusal as its one line.
+                if self.refused is None:
+                    self.refused = refused
+                    self.health.kafka_refused(str(refused))
+                    log.error("%s", refused)
+                return None
+            self.health.kafka_failed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            if not self._failing:
+                log.warning("backlog read failed (Kafka does not answer): %s", exc)
+                self._failing_since = began
+                self._error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self._failing = True
+        else:
+            self.health.kafka_answered(time.monotonic())
+            if self._failing:
+                self.answering_since = time.monotonic()
+                self.outages.append(self._outage(self.answering_since))
+                log.info("backlog read: Kafka answers again, after %.0fs", self.outages[-1]["seconds"])
+            self._failing = False
+        return self.latest
+
+    def _outage(self, now: float) -> dict[str, Any]:
+        wall, since = self._failing_since or (time.time(), now)
+        began = datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds")
+        return {"began": began, "seconds": round(now - since, 1), "error": self._error}
+
+    def all_outages(self) -> list[dict[str, Any]]:
+        """The outages seen, with the one still going (if any) up to now."""
+        return self.outages + ([self._outage(time.monotonic())] if self._failing else [])
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            self.read_now()
+
+    def stop(self) -> None:
+        self._stop.set()
