@@ -122,6 +122,7 @@ bench: setup
 	$(BIN)/python bench/consumer.py
 	$(BIN)/python bench/autoscale.py
 	$(BIN)/python bench/kmq.py
+	$(BIN)/python bench/footprint.py
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/goals.py
 

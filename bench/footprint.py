@@ -151,7 +151,7 @@ def _kb(pid: int, path: str, field: str) -> int:
 
 def memory(apps: list[App]) -> dict[str, float]:
     """RSS by role and in all, and PSS in all, of every application's tree (MB)."""
-    out = {"driver_python": 0.0, "driver_jvm": 0.0, "python_workers": 0.0, "rss": 0.0, "pss": 0.0}
+    out = {"driver_python": 0.0, "driver_jvm": 0.0, "python_workers": 0.0, "rss": 0.0, "pss": 0.0, "processes": 0}
     for app in apps:
         for pid in _tree(app.process.pid):
             rss = _kb(pid, "status", "VmRSS:") / 1024
@@ -160,6 +160,7 @@ def memory(apps: list[App]) -> dict[str, float]:
                 continue
             out[role] += rss
             out["rss"] += rss
+            out["processes"] += 1
             out["pss"] += _kb(pid, "smaps_rollup", "Pss:") / 1024
     return {k: round(v, 1) for k, v in out.items()}
 
@@ -194,6 +195,7 @@ def idle_figures(apps: list[App], queues: int, idle_s: float) -> dict[str, Any]:
         "rss_mb_median": round(median(s["rss"] for s in samples), 1),
         "pss_mb_peak": max(s["pss"] for s in samples),
         "by_role_mb_at_peak": {k: peak[k] for k in ("driver_jvm", "driver_python", "python_workers")},
+        "processes_at_peak": peak["processes"],
         "idle_cpu_seconds": round(used, 1),
         "idle_window_s": round(span, 1),
         "idle_cpu_per_queue_percent_of_a_core": round(100 * used / span / queues, 3),

@@ -51,3 +51,23 @@ def test_the_workers_metrics_show_the_counts_and_the_time_kafka_did_not_answer_a
     assert 'queueplane_kafka_client_errors_total{error="_TRANSPORT",queue="q"} 3.0' in text
     assert 'queueplane_kafka_client_errors_total{error="_ALL_BROKERS_DOWN",queue="q"} 1.0' in text
     assert 'queueplane_kafka_unanswered_seconds_total{queue="q"} 21.5' in text
+
+
+def test_the_queues_of_one_application_share_a_registry_each_under_its_own_name():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from queueplane.run.metrics import WorkerMetrics
+
+    registry = CollectorRegistry()
+    orders, refunds = WorkerMetrics("orders", registry), WorkerMetrics("refunds", registry)
+    errors = {"_TRANSPORT": 2}
+    orders.watch_kafka(lambda: errors, lambda: 0.0)
+    refunds.watch_kafka(lambda: errors, lambda: 7.0)
+    orders.set_removed_unread(3)
+    text = generate_latest(registry).decode()
+    assert 'queueplane_records_total{outcome="dlq",queue="orders"} 0.0' in text
+    assert 'queueplane_records_total{outcome="dlq",queue="refunds"} 0.0' in text
+    assert 'queueplane_records_removed_unread{queue="orders"} 3.0' in text
+    assert 'queueplane_records_removed_unread{queue="refunds"}' not in text
+    assert 'queueplane_kafka_unanswered_seconds_total{queue="refunds"} 7.0' in text
+    assert text.count("# TYPE queueplane_kafka_client_errors_total counter") == 1

@@ -6,7 +6,14 @@ import yaml
 from helpers import EXAMPLES
 
 from queueplane.provision import steps
-from queueplane.run.health import MIN_STALL_S, MIN_STARVE_S, Health, stall_seconds, starve_seconds
+from queueplane.run.health import (
+    MIN_STALL_S,
+    MIN_STARVE_S,
+    ApplicationHealth,
+    Health,
+    stall_seconds,
+    starve_seconds,
+)
 
 
 def test_ready_needs_a_started_query_and_a_recent_kafka_answer():
@@ -88,3 +95,23 @@ def test_the_starvation_bound_covers_three_lock_and_backoff_cycles_and_is_never_
     assert starve_seconds(payments) == 3 * (20 + 30)
     coffee = steps.validate([str(EXAMPLES / "cafe" / "coffee-orders.yaml")], None)[0]
     assert starve_seconds(coffee) >= MIN_STARVE_S
+
+
+def test_an_application_is_ready_only_while_every_queue_is_and_says_which_is_not():
+    queues = {name: Health(stall_s=600, kafka_stale_s=30) for name in ("orders", "refunds")}
+    application = ApplicationHealth(queues)
+    for health in queues.values():
+        health.query_started()
+        health.kafka_answered(0)
+    assert application.ready(10).ok and application.ready(10).reason.startswith("all 2 queues")
+    queues["refunds"].kafka_refused("Kafka refused the worker's principal: not authorized to read refunds")
+    verdict = application.ready(11)
+    assert not verdict.ok and verdict.reason.startswith("refunds: Kafka refused") and "orders" not in verdict.reason
+    assert application.live(11).ok, "a refused queue makes the application unready, not dead"
+    queues["orders"].query_stopped("the query failed")
+    assert not application.live(12).ok and application.live(12).reason.startswith("orders: ")
+
+
+def test_an_application_of_one_queue_answers_as_the_queue_does():
+    health = Health(stall_s=600)
+    assert ApplicationHealth({"orders": health}).ready(0) == health.ready(0)
