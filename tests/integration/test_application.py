@@ -97,6 +97,37 @@ def test_a_share_a_consumer_and_a_kmq_queue_in_one_application_each_end_as_alone
         assert {json.loads(m.value())["id"] for m in outputs} == {f"id-{i:06d}" for i in range(RECORDS)}, kind
         dead = read_all(kafka, queue.dlq, expect_at_least=1, timeout_s=30)
         assert [m.value() for m in dead] == [POISON], kind
+    # The share queue's calls ran in Python workers of its own, which no other queue's task used.
+    share_pids = {e["pid"] for e in queues["share"].events()}
+    other_pids = {e["pid"] for kind in ("consumer", "kmq") for e in queues[kind].events()}
+    assert share_pids and other_pids and share_pids.isdisjoint(other_pids)
     # The log says which queue each progress line is about.
     lines = log.read_text()
     assert all(f"{name}: batch " in lines for name in names.values())
+
+
+def test_a_queue_whose_query_fails_ends_alone_and_the_others_finish_their_records(kafka, tmp_path):
+    good = make_queue(tmp_path, kafka, group_type="share")
+    broken = make_queue(tmp_path, kafka, group_type="consumer")
+    # The broken queue's handler module cannot be imported: each of its tasks fails, then its query.
+    (module,) = broken.folder.glob("qp_handler_*.py")
+    module.write_text('raise RuntimeError("this handler module is broken")\n')
+    produce(kafka, good.topic, [order(i, sleep_ms=2) for i in range(RECORDS)])
+    produce(kafka, broken.topic, [order(i) for i in range(10)])
+
+    command = [sys.executable, "-m", "queueplane", "run", str(good.spec_path), str(broken.spec_path)]
+    done = subprocess.run(
+        [*command, *cluster_flags(kafka, tmp_path), "-o", "json", "--until-idle", "5s"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    broken_name = broken.spec_path.parent.name.replace("queue-", "w-")
+    assert done.returncode != 0, done.stdout[-2000:]
+    last_line = done.stderr.strip().splitlines()[-1]
+    assert f"the streaming query of {broken_name} failed" in last_line, done.stderr[-3000:]
+    good_name = good.spec_path.parent.name.replace("queue-", "w-")
+    assert f"{good_name}: batch " in done.stderr
+    outputs = read_all(kafka, good.output, expect_at_least=RECORDS, timeout_s=60)
+    assert {json.loads(m.value())["id"] for m in outputs} == {f"id-{i:06d}" for i in range(RECORDS)}
