@@ -100,14 +100,16 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
         if server is not None:
             server.stop()
         termination.restore()
-    spark.stop()
-    summaries = [run.summary() for run in runs] if not errors else []
-    for run in runs:
-        run.remove_temporary()
     if errors:
+        # The process ends on the error: its JVM goes with it, without the seconds a stop takes
+        # (a refused worker says so in one line within seconds).
         for error in errors[1:]:
             log.error("%s", error)
         raise errors[0]
+    spark.stop()
+    summaries = [run.summary() for run in runs]
+    for run in runs:
+        run.remove_temporary()
     return summaries
 
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import psutil
@@ -37,6 +38,15 @@ def _scrape(port: int) -> str:
             return answer.read().decode()
     except OSError:
         return ""
+
+
+def _readiness(port: int) -> str:
+    """The status and reason /readyz answers (a 503 is an answer too)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+            return f"{answer.status} {answer.read().decode().strip()}"
+    except urllib.error.HTTPError as refused:
+        return f"{refused.code} {refused.read().decode().strip()}"
 
 
 def _jvms(worker: subprocess.Popen) -> int:
@@ -77,9 +87,9 @@ def test_a_share_a_consumer_and_a_kmq_queue_in_one_application_each_end_as_alone
             if all(line in text for line in wanted):
                 break
             time.sleep(1)
-        assert all(line in text for line in wanted), f"{wanted} not all in:\n{text[-3000:]}"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
-            assert answer.status == 200 and answer.read().decode().startswith("all 3 queues")
+        assert all(line in text for line in wanted), f"{wanted} not all in:\n{text[-3000:]}\n{log.read_text()[-3000:]}"
+        ready = _readiness(port)
+        assert ready.startswith("200 all 3 queues"), ready
         stdout, _ = worker.communicate(timeout=240)
     finally:
         if worker.poll() is None:
