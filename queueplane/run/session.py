@@ -15,6 +15,7 @@ from queueplane.spec.model import QueueSpec
 
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 DAEMON_MODULE = "queueplane.run.spark_daemon"  # forks Python workers with pyspark imported once
+POLLING_DELAY = "100ms"
 EXECUTOR_PREFIX_MAX = 47  # Spark refuses a longer executor pod name prefix (a pod name is at most 63)
 
 
@@ -63,6 +64,10 @@ def spark_session(runtimes: list[QueueRuntime], app_name: str) -> Any:
         .config("spark.sql.shuffle.partitions", str(min(runtime.shuffle_partitions for runtime in runtimes)))
         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .config("spark.ui.showConsoleProgress", "false")
+        # Between empty triggers an idle query asks the broker for its latest offsets; every 10 ms
+        # (Spark's default) that was half of an idle consumer queue's CPU (docs/benchmarks.md).
+        # A record arriving at an idle queue waits up to this much longer for its batch.
+        .config("spark.sql.streaming.pollingDelay", POLLING_DELAY)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
