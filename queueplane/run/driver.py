@@ -4,7 +4,8 @@
 driver knows no group type: what differs between them is behind ``QueueRuntime``, and what
 one queue keeps (its query, counts, health, backlog) is its ``QueueRun``. What the queues of
 an application share is here: the SparkSession and its executors, one metrics endpoint whose
-series carry each queue's name, one readiness over all of them, and the stop signal.
+series carry each queue's name, one readiness over all of them, the executor pool (sized by
+the sum of the queues' demands) and the stop signal.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from queueplane.run.metrics import MetricsServer, WorkerMetrics
 from queueplane.run.options import BatchProgress, RunOptions, RunSummary
 from queueplane.run.queue_run import QueueJob, QueueRun, WorkerFailed, await_topics
 from queueplane.run.queue_status import QueueReads
+from queueplane.run.scaling.pool import ExecutorPool
 from queueplane.run.session import spark_session
 from queueplane.run.termination import Termination
 from queueplane.spec.model import QueueSpec
@@ -62,21 +64,17 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
     names = [job.queue.name for job in jobs]
     if len(set(names)) != len(names):
         raise UsageError(f"queue names repeat in one application: {', '.join(sorted(names))}")
-    if len(jobs) > 1 and not options.local:
-        # One executor controller per application, sizing the pool by the sum of the queues'
-        # demands, is the next step (docs/design/multi-queue-application.md).
-        raise UsageError("several queues in one application run in Spark's local mode only")
     for job in jobs:
         await_topics(job.queue, target)
     runs = [QueueRun(job, target, _options_for(job.queue, options, len(jobs))) for job in jobs]
     several = len(runs) > 1
     name = jobs[0].queue.name if not several else f"{jobs[0].queue.name}-and-{len(jobs) - 1}-more"
     spark = spark_session([run.runtime for run in runs], app_name=f"queueplane-{name}")
-    registry, termination = CollectorRegistry(), Termination()
+    registry, termination, pool = CollectorRegistry(), Termination(), ExecutorPool(spark)
     clients.report_errors()
     for run in runs:
         run.label = f"{run.queue.name}: " if several else ""
-        run.attach(spark, WorkerMetrics(run.queue.name, registry), termination)
+        run.attach(spark, pool, WorkerMetrics(run.queue.name, registry), termination)
     server = None
     if options.metrics_port is not None:
         health = ApplicationHealth({run.queue.name: run.health for run in runs})

@@ -46,6 +46,7 @@ from queueplane.run.queue_status import (
 from queueplane.run.range_ends import batch_range_ends
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.scaling.controller import ExecutorController
+from queueplane.run.scaling.pool import ExecutorPool
 from queueplane.run.session import ship_handler_modules
 from queueplane.run.termination import Termination
 from queueplane.spec.model import QueueSpec
@@ -136,8 +137,8 @@ class QueueRun:
         self.done = False
         self.label = ""  # before its log lines: the queue's name, where an application runs several
 
-    def attach(self, spark: Any, metrics: WorkerMetrics, termination: Termination) -> None:
-        """Set up on the application's session: drain, autoscaling, metrics and status."""
+    def attach(self, spark: Any, pool: ExecutorPool, metrics: WorkerMetrics, termination: Termination) -> None:
+        """Set up on the application's session and executor pool: drain, autoscaling, metrics and status."""
         queue, options, runtime = self.queue, self.options, self.runtime
         self.spark, self.metrics, self.termination = spark, metrics, termination
         if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
@@ -146,7 +147,7 @@ class QueueRun:
         self.drain = DrainRequests(Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain")
         runtime.temporary.append(self.drain.path.parent)
         self.controller = ExecutorController(
-            spark,
+            pool,
             queue,
             executor_cap=runtime.executor_cap(queue),
             drain=self.drain if runtime.drains else None,

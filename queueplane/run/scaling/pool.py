@@ -1,0 +1,156 @@
+"""The application's executors: one target for Spark, the sum of what its queues ask for.
+
+An application's queues share one executor pool, so each queue's controller
+(``controller.ExecutorController``) decides its own demand from its own lag and rate, and the
+pool asks Spark for the sum, through Spark's executor-request API
+(SparkContext.requestTotalExecutors and killExecutors on the JVM side), which the Kubernetes
+and standalone schedulers honour. An application of one queue asks for exactly that queue's
+demand.
+
+Removing an executor must not cut a share queue's delivery short: share-group executors
+hold outcomes they settled and acknowledged but have not yet handed to a task. So a kill
+waits until every queue whose runtime drains has run a draining micro-batch (every process
+stops acquiring, settles and reports). The queue that asked waits for its next batch; any
+other draining queue may be in the middle of a batch that began before the request, so it
+waits for the batch after that one. Queues that do not drain (consumer, kmq) lose the tasks
+running on a removed executor, which Spark runs again: their offsets commit only after a
+batch.
+
+The queues' stream threads call in concurrently, so every method holds the pool's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+log = logging.getLogger("queueplane.autoscaler")
+
+DRAIN_REASON = "scale-down"
+
+
+class Drain(Protocol):
+    def request(self, reason: str) -> None: ...
+    def release(self, reason: str) -> None: ...
+
+
+class ExecutorPool:
+    def __init__(self, spark: Any):
+        self.sc = spark.sparkContext
+        self.jsc = self.sc._jsc.sc()
+        self.enabled = not self.sc.master.startswith("local")
+        self.lock = threading.RLock()
+        self.demands: dict[str, int] = {}
+        self.drains: dict[str, Drain] = {}
+        self.synced = False
+        self._after_drain: list[Callable[[], None]] = []  # kills waiting for the draining batches
+        self._waiting: dict[str, int] = {}  # draining batches each queue must still run before them
+
+    def join(self, name: str, minimum: int, drain: Drain | None) -> None:
+        """A queue of the application. It starts at its minimum: Spark starts the sum of the
+        queues' minimums (``spark.executor.instances``, set by the chart and by spark-submit)."""
+        with self.lock:
+            self.demands[name] = minimum
+            if drain is not None:
+                self.drains[name] = drain
+
+    @property
+    def requested(self) -> int:
+        with self.lock:
+            return sum(self.demands.values())
+
+    def executor_ids(self) -> list[str]:
+        """Registered executors (the driver is not one)."""
+        text = self.jsc.getExecutorIds().mkString(",")
+        return [i for i in text.split(",") if i and i != "driver"]
+
+    def share(self, name: str, running: int) -> int:
+        """A queue's part of the running executors, in proportion to its demand: what its rate is measured on."""
+        with self.lock:
+            total = sum(self.demands.values())
+            if total <= 0 or len(self.demands) == 1:
+                return running
+            return max(1, round(running * self.demands[name] / total)) if running else 0
+
+    def batch_ran(self, name: str) -> None:
+        """A queue's micro-batch ended: kills waiting for drains may go, and a fresh pool is trimmed."""
+        if not self.enabled:
+            return
+        with self.lock:
+            if name in self._waiting:
+                self._waiting[name] -= 1
+                if all(left <= 0 for left in self._waiting.values()):
+                    self._kill_drained()
+            if not self.synced:
+                ids = self.executor_ids()
+                if ids:
+                    self._sync(name, ids)
+
+    def set_demand(self, name: str, desired: int, ids: list[str]) -> None:
+        """A queue's new demand: ask Spark for the new total, or remove the newest executors beyond it."""
+        with self.lock:
+            previous = sum(self.demands.values())
+            self.demands[name] = desired
+            total = sum(self.demands.values())
+            if total > previous:
+                self._request_total(total)
+            elif total < previous:
+                # Requested executors that never started are only cancelled; running ones beyond the
+                # new count are drained and removed (the newest first).
+                surplus = len(ids) - total
+                if surplus > 0:
+                    self._kill(name, sorted(ids, key=_executor_order)[-surplus:])
+                else:
+                    self._request_total(total)
+
+    def _request_total(self, total: int) -> None:
+        """Set Spark's target executor count, absolutely.
+
+        The relative ``requestExecutors(n)`` adds to a target that, on Kubernetes, starts at zero
+        rather than at the initial executors, so one more of one running would be a target of one.
+        """
+        no_locality = self.sc._jvm.PythonUtils.toScalaMap({})
+        self.jsc.requestTotalExecutors(total, 0, no_locality)
+
+    def _kill(self, caller: str, ids: list[str]) -> None:
+        """Kill these executors once every draining queue has drained; then the target is set back
+        to the requested total (each kill lowers Spark's target by one)."""
+
+        def kill() -> None:
+            self.jsc.killExecutors(self.sc._jvm.PythonUtils.toSeq(ids))
+            self._request_total(sum(self.demands.values()))
+
+        if not self.drains:
+            kill()
+            return
+        log.info("draining before removing executor(s) %s", ", ".join(ids))
+        self._after_drain.append(kill)
+        self._waiting = {name: 1 if name == caller else 2 for name in self.drains}
+        for drain in self.drains.values():
+            drain.request(DRAIN_REASON)
+
+    def _kill_drained(self) -> None:
+        """Every draining queue ran a batch that drained its processes: the executors hold nothing now."""
+        kills, self._after_drain, self._waiting = self._after_drain, [], {}
+        if not kills:
+            return
+        log.info("drained: removing the executor(s) that waited for it")
+        for kill in kills:
+            kill()
+        for drain in self.drains.values():
+            drain.release(DRAIN_REASON)
+
+    def _sync(self, caller: str, ids: list[str]) -> None:
+        """A standalone master starts as many executors as its cores allow; trim to the requested count."""
+        self.synced = True
+        extra = len(ids) - sum(self.demands.values())
+        if extra > 0:
+            log.info("trimming %d executor(s) started beyond the initial %d", extra, len(ids) - extra)
+            self._kill(caller, sorted(ids, key=_executor_order)[-extra:])
+
+
+def _executor_order(executor_id: str) -> tuple[int, str]:
+    """Newest last: executor ids are increasing numbers."""
+    return (int(executor_id), "") if executor_id.isdigit() else (0, executor_id)

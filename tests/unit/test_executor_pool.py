@@ -1,0 +1,95 @@
+"""The application's executor pool: Spark is asked for the sum of its queues' demands, and an
+executor goes only once every share queue has run a batch that drained it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from queueplane.run.scaling.pool import DRAIN_REASON, ExecutorPool
+
+
+class _Seq(list):
+    def mkString(self, sep: str) -> str:
+        return sep.join(self)
+
+
+class _Spark:
+    """What the pool uses of a SparkSession on a cluster: the executor ids, requests and kills."""
+
+    def __init__(self, executors: list[str]):
+        self.executors = executors
+        self.calls: list[tuple[str, object]] = []
+        jvm = SimpleNamespace(PythonUtils=SimpleNamespace(toScalaMap=lambda m: m, toSeq=lambda ids: list(ids)))
+        jsc = SimpleNamespace(
+            getExecutorIds=lambda: _Seq(self.executors),
+            requestTotalExecutors=lambda total, _local, _hosts: self.calls.append(("total", total)),
+            killExecutors=self._kill,
+        )
+        self.sparkContext = SimpleNamespace(master="k8s://https://api", _jsc=SimpleNamespace(sc=lambda: jsc), _jvm=jvm)
+
+    def _kill(self, ids: list[str]) -> None:
+        self.calls.append(("kill", tuple(ids)))
+        self.executors = [e for e in self.executors if e not in ids]
+
+
+class _Drain:
+    def __init__(self) -> None:
+        self.requested: list[str] = []
+        self.released: list[str] = []
+
+    def request(self, reason: str) -> None:
+        self.requested.append(reason)
+
+    def release(self, reason: str) -> None:
+        self.released.append(reason)
+
+
+def _pool(executors: list[str]) -> tuple[ExecutorPool, _Spark, _Drain]:
+    spark, drain = _Spark(executors), _Drain()
+    pool = ExecutorPool(spark)
+    pool.join("orders", 1, None)  # a consumer queue: does not drain
+    pool.join("mail", 2, drain)  # a share queue
+    for name in ("orders", "mail"):
+        pool.batch_ran(name)  # the first batches: the pool is as large as asked, nothing trimmed
+    return pool, spark, drain
+
+
+def test_spark_is_asked_for_the_sum_of_the_demands() -> None:
+    pool, spark, _drain = _pool(["1", "2", "3"])
+    assert pool.requested == 3
+    pool.set_demand("orders", 4, ["1", "2", "3"])
+    assert spark.calls == [("total", 6)]
+    assert pool.share("orders", 6) == 4 and pool.share("mail", 6) == 2
+
+
+def test_a_scale_down_waits_for_every_share_queue_to_drain() -> None:
+    pool, spark, drain = _pool(["1", "2", "3"])
+    pool.set_demand("orders", 2, ["1", "2", "3"])
+    assert spark.calls == [("total", 4)] and not drain.requested
+    spark.executors.append("4")
+    pool.set_demand("orders", 1, ["1", "2", "3", "4"])  # the consumer queue wants one executor less
+    assert drain.requested == [DRAIN_REASON] and ("kill", ("4",)) not in spark.calls
+    pool.batch_ran("orders")  # the asking queue's next batch
+    pool.batch_ran("mail")  # the share queue's batch may have begun before the request: not drained
+    assert ("kill", ("4",)) not in spark.calls
+    pool.batch_ran("mail")  # began after it: drained
+    assert spark.calls[-2:] == [("kill", ("4",)), ("total", 3)]
+    assert drain.released == [DRAIN_REASON]
+
+
+def test_without_a_share_queue_the_newest_executor_goes_at_once() -> None:
+    spark = _Spark(["1", "2", "3"])
+    pool = ExecutorPool(spark)
+    pool.join("orders", 3, None)
+    pool.batch_ran("orders")
+    pool.set_demand("orders", 2, ["1", "2", "3"])
+    assert spark.calls == [("kill", ("3",)), ("total", 2)]
+
+
+def test_a_standalone_master_s_extra_executors_are_trimmed_to_the_sum_of_the_minimums() -> None:
+    spark = _Spark(["1", "2", "3", "4", "5"])
+    pool = ExecutorPool(spark)
+    pool.join("orders", 1, None)
+    pool.join("mail", 2, None)
+    pool.batch_ran("orders")
+    assert spark.calls == [("kill", ("4", "5")), ("total", 3)]
