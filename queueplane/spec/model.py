@@ -83,6 +83,7 @@ class QueueSpec:
     max_executors: int
     target_lag_seconds: int
     deploy_target: str  # "kubernetes" or "spark-submit"
+    application: str  # the worker application (Helm release) it runs in; default: its own name
     namespace: str
     image: str | None
     driver: dict[str, Any]
@@ -178,6 +179,7 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         max_executors=spec["autoscaling"]["maxExecutors"],
         target_lag_seconds=spec["autoscaling"]["targetLagSeconds"],
         deploy_target=deployment["target"],
+        application=deployment.get("application", meta["name"]),
         namespace=deployment.get("namespace", meta["team"]),
         image=deployment.get("image"),
         driver=deployment["driver"],

@@ -6,7 +6,8 @@ file, each problem naming its file and field, so a team fixes a spec in one go.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from queueplane.errors import Problem, SpecInvalid
@@ -193,9 +194,49 @@ def _collision_key(topic: str) -> str:
     return topic.replace(".", "_")
 
 
-def cross_spec_problems(queues: list[tuple[SpecFile, QueueSpec]]) -> list[Problem]:
-    """Ownership rules across every spec of one run: names, group ids and topics are owned once."""
+# What the queues of one application share (one driver pod, one executor pool, one release):
+# the spec field, and how to read it from a queue.
+APPLICATION_SHARED: tuple[tuple[str, Callable[[QueueSpec], object]], ...] = (
+    ("/metadata/team", lambda q: q.team),
+    ("/spec/deployment/namespace", lambda q: q.namespace),
+    ("/spec/deployment/target", lambda q: q.deploy_target),
+    ("/spec/deployment/image", lambda q: q.image),
+    ("/spec/deployment/driver", lambda q: q.driver),
+    ("/spec/deployment/executor", lambda q: q.executor),
+)
+
+
+def application_problems(queues: list[tuple[SpecFile, QueueSpec]]) -> list[Problem]:
+    """Queues of one application agree on what they share; each disagreement names the first spec's file."""
     out: list[Problem] = []
+    first: dict[str, tuple[SpecFile, QueueSpec]] = {}
+    for spec, queue in queues:
+        if queue.application not in first:
+            first[queue.application] = (spec, queue)
+            continue
+        other_spec, other = first[queue.application]
+        for ptr, read in APPLICATION_SHARED:
+            if read(queue) != read(other):
+                out.append(
+                    spec.problem(
+                        ptr,
+                        f"is {_shown(read(queue))} here and {_shown(read(other))} in {other_spec.path}, which runs in "
+                        f'the same worker application "{queue.application}"',
+                        "the queues of one application share its driver, executors and Helm release: make them "
+                        "agree, or give this queue its own /spec/deployment/application",
+                    )
+                )
+    return out
+
+
+def _shown(value: object) -> str:
+    return "not set" if value is None else json.dumps(value, sort_keys=True)
+
+
+def cross_spec_problems(queues: list[tuple[SpecFile, QueueSpec]]) -> list[Problem]:
+    """Ownership rules across every spec of one run: names, group ids and topics are owned once,
+    and the queues of one application agree on what they share."""
+    out: list[Problem] = application_problems(queues)
     names: dict[str, str] = {}
     groups: dict[str, str] = {}
     topics: dict[str, tuple[str, str]] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from specs_factory import dump, spec
+from specs_factory import dump, set_path, spec
 
 from queueplane.errors import UsageError
 from queueplane.spec.files import parse_text
@@ -26,6 +26,41 @@ def test_two_specs_cannot_share_a_name_group_or_topic():
     assert 'topic "brew.orders.v1" is already owned by a.yaml' in by_pointer["/spec/topic/name"].message
     assert "already owned" in by_pointer["/spec/deadLetter/topic"].message
     assert all(p.file == "b.yaml" for p in problems)
+
+
+def _kitchen(kind: str, name: str, application: str = "kitchen-workers") -> dict:
+    """A queue of team kitchen, deployed like the share base spec, in the given application."""
+    doc = spec(kind, name=name, group=f"{name}-workers", topic=f"kitchen.{name}")
+    set_path(doc, "metadata/team", "kitchen")
+    deployment = {**spec("share")["spec"]["deployment"], "application": application}
+    return set_path(doc, "spec/deployment", deployment)
+
+
+def test_the_queues_of_one_application_agree_on_what_they_share():
+    docs = [(f"{k}.yaml", _kitchen(k, f"{k}-orders")) for k in ("share", "consumer", "kmq")]
+    assert _check(*docs) == []
+    set_path(docs[2][1], "spec/deployment/image", "registry.example.com/kitchen:1.3.0")
+    set_path(docs[2][1], "spec/deployment/executor", {"cores": 4, "memory": "2g"})
+    set_path(docs[1][1], "spec/deployment/namespace", "bakery")
+    problems = {(p.file, p.pointer): p.message for p in _check(*docs)}
+    assert set(problems) == {
+        ("consumer.yaml", "/spec/deployment/namespace"),
+        ("kmq.yaml", "/spec/deployment/image"),
+        ("kmq.yaml", "/spec/deployment/executor"),
+    }
+    assert problems[("kmq.yaml", "/spec/deployment/image")] == (
+        'is "registry.example.com/kitchen:1.3.0" here and "registry.example.com/qp/worker:0.1.0" in share.yaml, '
+        'which runs in the same worker application "kitchen-workers"'
+    )
+    assert '"bakery" here and "kitchen" in share.yaml' in problems[("consumer.yaml", "/spec/deployment/namespace")]
+
+
+def test_a_queue_joins_another_queue_s_application_by_its_name_and_then_agrees_with_it():
+    alone = _kitchen("share", "billing", application="billing")
+    del alone["spec"]["deployment"]["application"]  # an application of its own, named after the queue
+    joining = set_path(_kitchen("consumer", "refunds", application="billing"), "metadata/team", "payments")
+    problems = _check(("billing.yaml", alone), ("refunds.yaml", joining))
+    assert [(p.file, p.pointer) for p in problems] == [("refunds.yaml", "/metadata/team")]
 
 
 def test_topic_names_colliding_on_dot_and_underscore():
