@@ -1,6 +1,9 @@
-"""spark-submit entrypoint of a queue worker (the Helm chart runs this file).
+"""spark-submit entrypoint of a worker application (the Helm chart runs this file).
 
-    spark-submit [--master k8s://...] spark_apps/queue_worker.py --spec /etc/queueplane/spec/spec.yaml
+    spark-submit [--master k8s://...] spark_apps/queue_worker.py --spec /etc/queueplane/spec/NAME.yaml [--spec ...]
+
+Each --spec is a queue of the application: one driver runs a streaming query per queue, on one
+executor pool sized by the sum of the queues' demands.
 
 Kafka settings come from $QUEUEPLANE_KAFKA_CONFIG (a librdkafka properties file, mounted
 from a Secret) or $QUEUEPLANE_BOOTSTRAP_SERVERS; metrics are served on --metrics-port.
@@ -18,7 +21,7 @@ from queueplane.kafka.lag import queue_backlog
 from queueplane.kafka.target import named_target
 from queueplane.ops.status import queue_reads
 from queueplane.provision import steps
-from queueplane.run.driver import run_queue
+from queueplane.run.driver import QueueJob, run_application
 from queueplane.run.options import STARTUP_WAIT_S, RunOptions
 from queueplane.run.queue_status import InClusterStatusPatch
 from queueplane.spec import durations
@@ -48,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="queue_worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--spec", required=True, help="the queue spec (YAML)")
+    parser.add_argument(
+        "--spec", required=True, action="append", help="a queue spec (YAML); repeat for each queue of the application"
+    )
     parser.add_argument("--metrics-port", type=int, default=9404)
     parser.add_argument("--metrics-host", default="0.0.0.0")
     parser.add_argument("--local", action="store_true", help="Spark local mode instead of the submitted master")
@@ -60,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-down-cooldown", help="wait after a change before scaling down (default 60s)")
     parser.add_argument("--event-log-dir", help="Spark event logs (for a history server): a path or object-store URL")
     parser.add_argument(
-        "--status-resource",
-        metavar="NAMESPACE/NAME",
-        help="the Queue object whose status this driver reports (in a pod: through its service account)",
+        "--status-namespace",
+        metavar="NAMESPACE",
+        help="report each queue's status to its Queue object (named after it) here, through the pod's service account",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         target = named_target()
         if target is None:
             raise QueueplaneError("set QUEUEPLANE_BOOTSTRAP_SERVERS or QUEUEPLANE_KAFKA_CONFIG")
-        (queue,) = steps.validate([args.spec], target, wait_s=STARTUP_WAIT_S)
+        queues = steps.validate(args.spec, target, wait_s=STARTUP_WAIT_S)
         options = RunOptions(
             local=args.local,
             until_idle_s=durations.parse_seconds(args.until_idle) if args.until_idle else None,
@@ -84,14 +89,16 @@ def main(argv: list[str] | None = None) -> int:
             scaling=_scaling(args),
             event_log_dir=args.event_log_dir,
         )
-        summary = run_queue(
-            queue,
-            target,
-            options,
-            backlog=queue_backlog(target, queue),
-            reads=queue_reads(target, queue),
-            status_patch=_status_patch(args.status_resource) if args.status_resource else None,
-        )
+        jobs = [
+            QueueJob(
+                queue,
+                backlog=queue_backlog(target, queue),
+                reads=queue_reads(target, queue),
+                status_patch=_status_patch(f"{args.status_namespace}/{queue.name}") if args.status_namespace else None,
+            )
+            for queue in queues
+        ]
+        summaries = run_application(jobs, target, options)
     except SpecInvalid as exc:
         for problem in exc.problems:
             print(problem.render(), file=sys.stderr)
@@ -99,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     except QueueplaneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(json.dumps(summary.as_dict()))
+    shown = [summary.as_dict() for summary in summaries]
+    print(json.dumps(shown[0] if len(shown) == 1 else shown))
     return 0
 
 

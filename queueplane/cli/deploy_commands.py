@@ -1,4 +1,5 @@
-"""Commands on a queue's Helm release: render (values and manifests, checked) and deploy (helm upgrade)."""
+"""Commands on a worker application's Helm release: render (values and manifests, checked) and deploy
+(helm upgrade). An application is one spec, or several that name the same spec.deployment.application."""
 
 from __future__ import annotations
 
@@ -7,21 +8,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from queueplane.cli.common import command, duration_flag, err, kube_flags, one_spec, out
+from queueplane.cli.common import command, duration_flag, err, kube_flags, out
 from queueplane.deploy.cluster_values import from_flags
 from queueplane.errors import EXIT_OK
+from queueplane.provision import steps
 
 
 def register(commands: Any) -> None:
     p = command(
         commands,
         "render",
-        "render a queue's Helm release (values and Kubernetes manifests)",
-        "Helm values from the spec, then `helm template` of charts/queue-worker; every object is checked "
+        "render a worker application's Helm release (values and Kubernetes manifests)",
+        "Helm values from the specs of one application (one spec, or all that name the same "
+        "spec.deployment.application), then `helm template` of charts/queue-worker; every object is checked "
         "against the Kubernetes API schema and the platform policy. Prints the manifests, or writes "
         "values.yaml and manifests.yaml to --output-dir.",
     )
-    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("specs", nargs="+", metavar="SPEC")
     p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
     _values_flag(p)
     p.set_defaults(handler=cmd_render)
@@ -29,13 +32,13 @@ def register(commands: Any) -> None:
     p = command(
         commands,
         "deploy",
-        "install or upgrade a queue's worker with Helm",
+        "install or upgrade a worker application with Helm",
         "Render the release as `render` does (every object checked), then `helm upgrade --install "
         "--rollback-on-failure --wait`: a failed upgrade rolls back (a share queue's old worker runs on "
-        "meanwhile). The cluster is --kubeconfig (else $KUBECONFIG, else ~/.kube/config); the Airflow deploy "
-        "task does the same.",
+        "meanwhile). Give every spec of the application: the release runs exactly the queues given. The cluster "
+        "is --kubeconfig (else $KUBECONFIG, else ~/.kube/config); the Airflow deploy task does the same.",
     )
-    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("specs", nargs="+", metavar="SPEC")
     kube_flags(p, "kubeconfig of the cluster")
     _values_flag(p)
     p.add_argument("--timeout", default="10m", metavar="DURATION", help="how long helm waits for the worker (10m)")
@@ -65,10 +68,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     from queueplane.deploy.render import render
 
-    queue = one_spec(args.spec)
-    with err.status(f"rendering {queue.name}"):
+    queues = steps.validate(args.specs)
+    with err.status(f"rendering {queues[0].application}"):
         rendered = render(
-            queue,
+            queues,
             output_dir=Path(args.output_dir) if args.output_dir else None,
             overrides=from_flags(args.values, args.set),
         )
@@ -80,7 +83,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     out.print(f"wrote {rendered.values_file} and {rendered.values_file.with_name('manifests.yaml')}", markup=False)
     out.print(
         f"install: helm upgrade --install {rendered.release} {rendered.chart} --namespace {rendered.namespace} "
-        f"--values {rendered.values_file} (or queueplane deploy, which also checks the release is this queue's "
+        f"--values {rendered.values_file} (or queueplane deploy, which also checks the release is this application's "
         "and creates a missing namespace with Pod Security restricted)",
         markup=False,
     )
@@ -92,17 +95,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from queueplane.deploy.kube_access import KubeAccess, default_kubeconfig
     from queueplane.deploy.render import render
 
-    queue = one_spec(args.spec)
+    queues = steps.validate(args.specs)
     timeout_s = int(duration_flag(args.timeout, "--timeout") or release.HELM_TIMEOUT_S)
     access = KubeAccess(args.kubeconfig or default_kubeconfig(), args.context, in_cluster=False)
     with tempfile.TemporaryDirectory(prefix="queueplane-deploy-") as folder:
-        with err.status(f"rendering {queue.name}"):
-            rendered = render(queue, output_dir=Path(folder), overrides=from_flags(args.values, args.set))
+        with err.status(f"rendering {queues[0].application}"):
+            rendered = render(queues, output_dir=Path(folder), overrides=from_flags(args.values, args.set))
         if args.dry_run:
             argv = " ".join(["helm", *release.upgrade_args(rendered, access, timeout_s)])
             out.print(f"dry run: release {rendered.release} rendered and checked; would run: {argv}", markup=False)
             return EXIT_OK
         with err.status(f"helm upgrade --install {rendered.release} (namespace {rendered.namespace})"):
-            output = release.upgrade(queue.source, rendered, access, timeout_s)
+            output = release.upgrade(queues[0].source, rendered, access, timeout_s)
     out.print(output, markup=False, end="")
     return EXIT_OK

@@ -21,7 +21,7 @@ import yaml
 from queueplane.errors import UsageError
 
 AIRFLOW_VARIABLE = "queueplane_cluster_values"
-SPEC_OWNED = ("queue", "driver", "executor", "autoscaling")
+SPEC_OWNED = ("application", "queues", "driver", "executor", "autoscaling")
 # Spark settings named like a credential; the chart's values schema refuses the same names.
 CREDENTIAL_NAME = re.compile(r"[Pp]assword|[Ss]ecret|[Jj]aas|[Tt]oken|[Cc]redential")
 

@@ -3,7 +3,7 @@
 The deploy runs with the platform's Kubernetes credentials, and `helm upgrade --install` would
 replace any release of the same name in the namespace: another team's queue, or something
 queueplane never made. So before helm runs, the release (if there is one) must be this
-queue's: made from queueplane's chart, for the same team and queue. Helm itself refuses to
+application's: made from queueplane's chart, for the same team and application. Helm itself refuses to
 take over objects another release or nothing of Helm owns ("invalid ownership metadata").
 
 A namespace the deploy has to create gets Pod Security ``restricted`` enforced (and the
@@ -51,25 +51,29 @@ def release_owner(rendered: Rendered, access: KubeAccess) -> str | None:
     if chart != CHART_NAME:
         return f"a release of chart {chart or 'unknown'}, not queueplane's"
     values = _helm_json(["get", "values", rendered.release, *where], access) or {}
-    queue = values.get("queue") or {}
-    return f"{queue.get('team')}/{queue.get('name')}"
+    # A release made before applications held one queue, under "queue": its name was the release's.
+    application = values.get("application") or values.get("queue") or {}
+    return f"{application.get('team')}/{application.get('name')}"
 
 
 def check_release(source: str, rendered: Rendered, access: KubeAccess) -> None:
-    """Refuse (exit 2, naming the spec's name field) when the release exists and is not this queue's."""
-    wanted = f"{rendered.values['queue']['team']}/{rendered.values['queue']['name']}"
+    """Refuse (exit 2, naming the spec's application field) when the release exists and is not this application's."""
+    wanted = f"{rendered.values['application']['team']}/{rendered.values['application']['name']}"
     owner = release_owner(rendered, access)
     if owner is None or owner == wanted:
         return
-    shown = owner if owner.startswith("a release") else f"queue {owner}"
+    shown = owner if owner.startswith("a release") else f"application {owner}"
+    application = rendered.values["application"]["name"]
+    own_name = [q["name"] for q in rendered.values["queues"]] == [application]
     raise SpecInvalid(
         [
             Problem(
                 source,
-                "/metadata/name",
+                "/metadata/name" if own_name else "/spec/deployment/application",
                 f'Helm release "{rendered.release}" in namespace {rendered.namespace} exists and is {shown}; '
                 "a deploy never takes over another release, so nothing was deployed",
-                "queue names become release names: rename this queue, or deploy it to its own namespace",
+                "application names (by default the queue's name) become release names: rename the application "
+                "or the queue, or deploy it to its own namespace",
             )
         ]
     )

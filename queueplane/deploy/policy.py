@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 # In client mode the driver creates, watches and deletes its executor pods and the config
-# map of their Spark settings; and it reports its own Queue's status. Nothing else (no
+# map of their Spark settings; and it reports its own Queues' status. Nothing else (no
 # services: the chart makes the driver's; no volume claims: executors claim none).
 # Keys: (API group, resource).
 DRIVER_RBAC: dict[tuple[str, str], frozenset[str]] = {
@@ -19,7 +19,7 @@ DRIVER_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("", "configmaps"): frozenset({"get", "list", "create", "delete", "deletecollection"}),
     ("queueplane.io", "queues/status"): frozenset({"get", "patch"}),
 }
-# Resources a rule must name one object of: the Queue of the release (named like its Role).
+# Resources a rule must name objects of: the Queue objects of the release (one per queue).
 NAMED_ONLY = frozenset({("queueplane.io", "queues/status")})
 CLUSTER_WIDE_KINDS = frozenset({"ClusterRole", "ClusterRoleBinding"})
 REQUIRED_RESOURCES = (("requests", "cpu"), ("requests", "memory"), ("limits", "memory"))
@@ -77,9 +77,9 @@ def _container_problems(label: str, spec: dict[str, Any], workload: bool) -> lis
     return problems
 
 
-def _role_problems(label: str, role: dict[str, Any]) -> list[str]:
+def _role_problems(label: str, role: dict[str, Any], own: frozenset[str]) -> list[str]:
+    """``own``: the names of the release's own Queue objects."""
     problems = []
-    own = (role.get("metadata") or {}).get("name")
     for number, rule in enumerate(role.get("rules") or []):
         where = f"{label}: rule {number}"
         if rule.get("nonResourceURLs"):
@@ -95,8 +95,10 @@ def _role_problems(label: str, role: dict[str, Any]) -> list[str]:
                 extra = sorted(set(rule.get("verbs") or []) - allowed)
                 if extra:
                     problems.append(f"{where} grants {extra} on {shown}; the driver needs only {sorted(allowed)}")
-                if (group, resource) in NAMED_ONLY and names != [own]:
-                    problems.append(f"{where} must name only the release's own Queue {own!r} in resourceNames")
+                if (group, resource) in NAMED_ONLY and (not names or not set(names) <= own):
+                    problems.append(
+                        f"{where} must name only the release's own Queue objects {sorted(own)} in resourceNames"
+                    )
                 elif (group, resource) not in NAMED_ONLY and names:
                     problems.append(f"{where} names {shown} objects; the driver's own objects have generated names")
     return problems
@@ -105,16 +107,18 @@ def _role_problems(label: str, role: dict[str, Any]) -> list[str]:
 def policy_problems(objects: Sequence[dict[str, Any]], pod_templates: Sequence[dict[str, Any]] = ()) -> list[str]:
     """Every policy breach in the rendered objects (and in pod templates handed to Spark)."""
     problems: list[str] = []
+    queues = frozenset(o["metadata"]["name"] for o in objects if o.get("kind") == "Queue" and o.get("metadata"))
     for obj in objects:
         label = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name', '?')}"
         if obj.get("kind") in CLUSTER_WIDE_KINDS:
             problems.append(f"{label}: a worker gets no cluster-wide permissions")
         if obj.get("kind") == "Role":
-            problems += _role_problems(label, obj)
+            problems += _role_problems(label, obj, queues)
         spec = pod_spec(obj)
         if spec is not None:
             problems += _container_problems(label, spec, workload=True)
     for template in pod_templates:
-        label = f"executor pod template of {template.get('metadata', {}).get('labels', {}).get('queueplane.io/queue')}"
+        application = template.get("metadata", {}).get("labels", {}).get("queueplane.io/application")
+        label = f"executor pod template of {application}"
         problems += _container_problems(label, template.get("spec") or {}, workload=False)
     return problems

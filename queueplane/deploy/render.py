@@ -1,6 +1,7 @@
-"""A queue spec as a Helm release of charts/queue-worker: values, manifests, and their checks.
+"""A worker application (one or more queue specs) as a Helm release of charts/queue-worker:
+values, manifests, and their checks.
 
-`helm_values` is the one mapping from a spec to the chart's values; every face (the CLI's
+`helm_values` is the one mapping from specs to the chart's values; every face (the CLI's
 `render`, the Airflow deploy operator, the tests) goes through it and through `render`,
 which runs the real `helm template` and validates what comes out.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -28,7 +30,6 @@ from queueplane.spec.schema import load_schema
 
 CHART_NAME = "queue-worker"
 EXECUTOR_TEMPLATE_KEY = "executor-pod-template.yaml"
-SPEC_KEY = "spec.yaml"
 # PySpark on Kubernetes: Python workers live outside the JVM heap, so Spark's default for
 # non-JVM jobs reserves 40% of the heap (at least 384 MiB) on top of it.
 MEMORY_OVERHEAD_FACTOR = 0.4
@@ -117,43 +118,73 @@ def _spec_text(queue: QueueSpec) -> str:
         raise QueueplaneError(f"{queue.source}: cannot read the spec to mount it: {exc.strerror}") from None
 
 
-def helm_values(queue: QueueSpec) -> dict:
-    """The chart values a spec determines (the chart's values.yaml supplies the rest)."""
+def helm_values(queues: Sequence[QueueSpec]) -> dict:
+    """The chart values the specs of one application determine (the chart's values.yaml supplies the rest).
+
+    The specs agree on what they share (``rules.application_problems``), so the first one
+    gives the image and the pod shapes; the executor pool's bounds are the sums of theirs.
+    """
+    first = queues[0]
     label = _schema_pattern("$defs", "dnsLabel")
     return {
-        "queue": {
-            "name": _checked(queue, "/metadata/name", queue.name, label),
-            "team": _checked(queue, "/metadata/team", queue.team, label),
-            "groupType": queue.group.type,
-            "topic": queue.topic.name,
-            "deadLetterTopic": queue.dead_letter.name,
-            "spec": _spec_text(queue),
+        "application": {
+            "name": _checked(first, "/spec/deployment/application", first.application, label),
+            "team": _checked(first, "/metadata/team", first.team, label),
         },
-        "image": _image(queue),
-        "driver": _pod(queue, "driver", queue.driver),
-        "executor": _pod(queue, "executor", queue.executor),
+        "queues": [
+            {
+                "name": _checked(queue, "/metadata/name", queue.name, label),
+                "groupType": queue.group.type,
+                "topic": queue.topic.name,
+                "deadLetterTopic": queue.dead_letter.name,
+                "targetLagSeconds": queue.target_lag_seconds,
+                "spec": _spec_text(queue),
+            }
+            for queue in queues
+        ],
+        "image": _image(first),
+        "driver": _pod(first, "driver", first.driver),
+        "executor": _pod(first, "executor", first.executor),
         "autoscaling": {
-            "minExecutors": queue.min_executors,
-            "maxExecutors": queue.max_executors,
-            "targetLagSeconds": queue.target_lag_seconds,
+            "minExecutors": sum(queue.min_executors for queue in queues),
+            "maxExecutors": sum(queue.max_executors for queue in queues),
         },
     }
 
 
-def render(queue: QueueSpec, *, output_dir: Path | None = None, overrides: dict | None = None) -> Rendered:
-    """`helm template` of the queue's release, validated; files go to output_dir (else a temporary folder).
+def application_queues(queues: Sequence[QueueSpec]) -> list[QueueSpec]:
+    """The queues of one application, or UsageError: a release is one application's, whole."""
+    if not queues:
+        raise UsageError("no queue to render")
+    names = sorted({queue.application for queue in queues})
+    if len(names) > 1:
+        raise UsageError(
+            f"{queues[0].source}: the specs belong to {len(names)} worker applications ({', '.join(names)}); "
+            "a release is one application: render or deploy each application's specs on their own"
+        )
+    return list(queues)
 
-    ``overrides`` are cluster values the spec does not hold (kafka secrets, checkpoint claim),
-    merged over the spec's values.
+
+def render(
+    queues: QueueSpec | Sequence[QueueSpec], *, output_dir: Path | None = None, overrides: dict | None = None
+) -> Rendered:
+    """`helm template` of an application's release (its queues' specs), validated; files go to
+    output_dir (else a temporary folder).
+
+    ``overrides`` are cluster values the specs do not hold (kafka secrets, checkpoint claim),
+    merged over the specs' values.
     """
+    queues = application_queues([queues] if isinstance(queues, QueueSpec) else queues)
+    queue = queues[0]
     if queue.deploy_target != "kubernetes":
         raise UsageError(
             f"{queue.source}: /spec/deployment/target is {queue.deploy_target}: the Helm chart is for target "
             "kubernetes; a spark-submit queue is deployed by its Airflow DAG (docs/airflow.md)"
         )
     namespace = _checked(queue, "/spec/deployment/namespace", queue.namespace, _schema_pattern("$defs", "dnsLabel"))
-    values = merge_values(helm_values(queue), overrides or {})
-    folder = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-"))
+    values = merge_values(helm_values(queues), overrides or {})
+    release = values["application"]["name"]
+    folder = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix=f"queueplane-{release}-"))
     folder.mkdir(parents=True, exist_ok=True)
     values_file = folder / "values.yaml"
     values_file.write_text(yaml.safe_dump(values, sort_keys=False, allow_unicode=True), encoding="utf-8")
@@ -161,7 +192,7 @@ def render(queue: QueueSpec, *, output_dir: Path | None = None, overrides: dict 
     result = run_helm(
         [
             "template",
-            queue.name,
+            release,
             str(chart),
             "--namespace",
             namespace,
@@ -175,7 +206,7 @@ def render(queue: QueueSpec, *, output_dir: Path | None = None, overrides: dict 
     objects = [obj for obj in yaml.safe_load_all(manifests) if obj]
     validate_manifests(objects)
     (folder / "manifests.yaml").write_text(manifests, encoding="utf-8")
-    return Rendered(queue.name, namespace, chart, values, values_file, manifests, objects)
+    return Rendered(release, namespace, chart, values, values_file, manifests, objects)
 
 
 def chart_crds() -> list[dict]:

@@ -11,6 +11,7 @@ working directory), and a task's parse, whose parsing context names its DAG, bui
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -118,11 +119,13 @@ def _target_params(queue: QueueSpec) -> dict[str, Param]:
     }
 
 
-def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
+def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID, siblings: Sequence[QueueSpec] = ()) -> DAG:
     """validate → plan → apply topics → apply group configs → deploy → wait until ready.
 
     The deploy is a Helm release (``deployment.target: kubernetes``) or a spark-submit to a
-    standalone master (``spark-submit``); the readiness check follows the target.
+    standalone master (``spark-submit``); the readiness check follows the target. A Helm
+    release is the queue's worker application: ``siblings``, the other queues of that
+    application, are deployed with it.
     """
     spec = str(Path(queue.source).resolve())
     with DAG(
@@ -168,6 +171,7 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID) -> DAG:
             deploy = HelmDeployOperator(
                 task_id="deploy",
                 spec_path=spec,
+                application_specs=[str(Path(q.source).resolve()) for q in siblings],
                 cluster_values="{{ params.cluster_values }}",
                 trigger_rule=TriggerRule.NONE_FAILED,  # a dry run skips the applies but still renders
                 **switches,
@@ -181,7 +185,11 @@ def queue_dags(root: Path) -> dict[str, DAG]:
     """One DAG per valid spec under ``root``, by dag_id; only the one a task runs in, when Airflow says which."""
     queues, _ = checked_specs(root)
     wanted = get_parsing_context().dag_id
-    return {dag_id(q): queue_dag(q) for q in queues if wanted is None or dag_id(q) == wanted}
+    return {
+        dag_id(q): queue_dag(q, siblings=[s for s in queues if s.application == q.application and s is not q])
+        for q in queues
+        if wanted is None or dag_id(q) == wanted
+    }
 
 
 def reconcile_dag(root: Path) -> DAG:

@@ -29,7 +29,10 @@ from queueplane.spec.model import QueueSpec
 
 
 class HelmDeployOperator(BaseOperator):
-    """`helm upgrade --install --rollback-on-failure --wait` (Helm 4's --atomic) of the queue's release."""
+    """`helm upgrade --install --rollback-on-failure --wait` (Helm 4's --atomic) of the release of the
+    queue's worker application: its own spec and ``application_specs``, the other specs of that
+    application (the DAG factory finds them), since the release runs exactly the queues it is given.
+    """
 
     template_fields: Sequence[str] = ("kubernetes_conn_id", "deploy", "dry_run", "cluster_values")
     ui_color = "#e6f4ea"
@@ -38,6 +41,7 @@ class HelmDeployOperator(BaseOperator):
         self,
         *,
         spec_path: str,
+        application_specs: Sequence[str] = (),
         kubernetes_conn_id: str = KUBERNETES_CONN_ID,
         deploy: bool | str = True,
         dry_run: bool | str = False,
@@ -50,6 +54,7 @@ class HelmDeployOperator(BaseOperator):
         self.cluster_values = cluster_values
         self.cluster_values_variable = cluster_values_variable
         self.spec_path = spec_path
+        self.application_specs = list(application_specs)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.deploy = deploy
         self.dry_run = dry_run
@@ -61,8 +66,8 @@ class HelmDeployOperator(BaseOperator):
         from queueplane.deploy.render import render
 
         with task_errors(), tempfile.TemporaryDirectory(prefix="queueplane-render-") as out:
-            (queue,) = steps.validate([self.spec_path])
-            rendered = render(queue, output_dir=Path(out), overrides=self._cluster_values())
+            queues = steps.validate([self.spec_path, *self.application_specs])
+            rendered = render(queues, output_dir=Path(out), overrides=self._cluster_values())
             self.log.info(
                 "Rendered release %s (namespace %s, chart %s): %d object(s), all valid.\n%s",
                 rendered.release,
@@ -81,7 +86,7 @@ class HelmDeployOperator(BaseOperator):
                     "with a kubeconfig path or content, or in-cluster) to deploy."
                 )
             with kube_access(hook) as access:
-                output = release.upgrade(queue.source, rendered, access, self.helm_timeout_s)
+                output = release.upgrade(self.spec_path, rendered, access, self.helm_timeout_s)
                 self.log.info("helm upgrade --install %s:\n%s", rendered.release, output)
         return {"release": rendered.release, "namespace": rendered.namespace}
 

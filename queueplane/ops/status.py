@@ -127,8 +127,8 @@ def kafka_status(target: KafkaTarget, queue: QueueSpec) -> QueueStatus:
 
 
 def kubernetes_status(status: QueueStatus, queue: QueueSpec, access: KubeAccess) -> None:
-    """The queue's Helm release (helm status) and its pods (driver, executors) from the named cluster."""
-    release, namespace = queue.name, queue.namespace  # as render names the release
+    """The Helm release of the queue's application (helm status) and its pods (driver, executors)."""
+    release, namespace = queue.application, queue.namespace  # as render names the release
     args = ["status", release, "--namespace", namespace, "-o", "json"]
     if access.context:
         args += ["--kube-context", access.context]
@@ -147,14 +147,16 @@ def kubernetes_status(status: QueueStatus, queue: QueueSpec, access: KubeAccess)
             "revision": shown.get("version"),
             "updated": info.get("last_deployed"),
         }
-    status.pods = _pods(access, namespace, queue.name)
+    status.pods = _pods(access, namespace, queue.application)
 
 
-def _pods(access: KubeAccess, namespace: str, queue: str) -> list[dict[str, Any]]:
+def _pods(access: KubeAccess, namespace: str, application: str) -> list[dict[str, Any]]:
     from kubernetes import client
 
     with kube_client(access) as api:
-        listed = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"queueplane.io/queue={queue}")
+        listed = client.CoreV1Api(api).list_namespaced_pod(
+            namespace, label_selector=f"queueplane.io/application={application}"
+        )
     pods = []
     for pod in listed.items:
         containers = pod.status.container_statuses or []

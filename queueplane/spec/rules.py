@@ -215,6 +215,15 @@ def application_problems(queues: list[tuple[SpecFile, QueueSpec]]) -> list[Probl
             first[queue.application] = (spec, queue)
             continue
         other_spec, other = first[queue.application]
+        if queue.deploy_target == other.deploy_target == "spark-submit":
+            out.append(
+                spec.problem(
+                    "/spec/deployment/application",
+                    f'"{queue.application}" is also the application of {other_spec.path}, and a spark-submit '
+                    "worker runs one queue",
+                    "several queues share one application on target kubernetes; give this queue its own application",
+                )
+            )
         for ptr, read in APPLICATION_SHARED:
             if read(queue) != read(other):
                 out.append(

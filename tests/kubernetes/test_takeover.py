@@ -75,7 +75,7 @@ def test_a_deploy_makes_its_namespace_restricted_and_never_takes_over_another_re
         assert refused.returncode == 2, refused.stdout + refused.stderr
         said = refused.stderr
         assert f'{other_path}: /metadata/name: Helm release "{release}" in namespace {namespace} exists' in said
-        assert f"is queue cafe/{release}" in said and "nothing was deployed" in said
+        assert f"is application cafe/{release}" in said and "nothing was deployed" in said
         assert _revisions(local_kubernetes, release, namespace) == [1]
 
         # A release of another chart under a queue's name.

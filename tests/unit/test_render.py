@@ -69,7 +69,7 @@ def test_every_example_renders_to_valid_labelled_objects(spec, tmp_path):
     ]
     for obj in rendered.objects:
         labels = obj["metadata"]["labels"]
-        assert labels["queueplane.io/team"] == queue.team and labels["queueplane.io/queue"] == queue.name
+        assert labels["queueplane.io/team"] == queue.team and labels["queueplane.io/application"] == queue.name
         assert labels["app.kubernetes.io/instance"] == queue.name and "app.kubernetes.io/managed-by" in labels
         assert obj["metadata"]["namespace"] == queue.namespace
     deployment = _find(rendered.objects, "Deployment")
@@ -90,8 +90,9 @@ def test_every_example_renders_to_valid_labelled_objects(spec, tmp_path):
     service = _find(rendered.objects, "Service")
     assert service["spec"]["clusterIP"] == "None"
     assert f"spark.driver.host={service['metadata']['name']}.{queue.namespace}.svc" in args
-    spec_text = _find(rendered.objects, "ConfigMap")["data"]["spec.yaml"]
+    spec_text = _find(rendered.objects, "ConfigMap")["data"][f"{queue.name}.yaml"]
     assert spec_text == spec.read_text(), "the spec file is mounted as written"
+    assert driver["args"][1:3] == ["--spec", f"/etc/queueplane/spec/{queue.name}.yaml"]
 
 
 def test_checkpoint_claim_and_kafka_secrets_come_from_values(tmp_path):
@@ -262,6 +263,7 @@ def _driver(objects):
         (lambda o: _find(o, "Role")["rules"][1]["resources"].append("secrets"), "'secrets'"),
         (lambda o: _find(o, "Role")["rules"][0]["verbs"].append("*"), "grants \\['\\*'\\]"),
         (lambda o: _find(o, "Role")["rules"][2]["resourceNames"].append("other-queue"), "only the release's own"),
+        (lambda o: _find(o, "Role")["rules"][2].update(resourceNames=[]), "only the release's own"),
         (lambda o: _find(o, "Role")["rules"][2]["resources"].append("queues"), "'queueplane.io/queues'"),
         (lambda o: _find(o, "Role")["rules"][0].update(resourceNames=["x"]), "generated names"),
         (lambda o: _find(o, "Queue")["spec"].update(groupType="fifo"), "/spec/groupType"),
@@ -293,6 +295,7 @@ def test_the_queue_object_carries_the_spec_and_the_driver_reports_to_it(coffee):
         "namespace": "cafe",
         "labels": queue["metadata"]["labels"],
     }
+    assert queue["metadata"]["labels"]["queueplane.io/queue"] == "coffee-orders"
     assert queue["spec"] == {
         "team": "cafe",
         "groupType": "share",
@@ -300,14 +303,14 @@ def test_the_queue_object_carries_the_spec_and_the_driver_reports_to_it(coffee):
         "deadLetterTopic": "cafe.coffee-orders.v1.dlq",
     }
     args = _driver(coffee.objects)["args"]
-    assert args[args.index("--status-resource") + 1] == "cafe/coffee-orders"
+    assert args[args.index("--status-namespace") + 1] == "cafe"
 
 
 def test_without_the_queue_resource_there_is_no_object_no_grant_and_no_report(tmp_path):
     rendered = render(_queue(), output_dir=tmp_path, overrides={"queueResource": {"enabled": False}})
     assert not [o for o in rendered.objects if o["kind"] == "Queue"]
     assert all(r["apiGroups"] == [""] for r in _find(rendered.objects, "Role")["rules"])
-    assert "--status-resource" not in _driver(rendered.objects)["args"]
+    assert "--status-namespace" not in _driver(rendered.objects)["args"]
 
 
 def test_free_text_in_a_spec_cannot_inject_yaml_or_template_syntax(tmp_path):
@@ -320,7 +323,7 @@ def test_free_text_in_a_spec_cannot_inject_yaml_or_template_syntax(tmp_path):
     queue = steps.validate([str(path)], None)[0]
     rendered = render(queue, output_dir=tmp_path / "out")
     assert sorted(o["kind"] for o in rendered.objects) == sorted(o["kind"] for o in render(_queue()).objects)
-    spec = yaml.safe_load(_find(rendered.objects, "ConfigMap")["data"]["spec.yaml"])
+    spec = yaml.safe_load(_find(rendered.objects, "ConfigMap")["data"][f"{queue.name}.yaml"])
     assert spec["metadata"]["description"] == doc["metadata"]["description"]
 
 
@@ -413,3 +416,61 @@ def _containers(obj: dict) -> list[dict]:
     spec = obj.get("spec", {})
     pod = spec.get("template", {}).get("spec", spec) if obj["kind"] != "Pod" else spec
     return [*pod.get("containers", []), *pod.get("initContainers", [])]
+
+
+def _application_specs(folder, application="cafe-workers"):
+    """The three examples (share, kmq, consumer) as queues of team cafe in one worker application."""
+    deployment = yaml.safe_load((EXAMPLES / "cafe" / "coffee-orders.yaml").read_text())["spec"]["deployment"]
+    paths = []
+    for example in SPECS:
+        doc = yaml.safe_load(example.read_text())
+        doc["metadata"]["team"] = "cafe"
+        doc["spec"]["deployment"] = {**deployment, "application": application}
+        doc["spec"].get("access", {}).pop("worker", None)
+        path = folder / example.name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        paths.append(path)
+    return steps.validate([str(p) for p in paths], None)
+
+
+def test_an_application_of_three_queues_is_one_driver_with_a_queue_object_and_a_spec_per_queue(tmp_path):
+    queues = _application_specs(tmp_path)
+    assert sorted(q.group.type for q in queues) == ["consumer", "kmq", "share"]
+    rendered = render(queues, output_dir=tmp_path / "out")
+    assert rendered.release == "cafe-workers" and rendered.namespace == "cafe"
+    assert sorted(o["kind"] for o in rendered.objects).count("Deployment") == 1
+    objects = {o["metadata"]["name"]: o for o in rendered.objects if o["kind"] == "Queue"}
+    assert sorted(objects) == sorted(q.name for q in queues)
+    for queue in queues:
+        shown = objects[queue.name]
+        assert shown["spec"]["groupType"] == queue.group.type and shown["spec"]["topic"] == queue.topic.name
+        assert shown["metadata"]["labels"]["queueplane.io/queue"] == queue.name
+        assert shown["metadata"]["labels"]["queueplane.io/application"] == "cafe-workers"
+        assert _find(rendered.objects, "ConfigMap")["data"][f"{queue.name}.yaml"] == open(queue.source).read()
+    driver = _driver(rendered.objects)
+    specs = [driver["args"][i + 1] for i, arg in enumerate(driver["args"]) if arg == "--spec"]
+    assert specs == [f"/etc/queueplane/spec/{q.name}.yaml" for q in queues]
+    # The pool starts at the sum of the queues' minimums; its ceiling is the sum of their maximums.
+    assert f"spark.executor.instances={sum(q.min_executors for q in queues)}" in _submit_args(driver)
+    assert rendered.values["autoscaling"]["maxExecutors"] == sum(q.max_executors for q in queues)
+    # Consumer and kmq queues read their partitions whole: no second driver beside the first in a rollout.
+    assert _find(rendered.objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+    status_grant = _find(rendered.objects, "Role")["rules"][2]
+    assert status_grant["resources"] == ["queues/status"] and sorted(status_grant["resourceNames"]) == sorted(objects)
+    for obj in rendered.objects:
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "cafe-workers"
+
+
+def test_specs_of_two_applications_are_not_one_release(tmp_path):
+    queues = _application_specs(tmp_path)
+    other = dataclasses.replace(queues[1], application="other")
+    with pytest.raises(UsageError, match=r"belong to 2 worker applications \(cafe-workers, other\)"):
+        render([queues[0], other])
+
+
+def test_the_deploy_command_renders_every_spec_it_is_given_as_one_release(tmp_path, cli_env):
+    paths = [q.source for q in _application_specs(tmp_path)]
+    result = run_cli(["render", *paths, "--output-dir", str(tmp_path / "out")], env=cli_env)
+    assert result.returncode == 0, result.stderr
+    assert "release cafe-workers in namespace cafe" in result.stdout
+    assert result.stdout.count("Queue/") == 3

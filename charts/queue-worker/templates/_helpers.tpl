@@ -1,6 +1,6 @@
 {{/*
-Names. The release name is the queue name (a DNS label of at most 53 characters), so every
-suffixed name below stays within 63 characters.
+Names. The release name is the application's name (a DNS label of at most 53 characters), so
+every suffixed name below stays within 63 characters.
 */}}
 {{- define "queue-worker.name" -}}
 {{- .Release.Name | trunc 53 | trimSuffix "-" -}}
@@ -37,8 +37,8 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: queueplane
 app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
-queueplane.io/team: {{ .Values.queue.team | quote }}
-queueplane.io/queue: {{ .Values.queue.name | quote }}
+queueplane.io/team: {{ .Values.application.team | quote }}
+queueplane.io/application: {{ .Values.application.name | quote }}
 {{- end -}}
 
 {{/* Mount points, shared by the driver, the executor pod template and the Spark settings. */}}
