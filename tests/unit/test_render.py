@@ -6,6 +6,7 @@ import base64
 import copy
 import dataclasses
 import shlex
+from pathlib import Path
 
 import pytest
 import yaml
@@ -446,7 +447,7 @@ def test_an_application_of_three_queues_is_one_driver_with_a_queue_object_and_a_
         assert shown["spec"]["groupType"] == queue.group.type and shown["spec"]["topic"] == queue.topic.name
         assert shown["metadata"]["labels"]["queueplane.io/queue"] == queue.name
         assert shown["metadata"]["labels"]["queueplane.io/application"] == "cafe-workers"
-        assert _find(rendered.objects, "ConfigMap")["data"][f"{queue.name}.yaml"] == open(queue.source).read()
+        assert _find(rendered.objects, "ConfigMap")["data"][f"{queue.name}.yaml"] == Path(queue.source).read_text()
     driver = _driver(rendered.objects)
     specs = [driver["args"][i + 1] for i, arg in enumerate(driver["args"]) if arg == "--spec"]
     assert specs == [f"/etc/queueplane/spec/{q.name}.yaml" for q in queues]
