@@ -73,3 +73,34 @@ def test_cluster_values_cannot_change_what_the_spec_owns(airflow_db, monkeypatch
     monkeypatch.setenv("AIRFLOW_VAR_QUEUEPLANE_CLUSTER_VALUES", json.dumps({"autoscaling": {"maxExecutors": 500}}))
     with pytest.raises(AirflowException, match=r"Variable queueplane_cluster_values: /autoscaling comes from the"):
         _deploy().execute(context={})
+
+
+def test_each_queue_s_dag_deploys_its_whole_application(airflow_db, tmp_path: Path, capsys):
+    """Three specs name one application: each one's DAG renders the release of all three, and a queue
+    of its own application deploys alone."""
+    from queueplane.operators.dag_factory import queue_dags
+
+    coffee = yaml.safe_load(Path(SPEC).read_text())
+    for name in ("espresso", "latte", "mocha", "tea"):
+        doc = yaml.safe_load(Path(SPEC).read_text())
+        doc["metadata"]["name"] = name
+        doc["spec"]["topic"]["name"] = f"cafe.{name}.v1"
+        doc["spec"]["group"]["id"] = f"{name}-workers"
+        doc["spec"]["processing"]["output"]["topic"] = f"cafe.{name}.ready.v1"
+        doc["spec"].pop("deadLetter", None)
+        if name != "tea":
+            doc["spec"]["deployment"] = {**coffee["spec"]["deployment"], "application": "coffee-bar"}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    dags = queue_dags(tmp_path)
+    for name in ("espresso", "latte", "mocha"):
+        deploy = dags[f"queue__cafe__{name}"].get_task("deploy")
+        others = {Path(p).stem for p in deploy.application_specs}
+        assert others == {"espresso", "latte", "mocha"} - {name}
+    assert dags["queue__cafe__tea"].get_task("deploy").application_specs == []
+    deploy = dags["queue__cafe__latte"].get_task("deploy")
+    with pytest.raises(AirflowSkipException, match="dry run: release coffee-bar rendered and validated"):
+        HelmDeployOperator(
+            task_id="deploy", spec_path=deploy.spec_path, application_specs=deploy.application_specs, dry_run=True
+        ).execute(context={})
+    logged = capsys.readouterr().out
+    assert all(f"name: {name}\n" in logged for name in ("espresso", "latte", "mocha")), "a Queue object for each"
