@@ -41,27 +41,33 @@ def _helm_json(args: list[str], access: KubeAccess) -> Any | None:
     return json.loads(result.stdout or "null")
 
 
-def release_owner(rendered: Rendered, access: KubeAccess) -> str | None:
-    """Who the existing release belongs to (``team/name``, or what else it is); None when there is none."""
+def release_owner(rendered: Rendered, access: KubeAccess) -> tuple[str, list[str]] | None:
+    """Who the existing release belongs to (``team/name``, or what else it is) and the queues it
+    runs; None when there is no release."""
     where = ["--namespace", rendered.namespace]
     metadata = _helm_json(["get", "metadata", rendered.release, *where], access)
     if metadata is None:
         return None
     chart = str(metadata.get("chart", ""))
     if chart != CHART_NAME:
-        return f"a release of chart {chart or 'unknown'}, not queueplane's"
+        return f"a release of chart {chart or 'unknown'}, not queueplane's", []
     values = _helm_json(["get", "values", rendered.release, *where], access) or {}
     # A release made before applications held one queue, under "queue": its name was the release's.
     application = values.get("application") or values.get("queue") or {}
-    return f"{application.get('team')}/{application.get('name')}"
+    queues = [str(q.get("name")) for q in values.get("queues") or [application]]
+    return f"{application.get('team')}/{application.get('name')}", queues
 
 
-def check_release(source: str, rendered: Rendered, access: KubeAccess) -> None:
-    """Refuse (exit 2, naming the spec's application field) when the release exists and is not this application's."""
+def check_release(source: str, rendered: Rendered, access: KubeAccess) -> list[str]:
+    """Refuse (exit 2, naming the spec's application field) when the release exists and is not this
+    application's; else return the queues it runs that this deploy leaves out (it stops them)."""
     wanted = f"{rendered.values['application']['team']}/{rendered.values['application']['name']}"
-    owner = release_owner(rendered, access)
-    if owner is None or owner == wanted:
-        return
+    existing = release_owner(rendered, access)
+    if existing is None:
+        return []
+    owner, running = existing
+    if owner == wanted:
+        return sorted(set(running) - {q["name"] for q in rendered.values["queues"]})
     shown = owner if owner.startswith("a release") else f"application {owner}"
     application = rendered.values["application"]["name"]
     own_name = [q["name"] for q in rendered.values["queues"]] == [application]

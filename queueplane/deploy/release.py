@@ -46,15 +46,22 @@ def upgrade_args(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_T
 
 
 def upgrade(source: str, rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> str:
-    """Install or upgrade the release of the spec at ``source`` and wait for it; returns helm's output.
+    """Install or upgrade the release of the application whose spec is at ``source`` and wait for
+    it; returns helm's output, after a line naming any queue the release ran and no longer does.
 
-    Refuses (SpecInvalid, nothing deployed) when the release exists and is not this queue's,
+    Refuses (SpecInvalid, nothing deployed) when the release exists and is not this application's,
     and creates a missing namespace Pod Security ``restricted`` first (see ownership.py).
     """
-    ownership.check_release(source, rendered, access)
+    left_out = ownership.check_release(source, rendered, access)
     ownership.ensure_namespace(rendered, access)
     result = run_helm(upgrade_args(rendered, access, timeout_s), kubeconfig=access.kubeconfig, timeout=timeout_s + 60)
-    return result.stdout
+    if not left_out:
+        return result.stdout
+    return (
+        f"stopped queue(s) {', '.join(left_out)}: application {rendered.release} ran them, and their specs were "
+        "not among those deployed (their Queue objects are gone; their topics and groups are untouched)\n"
+        + result.stdout
+    )
 
 
 def deployment_verdict(namespace: str, name: str, status: Any) -> tuple[bool, str]:

@@ -4,7 +4,8 @@ A share, a consumer (exactly once) and a kmq queue name the same
 ``spec.deployment.application``; `queueplane deploy` with the three specs installs one Helm
 release. It runs one driver pod and one executor pool, and each queue keeps its own query,
 group, DLQ and Queue object: every queue's load ends accepted or in its own DLQ, and
-`kubectl get queues` shows each queue's own lag and dead letters.
+`kubectl get queues` shows each queue's own lag and dead letters. Deployed again without one
+of the specs, the application stops that queue and says so.
 """
 
 from __future__ import annotations
@@ -115,6 +116,17 @@ def test_a_share_a_consumer_and_a_kmq_queue_run_in_one_driver_each_with_its_own_
             assert queue["spec"]["groupType"] == doc["spec"]["group"]["type"]
             assert queue["spec"]["topic"] == doc["spec"]["topic"]["name"]
             assert queue["status"]["deadLetters"] >= poison[path], "its own poison, in its own DLQ"
+
+        # The release runs exactly the queues it is given: deployed without the kmq queue's spec,
+        # the application stops that queue and says so; the other two run on.
+        kept, left_out = paths[:2], docs[paths[2]]["metadata"]["name"]
+        again = run_cli(["deploy", *kept, *kube, "--values", str(values), "--timeout", "8m"], cli_env, timeout=600)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert f"stopped queue(s) {left_out}: application {APPLICATION} ran them" in again.stdout, again.stdout
+        listed = local_kubernetes.kubectl("-n", namespace, "get", "queues", "-o", "name")
+        assert sorted(listed.split()) == sorted(f"queue.queueplane.io/{docs[p]['metadata']['name']}" for p in kept)
+        (driver,) = pods(local_kubernetes, namespace, DRIVER)
+        assert driver["spec"]["containers"][0]["args"].count("--spec") == 2
     except BaseException:
         show(local_kubernetes, namespace)
         raise
