@@ -475,3 +475,14 @@ def test_the_deploy_command_renders_every_spec_it_is_given_as_one_release(tmp_pa
     assert result.returncode == 0, result.stderr
     assert "release cafe-workers in namespace cafe" in result.stdout
     assert result.stdout.count("Queue/") == 3
+
+
+def test_every_key_a_pod_mounts_from_a_config_map_of_the_release_is_there(tmp_path):
+    """A missing key leaves the pod in ContainerCreating for good: the kubelet cannot build the volume."""
+    for rendered in (render(_queue(), output_dir=tmp_path / "one"), render(_application_specs(tmp_path))):
+        maps = {o["metadata"]["name"]: o["data"] for o in rendered.objects if o["kind"] == "ConfigMap"}
+        pod = _find(rendered.objects, "Deployment")["spec"]["template"]["spec"]
+        mounted = [v["configMap"] for v in pod["volumes"] if "configMap" in v]
+        assert mounted
+        for volume in mounted:
+            assert {item["key"] for item in volume["items"]} <= set(maps[volume["name"]]), volume
