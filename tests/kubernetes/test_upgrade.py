@@ -59,7 +59,13 @@ def test_a_changed_spec_rolls_the_driver_and_a_broken_image_rolls_back_while_the
         )
         assert rolled["metadata"]["name"] != old["metadata"]["name"] and ready(rolled)
         mounted = local_kubernetes.kubectl(
-            "-n", namespace, "exec", rolled["metadata"]["name"], "--", "cat", "/etc/queueplane/spec/spec.yaml"
+            "-n",
+            namespace,
+            "exec",
+            rolled["metadata"]["name"],
+            "--",
+            "cat",
+            f"/etc/queueplane/spec/{doc['metadata']['name']}.yaml",
         )
         assert yaml.safe_load(mounted)["spec"]["processing"]["concurrency"] == doc["spec"]["processing"]["concurrency"]
 
