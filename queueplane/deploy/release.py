@@ -1,4 +1,4 @@
-"""A queue's Helm release on a cluster: install or upgrade it, and ask whether its worker is up.
+"""A worker application's Helm release on a cluster: install or upgrade it, and ask whether its worker is up.
 
 The command line (`queueplane deploy`) and the Airflow deploy task and readiness sensor all
 come here, so the helm invocation and the readiness rule exist once.

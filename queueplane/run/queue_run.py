@@ -65,7 +65,7 @@ class QueueJob:
 
     ``reads``: the queue's oldest wait and DLQ count, for the gauges and the status, read every
     few seconds while the worker runs. ``status_patch``: where the status goes (on Kubernetes,
-    the release's Queue resource).
+    the queue's own Queue resource).
     """
 
     queue: QueueSpec
