@@ -58,6 +58,7 @@ class ExecutorPool:
 
     @property
     def requested(self) -> int:
+        """What Spark is asked for: the sum of the queues' demands."""
         with self.lock:
             return sum(self.demands.values())
 
@@ -69,7 +70,7 @@ class ExecutorPool:
     def share(self, name: str, running: int) -> int:
         """A queue's part of the running executors, in proportion to its demand: what its rate is measured on."""
         with self.lock:
-            total = sum(self.demands.values())
+            total = self.requested
             if total <= 0 or len(self.demands) == 1:
                 return running
             return max(1, round(running * self.demands[name] / total)) if running else 0
@@ -91,9 +92,9 @@ class ExecutorPool:
     def set_demand(self, name: str, desired: int, ids: list[str]) -> None:
         """A queue's new demand: ask Spark for the new total, or remove the newest executors beyond it."""
         with self.lock:
-            previous = sum(self.demands.values())
+            previous = self.requested
             self.demands[name] = desired
-            total = sum(self.demands.values())
+            total = self.requested
             if total > previous:
                 self._request_total(total)
             elif total < previous:
@@ -120,7 +121,7 @@ class ExecutorPool:
 
         def kill() -> None:
             self.jsc.killExecutors(self.sc._jvm.PythonUtils.toSeq(ids))
-            self._request_total(sum(self.demands.values()))
+            self._request_total(self.requested)
 
         if not self.drains:
             kill()
@@ -145,7 +146,7 @@ class ExecutorPool:
     def _sync(self, caller: str, ids: list[str]) -> None:
         """A standalone master starts as many executors as its cores allow; trim to the requested count."""
         self.synced = True
-        extra = len(ids) - sum(self.demands.values())
+        extra = len(ids) - self.requested
         if extra > 0:
             log.info("trimming %d executor(s) started beyond the initial %d", extra, len(ids) - extra)
             self._kill(caller, sorted(ids, key=_executor_order)[-extra:])
