@@ -11,7 +11,7 @@ from queueplane.kafka.target import KafkaTarget
 from queueplane.ops.status import queue_reads
 from queueplane.run.driver import QueueJob, run_application, run_queue
 from queueplane.run.options import BatchProgress, RunOptions, RunSummary
-from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, REDELIVERED, RELEASED, SKIPPED
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DUPLICATE, REDELIVERED, RELEASED, SKIPPED
 from queueplane.spec.model import QueueSpec
 
 
@@ -73,6 +73,8 @@ def summary_table(summary: RunSummary) -> Table:
         table.add_row(REDELIVERED, str(summary.counts[REDELIVERED]))
     if summary.counts.get(SKIPPED):  # consumer groups: handled before a restart, below the committed offset
         table.add_row(SKIPPED, str(summary.counts[SKIPPED]))
+    if summary.counts.get(DUPLICATE):  # kmq: copies of messages that had ended already
+        table.add_row(DUPLICATE, str(summary.counts[DUPLICATE]))
     table.add_section()
     table.add_row("duration", f"{summary.duration_s:.1f}s")
     table.add_row("throughput", f"{summary.records_per_s:.0f} records/s")

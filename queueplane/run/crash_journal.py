@@ -20,6 +20,11 @@ retried on another executor starts its count there again, so a record can kill a
 ``deliveryLimit`` processes per executor. Spark gives each task ``deliveryLimit + 1`` attempts
 (queueplane.run.session), so the retry that dead-letters it comes before the query fails.
 
+A kmq call also leaves the delivery it belongs to (the copy's place and when its start
+marker was written). Once that delivery's lock has run out, the tracker has timed it out and
+redelivered or dead-lettered it; a retried task that comes after that leaves the copy to the
+tracker, or the message would end twice (``crashed_deliveries``).
+
 Consumer-group and kmq tasks use it. Share groups do not yet: there, the records a dying process
 had acquired come back a delivery later whether or not they were in a call (docs/runtimes.md).
 """
@@ -38,11 +43,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from queueplane.run.dead_letters import Failure
 
-SLOT = struct.Struct("<qqqq")  # in use (CALL, SUSPECT or 0), partition, offset, when the call started (ms)
+# In use (CALL, SUSPECT or 0), partition, offset, when the call started (ms); then the delivery
+# the call belongs to: the copy's partition and offset, and when it began (ms; 0 when not known).
+SLOT = struct.Struct("<qqqqqqq")
 CALL, SUSPECT = 1, 2
 SLOTS = 4096  # threads a process may run calls on (pool threads, and replacements of stuck ones)
 SUFFIX = ".calls"
@@ -50,8 +57,22 @@ CRASHES = "crashes.json"
 ALONE_POLL_S = 0.005
 WORKER_DIED = "WorkerDied"
 DEAD = 1 << 30  # the count of a record dead-lettered for its crashes
+# How long a crashed delivery is remembered: far past any lockDuration, after which it is the tracker's anyway.
+DELIVERY_MEMORY_S = 3600.0
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class Delivery(NamedTuple):
+    """The delivery a call belongs to: where its copy is, and when the delivery began (ms)."""
+
+    partition: int
+    offset: int
+    began_ms: int
+
+
+NO_DELIVERY = Delivery(-1, -1, 0)
+EMPTY = (0, 0, 0, 0, *NO_DELIVERY)  # a free slot
 
 
 def worker_died(crashes: int) -> Failure:
@@ -95,6 +116,8 @@ class CrashJournal:
         self._pack = SLOT.pack_into
         self._local = threading.local()
         self.crashes: dict[tuple[int, int], int] = {}
+        # (copy partition, copy offset) → when the delivery a process died in began (ms)
+        self.crashed_deliveries: dict[tuple[int, int], int] = {}
         self._alone = threading.Condition(threading.Lock())
         self._alone_slot: int | None = None  # the slot of the suspect running alone
         self._alone_until = 0.0  # when the others go on regardless (monotonic)
@@ -104,17 +127,20 @@ class CrashJournal:
     def collect(self) -> None:
         """Count the calls of processes that died in them, and read every crash counted so far."""
         with self._locked():
-            crashes = self._read_crashes()
+            crashes, deliveries = self._read()
             dead = [p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not self._alive(p)]
             for path in dead:
-                for key in _blamed(path.read_bytes(), self.alone_s):
+                for key, delivery in _blamed(path.read_bytes(), self.alone_s):
                     if crashes.get(key, 0) < DEAD:
                         crashes[key] = crashes.get(key, 0) + 1
+                    if delivery.began_ms:
+                        deliveries[(delivery.partition, delivery.offset)] = delivery.began_ms
             if dead:
-                self._write_crashes(crashes)  # first, then the files: no death goes uncounted
+                self._write(crashes, deliveries)  # first, then the files: no death goes uncounted
                 for path in dead:
                     path.unlink(missing_ok=True)
         self.crashes = crashes
+        self.crashed_deliveries = deliveries
 
     def cleared(self, partition: int, offset: int) -> None:
         """The record's call returned: it is no suspect any more."""
@@ -129,19 +155,19 @@ class CrashJournal:
         if key not in self.crashes and count is None:
             return
         with self._locked():
-            crashes = self._read_crashes()
+            crashes, deliveries = self._read()
             if count is None:
                 crashes.pop(key, None)
             else:
                 crashes[key] = count
-            self._write_crashes(crashes)
+            self._write(crashes, deliveries)
         if count is None:
             self.crashes.pop(key, None)
         else:
             self.crashes[key] = count
 
     # -- this process's calls -----------------------------------------------------------------
-    def begin(self, partition: int, offset: int) -> int:
+    def begin(self, partition: int, offset: int, delivery: Delivery = NO_DELIVERY) -> int:
         """Before a handler call: its record in this thread's slot (alone if it is a suspect); a token for ``end``.
 
         While there is no suspect this is a slot lookup and one write into the mapped file, no
@@ -153,22 +179,22 @@ class CrashJournal:
         at = slot * SLOT.size
         if self.crashes and (partition, offset) in self.crashes:
             self._enter_alone(slot)
-            self._pack(self._map, at, SUSPECT, partition, offset, int(time.time() * 1000))
+            self._pack(self._map, at, SUSPECT, partition, offset, int(time.time() * 1000), *delivery)
             return -1 - slot
         # In the slot first, then look: a suspect about to run alone either sees this call and
         # waits for it, or this call sees the suspect and steps back until it is done.
-        self._pack(self._map, at, CALL, partition, offset, int(time.time() * 1000))
+        self._pack(self._map, at, CALL, partition, offset, int(time.time() * 1000), *delivery)
         if self._alone_slot is not None:
-            self._step_back(at, partition, offset)
+            self._step_back(at, partition, offset, delivery)
         return slot
 
     def end(self, token: int) -> None:
         """After the call returned (or raised): the slot is free, and a suspect lets the others go on."""
         if token >= 0:
-            self._pack(self._map, token * SLOT.size, 0, 0, 0, 0)
+            self._pack(self._map, token * SLOT.size, *EMPTY)
             return
         slot = -1 - token
-        self._pack(self._map, slot * SLOT.size, 0, 0, 0, 0)
+        self._pack(self._map, slot * SLOT.size, *EMPTY)
         with self._alone:
             if self._alone_slot == slot:
                 self._alone_slot = None
@@ -181,6 +207,7 @@ class CrashJournal:
         handler: Callable[[T], R],
         record: T,
         on_start: Callable[[], None] | None = None,
+        delivery: Delivery = NO_DELIVERY,
     ) -> R:
         """``handler(record)`` between ``begin`` and ``end``; a suspect whose call returns (or raises) is cleared.
 
@@ -188,7 +215,7 @@ class CrashJournal:
         (up to ``alone_s``), a wait that is not its handler's time and must not count against
         its deadline.
         """
-        token = self.begin(partition, offset)
+        token = self.begin(partition, offset, delivery)
         if on_start is not None:
             on_start()
         try:
@@ -198,12 +225,12 @@ class CrashJournal:
             if token < 0:
                 self.cleared(partition, offset)  # it came back: it did not kill its process
 
-    def _step_back(self, at: int, partition: int, offset: int) -> None:
+    def _step_back(self, at: int, partition: int, offset: int, delivery: Delivery) -> None:
         while self._alone_slot is not None and time.monotonic() < self._alone_until:
-            self._pack(self._map, at, 0, 0, 0, 0)
+            self._pack(self._map, at, *EMPTY)
             with self._alone:
                 self._alone.wait_for(self._not_alone, max(0.0, self._alone_until - time.monotonic()))
-            self._pack(self._map, at, CALL, partition, offset, int(time.time() * 1000))
+            self._pack(self._map, at, CALL, partition, offset, int(time.time() * 1000), *delivery)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -236,16 +263,24 @@ class CrashJournal:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _read_crashes(self) -> dict[tuple[int, int], int]:
+    def _read(self) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+        """The crashes per message, and the deliveries that crashed (remembered DELIVERY_MEMORY_S)."""
         try:
-            rows = json.loads((self.folder / CRASHES).read_text())
-        except (OSError, ValueError):
-            return {}
-        return {(int(p), int(o)): int(n) for p, o, n in rows}
+            kept = json.loads((self.folder / CRASHES).read_text())
+            crashes = {(int(p), int(o)): int(n) for p, o, n in kept["crashes"]}
+            deliveries = {(int(p), int(o)): int(ms) for p, o, ms in kept["deliveries"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}, {}
+        oldest_ms = (time.time() - DELIVERY_MEMORY_S) * 1000
+        return crashes, {key: ms for key, ms in deliveries.items() if ms >= oldest_ms}
 
-    def _write_crashes(self, crashes: dict[tuple[int, int], int]) -> None:
+    def _write(self, crashes: dict[tuple[int, int], int], deliveries: dict[tuple[int, int], int]) -> None:
         partial = self.folder / f"{CRASHES}.{os.getpid()}"
-        partial.write_text(json.dumps([[p, o, n] for (p, o), n in sorted(crashes.items())]))
+        kept = {
+            "crashes": [[p, o, n] for (p, o), n in sorted(crashes.items())],
+            "deliveries": [[p, o, ms] for (p, o), ms in sorted(deliveries.items())],
+        }
+        partial.write_text(json.dumps(kept))
         partial.replace(self.folder / CRASHES)
 
     @staticmethod
@@ -258,20 +293,24 @@ def _running_slot_indices(buffer: bytes | mmap.mmap, given_up_s: float) -> Itera
     """The slots of calls that may still return: one started ``given_up_s`` ago was given up
     (it hangs, its thread is kept), and waiting for it would only hold the suspect back."""
     oldest_ms = int((time.time() - given_up_s) * 1000)
-    for i, (used, _partition, _offset, started) in enumerate(SLOT.iter_unpack(buffer)):
+    for i, (used, _partition, _offset, started, *_delivery) in enumerate(SLOT.iter_unpack(buffer)):
         if used and started > oldest_ms:
             yield i
 
 
-def _blamed(buffer: bytes, given_up_s: float) -> Iterator[tuple[int, int]]:
-    """The records of a dead process's calls that may have killed it.
+def _blamed(buffer: bytes, given_up_s: float) -> Iterator[tuple[tuple[int, int], Delivery]]:
+    """The records of a dead process's calls that may have killed it, with their deliveries.
 
     A call that had run past its deadline was given up and counted (a Timeout) before the
     process died: it hangs, it did not crash. The process died after its newest call started,
     so a call started ``given_up_s`` before that one is such a call.
     """
-    calls = [(partition, offset, started) for used, partition, offset, started in SLOT.iter_unpack(buffer) if used]
-    newest = max((started for _, _, started in calls), default=0)
-    for partition, offset, started in calls:
+    calls = [
+        (partition, offset, started, Delivery(*delivery))
+        for used, partition, offset, started, *delivery in SLOT.iter_unpack(buffer)
+        if used
+    ]
+    newest = max((started for _, _, started, _ in calls), default=0)
+    for partition, offset, started, delivery in calls:
         if newest - started < given_up_s * 1000:
-            yield partition, offset
+            yield (partition, offset), delivery

@@ -43,6 +43,9 @@ ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
 SKIPPED = "skipped"
 # kmq: deliveries the tracker timed out and produced again (a run summary's count, not a row's outcome).
 REDELIVERED = "redelivered"
+# kmq: a copy the tracker produced of a message that has ended since (dead-lettered for the
+# processes it killed): it ends without a call, and the message is not counted again.
+DUPLICATE = "duplicate"
 FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
 DELIVERY_TIMEOUT_S = 30.0
 DLQ_WRITE_FAILED = "DeadLetterWriteFailed"  # the error class of a delivery whose dead letter the DLQ refused

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 
-from queueplane.run.crash_journal import DEAD, SLOT, SLOTS, SUFFIX, CrashJournal
+from queueplane.run.crash_journal import DEAD, NO_DELIVERY, SLOT, SLOTS, SUFFIX, CrashJournal, Delivery
 
 
 def _die_in_a_call(folder, partition: int, offset: int) -> None:
@@ -34,12 +34,30 @@ def test_the_record_a_process_died_in_is_counted_once_per_death_and_only_it(tmp_
     assert CrashJournal(tmp_path, alone_s=5).crashes == {(3, 7): DEAD}
 
 
+def test_the_delivery_a_process_died_in_is_remembered_by_its_copy_and_kept_for_the_next_process(tmp_path):
+    began_ms = int(time.time() * 1000) - 2_000
+    pid = os.fork()
+    if pid == 0:
+        journal = CrashJournal(tmp_path, alone_s=5)
+        journal.end(journal.begin(0, 1, Delivery(0, 1, began_ms)))  # returned: not blamed
+        journal.begin(2, 40, Delivery(1, 77, began_ms))  # a kmq copy at 1:77 of the message first at 2:40
+        os._exit(1)
+    os.waitpid(pid, 0)
+    journal = CrashJournal(tmp_path, alone_s=5)
+    assert journal.crashes == {(2, 40): 1}
+    assert journal.crashed_deliveries == {(1, 77): began_ms}
+    journal.cleared(2, 40)  # the message's call came back: no suspect, but that delivery still died
+    assert CrashJournal(tmp_path, alone_s=5).crashed_deliveries == {(1, 77): began_ms}
+    _die_in_a_call(tmp_path, 3, 3)  # a call without a delivery (consumer groups) leaves none
+    assert CrashJournal(tmp_path, alone_s=5).crashed_deliveries == {(1, 77): began_ms}
+
+
 def test_a_call_that_had_hung_past_its_deadline_is_not_blamed_for_the_death(tmp_path):
     now_ms = int(time.time() * 1000)
     slots = bytearray(SLOT.size * SLOTS)
-    SLOT.pack_into(slots, 0, 1, 0, 10, now_ms - 60_000)  # hung for a minute: given up already
-    SLOT.pack_into(slots, SLOT.size, 1, 0, 11, now_ms - 100)  # the newest call
-    SLOT.pack_into(slots, 2 * SLOT.size, 1, 1, 12, now_ms - 2_000)  # running 2 s, within its 5 s
+    SLOT.pack_into(slots, 0, 1, 0, 10, now_ms - 60_000, *NO_DELIVERY)  # hung for a minute: given up already
+    SLOT.pack_into(slots, SLOT.size, 1, 0, 11, now_ms - 100, *NO_DELIVERY)  # the newest call
+    SLOT.pack_into(slots, 2 * SLOT.size, 1, 1, 12, now_ms - 2_000, *NO_DELIVERY)  # running 2 s, within its 5 s
     (tmp_path / f"999999999-0{SUFFIX}").write_bytes(bytes(slots))  # no such process
     assert CrashJournal(tmp_path, alone_s=5).crashes == {(0, 11): 1, (1, 12): 1}
 
@@ -90,7 +108,7 @@ def test_a_suspect_does_not_wait_for_a_call_given_up_past_its_deadline(tmp_path)
     # Its call started a minute ago: the watchdog gave it up long since, its thread is only kept.
     slot = next(i for i, (used, *_) in enumerate(SLOT.iter_unpack(journal.path.read_bytes())) if used)
     with journal.path.open("r+b") as handle:
-        os.pwrite(handle.fileno(), SLOT.pack(1, 0, 1, int(time.time() * 1000) - 60_000), slot * SLOT.size)
+        os.pwrite(handle.fileno(), SLOT.pack(1, 0, 1, int(time.time() * 1000) - 60_000, *NO_DELIVERY), slot * SLOT.size)
     began = time.monotonic()
     journal.begin(0, 99)
     assert time.monotonic() - began < 1.5, "a suspect waits for the calls that may return, not for a hung one"

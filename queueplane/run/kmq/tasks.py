@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from queueplane.run.crash_journal import DEAD, CrashJournal, journal_folder, worker_died
+from queueplane.run.crash_journal import DEAD, CrashJournal, Delivery, journal_folder, worker_died
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
 from queueplane.run.kafka_input import input_records
@@ -34,6 +34,7 @@ from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
     DELIVERY_TIMEOUT_S,
+    DUPLICATE,
     RELEASED,
     SKIPPED,
     Outcome,
@@ -50,6 +51,9 @@ from queueplane.run.settings import QueueSettings
 
 log = logging.getLogger("queueplane.worker")
 WAIT_STEP_S = 0.05
+# A retried task starts a delivery's clock again with a new start marker only this far before
+# the old lock runs out: the marker must be durable, and read by the tracker, before it looks.
+TRACKER_MARGIN_MS = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,13 +135,39 @@ class KmqTask:
     def start(self) -> None:
         """Write the start markers, durable, and only then let the handlers at the records."""
         now_ms = int(time.time() * 1000)
-        markers = [km.Marker(r.partition, r.offset, km.START, r.delivery_count, now_ms) for r in self.records]
+        self.first_ms = now_ms
+        taken = self._taken_by_tracker(now_ms)
+        markers = [
+            km.Marker(r.partition, r.offset, km.START, r.delivery_count, now_ms)
+            for i, r in enumerate(self.records)
+            if i not in taken
+        ]
         km.write_markers(self.process.producer, self.settings.markers_topic, markers)
         # The tracker counts from the marker's time; the worker gives up no later than that.
         self.deadline = time.monotonic() + self.settings.lock_ms / 1000 - (time.time() - now_ms / 1000)
-        self.first_ms = now_ms
+        with self._lock:
+            for index in taken:
+                self._give_up(index, 0.0, "its process died in the call, and its lock ran out before the retry")
         for index in self._call_order():
-            self.process.threads.jobs.put((self, index))
+            if index not in taken:
+                self.process.threads.jobs.put((self, index))
+
+    def _taken_by_tracker(self, now_ms: int) -> set[int]:
+        """Copies this task's last attempt died in, whose lock has run out since: the tracker's.
+
+        The tracker times such a delivery out and redelivers or dead-letters it. Started again
+        here, the message would end twice (and a start marker would open the delivery again).
+        Such a copy gets no marker and no call.
+        """
+        crashed = self.process.journal.crashed_deliveries
+        if not crashed:
+            return set()
+        due_ms = now_ms + TRACKER_MARGIN_MS - self.settings.lock_ms
+        return {
+            index
+            for index, record in enumerate(self.records)
+            if crashed.get((record.partition, record.offset), due_ms + 1) <= due_ms
+        }
 
     def _call_order(self) -> list[int]:
         """The records' indices, suspects last and the most suspected of them last of all.
@@ -186,7 +216,8 @@ class KmqTask:
         final = False
         outputs: list[ProducedRecord] = []
         try:
-            result = journal.call(where.partition, where.offset, self.process.handler, record)
+            delivery = Delivery(record.partition, record.offset, self.first_ms)
+            result = journal.call(where.partition, where.offset, self.process.handler, record, delivery=delivery)
             outputs = [output_record(o, record, s.output_topic) for o in outputs_of(result)]
         except Reject as exc:
             failure, final = Failure.of(exc), True
@@ -217,14 +248,14 @@ class KmqTask:
 
     def _ended_by_crashes(self, index: int, crashes: int, where: km.Origin) -> None:
         """A message whose calls killed ``deliveryLimit`` processes: to the DLQ once, without another call;
-        a copy of it the tracker produced meanwhile just ends."""
+        a copy of it the tracker produced meanwhile just ends, a duplicate, not a second end of the message."""
         with self._lock:
             if self._claimed[index]:
                 return
             self._claimed[index] = True
         record = self.records[index]
         if crashes >= DEAD:
-            self._report(record, SKIPPED, None, 0.0)
+            self._report(record, DUPLICATE, None, 0.0)
             self._write_then_end(index, [], km.END)
             return
         self.records[index] = replace(record, delivery_count=crashes)
