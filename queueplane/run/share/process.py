@@ -30,7 +30,7 @@ from queueplane.run.outcomes import (
 from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.share.fetcher import ShareFetcher
 from queueplane.run.share.pool import HandlerPool
-from queueplane.run.share.settings import FETCHER_SHARE, LEASE_GRACE_S, ShareSettings
+from queueplane.run.share.settings import FETCHER_SHARE, IDLE_AFTER_S, LEASE_GRACE_S, ShareSettings
 
 log = logging.getLogger("queueplane.worker")
 
@@ -54,6 +54,7 @@ class ProcessRuntime:
         self._lease_until = 0.0
         self._outbox: list[OutcomeColumns] = []
         self._outbox_lock = threading.Lock()
+        self._last_outcome = time.monotonic()  # when a batch last returned outcomes (or the process started)
 
     def first_attempt(self, record: Record, now_ms: int) -> int:
         key = (record.topic, record.partition, record.offset)
@@ -89,13 +90,33 @@ class ProcessRuntime:
                     limit = time.monotonic() + self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S
                     self._lease.wait_for(lambda: not any(f.busy for f in self.fetchers), limit - time.monotonic())
             else:
-                with self._lease:
-                    self._lease_until = time.monotonic() + slice_s + LEASE_GRACE_S
-                    self._lease.notify_all()
-                time.sleep(slice_s)
+                self._wait_for_outcomes(slice_s)
             with self._outbox_lock:
                 settled, self._outbox = self._outbox, []
             return settled
+
+    def _wait_for_outcomes(self, slice_s: float) -> None:
+        """Hold the lease one time slice; in a process idle for a while, on past it until an outcome
+        comes or the idle slice ends.
+
+        Every micro-batch costs Spark the same driver and executor work however few records it
+        carries, and an idle queue would pay it every slice. A busy process settles outcomes
+        within each slice, so its batches keep the short slice; an idle one runs a batch per
+        idle slice, and returns as soon as a record it was waiting for settles.
+        """
+        started = time.monotonic()
+        idle = started - self._last_outcome >= IDLE_AFTER_S
+        until = started + (max(slice_s, self.settings.idle_batch_ms / 1000) if idle else slice_s)
+        with self._lease:
+            self._lease_until = until + LEASE_GRACE_S
+            self._lease.notify_all()
+        time.sleep(slice_s)
+        if idle:
+            with self._lease:
+                self._lease.wait_for(lambda: bool(self._outbox), until - time.monotonic())
+                self._lease_until = time.monotonic() + LEASE_GRACE_S
+        if self._outbox:
+            self._last_outcome = time.monotonic()
 
     def leased(self) -> bool:
         return time.monotonic() < self._lease_until

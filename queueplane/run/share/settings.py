@@ -36,6 +36,11 @@ FETCH_WAIT_MS = 100
 # second (docs/benchmarks.md has the figures). Acknowledgements do not wait for it; only the
 # outcome rows do.
 SLICE_MS = 3000
+# A process that returned no outcome for this long is idle: its batches wait past the slice
+# until an outcome settles, up to IDLE_SLICE_MS (process.py says why). Short runs (tests, a
+# drain) never get there.
+IDLE_AFTER_S = 30.0
+IDLE_SLICE_MS = 15_000
 # Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
 # before the next batch; without a renewal they stop and only settle what they hold.
 LEASE_GRACE_S = 3.0
@@ -49,6 +54,7 @@ class ShareSettings(QueueSettings):
     slots: int = 8
     max_poll_records: int = 5
     batch_ms: int = SLICE_MS
+    idle_batch_ms: int = IDLE_SLICE_MS
 
 
 # A call's verdict: its outcome, its failure, and when its handler started (monotonic; 0.0 when it
