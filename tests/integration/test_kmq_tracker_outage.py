@@ -24,7 +24,8 @@ COUNT = 6
 
 
 def _ends(kafka, topic: str) -> set[tuple[int, int]]:
-    markers = [km.Marker.decode(m.key(), m.value()) for m in read_all(kafka, topic, timeout_s=3)]
+    messages = read_all(kafka, topic, timeout_s=3)
+    markers = [km.Marker.decode(m.key(), m.value()) for m in messages if not km.is_tick(m.key())]
     return {(m.partition, m.offset) for m in markers if m.kind == km.END}
 
 

@@ -13,9 +13,9 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 import time
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,6 +36,7 @@ from queueplane.run.kmq.tracker import (
     STATE_STORE_PROVIDER,
     Expired,
     Redeliverer,
+    TrackerClock,
     tracker_interval_ms,
     tracker_stream,
 )
@@ -124,18 +125,6 @@ class GroupCommitter:
         self.consumer.close()
 
 
-def open_deliveries(tracker_query: Any, since: float) -> int | None:
-    """Deliveries the tracker watches (its state rows) as of its last batch, if that batch began after
-    ``since`` (epoch seconds) and so saw every marker written before; else None."""
-    progress = tracker_query.lastProgress
-    if not progress or not progress.get("stateOperators"):
-        return None
-    began = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
-    if began <= since:
-        return None
-    return int(progress["stateOperators"][0].get("numRowsTotal", 0))
-
-
 class KmqRuntime(QueueRuntime):
     """The worker query beside the tracker query; the group's offsets committed after worker batches.
 
@@ -154,12 +143,20 @@ class KmqRuntime(QueueRuntime):
         self.redeliverer = Redeliverer(queue, target)
         self.tracker: Any = None
         self.tracker_batch_ms = 0  # how long the last tracker batch's sink ran
-        self.last_worker_batch = time.time()
+        self.clock = TrackerClock(
+            self.redeliverer.producer, queue.markers.name, tracker_interval_ms(queue.group.lock_duration_ms)
+        )
+        self.clock.last_worker_batch = time.time()
         self.root = checkpoint_root(queue, options.checkpoint_dir)
 
     def configure(self, builder: Any) -> Any:
-        return with_kafka_connector(builder).config(
-            "spark.sql.streaming.stateStore.providerClass", STATE_STORE_PROVIDER
+        # The tracker runs a batch when markers come (TrackerClock ticks while it has open
+        # deliveries), not on every trigger. The worker's other queries hold no state: Spark
+        # runs no-data batches for stateful queries only.
+        return (
+            with_kafka_connector(builder)
+            .config("spark.sql.streaming.stateStore.providerClass", STATE_STORE_PROVIDER)
+            .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         )
 
     def local_threads(self) -> int:
@@ -179,6 +176,7 @@ class KmqRuntime(QueueRuntime):
             .queryName(f"{self.queue.name}-tracker")
             .start()
         )
+        threading.Thread(target=self.clock.run, args=(self.tracker,), name="qp-kmq-tick", daemon=True).start()
 
     def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
         queue, target = self.queue, self.target
@@ -245,11 +243,11 @@ class KmqRuntime(QueueRuntime):
 
     def after_batch(self, table: pa.Table, ranges: dict[int, int]) -> None:
         self.committer.commit(table, ranges)
-        self.last_worker_batch = time.time()
+        self.clock.last_worker_batch = time.time()
 
     def idle(self) -> bool:
         """No delivery open in the tracker: nothing can still come back."""
-        return self.tracker is not None and open_deliveries(self.tracker, self.last_worker_batch) == 0
+        return self.tracker is not None and self.clock.open_deliveries(self.tracker, self.clock.last_worker_batch) == 0
 
     def failed(self) -> BaseException | None:
         if self.tracker is None or self.tracker.isActive:
@@ -257,6 +255,7 @@ class KmqRuntime(QueueRuntime):
         return self.tracker.exception()
 
     def stop(self, counts: Counter[str], dead: DeadLetters) -> None:
+        self.clock.stop()
         if self.tracker is not None and self.tracker.isActive:
             self.tracker.stop()
         self.redeliverer.close()

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -104,6 +105,8 @@ def tracker_stream(spark: Any, queue: QueueSpec, target: KafkaTarget) -> Any:
         .load()
         .selectExpr(*km.SQL_COLUMNS)
         .selectExpr(*km.SQL_FIELDS)
+        # A tick has done its work once it is read: the batch runs, and the timers due fire.
+        .where(f"id != '{km.TICK}'")
     )
     return markers.groupBy("id").transformWithState(
         tracker_processor(queue.group.lock_duration_ms, queue.group.delivery_limit),
@@ -111,6 +114,60 @@ def tracker_stream(spark: Any, queue: QueueSpec, target: KafkaTarget) -> Any:
         "Append",
         "ProcessingTime",
     )
+
+
+class TrackerClock:
+    """Wakes the tracker while it watches deliveries, and lets it sleep while it watches none.
+
+    Spark runs a ``transformWithState`` query with processing-time timers on every trigger,
+    data or not, so that its timers can fire: an idle kmq queue planned a batch (driver and
+    Python work) every tracker interval. The worker turns those no-data batches off
+    (``spark.sql.streaming.noDataMicroBatches.enabled``), so the tracker runs a batch only
+    when markers come, and this writes a tick marker every half interval while the tracker may
+    hold an open delivery: its count as of its last batch is above 0, that batch began before
+    the last worker batch ended (markers it has not read), or no batch has run yet.
+    """
+
+    def __init__(self, producer: Any, markers_topic: str, interval_ms: int):
+        self.producer = producer
+        self.markers_topic = markers_topic
+        self.every_s = interval_ms / 2000
+        self.last_worker_batch = 0.0  # epoch seconds; set by the runtime after each worker batch
+        self._known: tuple[float, int] | None = None  # (when, open deliveries) of the last batch run
+        self._stop = threading.Event()
+        self.ticks = 0
+
+    def open_deliveries(self, query: Any, since: float) -> int | None:
+        """Open deliveries as of the tracker's last batch, if that batch began after ``since``; else None."""
+        self._read(query)
+        if self._known is None or self._known[0] <= since:
+            return None
+        return self._known[1]
+
+    def _read(self, query: Any) -> None:
+        """The last batch's state rows. Progress reports of triggers that ran no batch have no state
+        operators: the last batch's count stands."""
+        progress = query.lastProgress
+        if progress and progress.get("stateOperators"):
+            began = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+            self._known = (began, int(progress["stateOperators"][0].get("numRowsTotal", 0)))
+
+    def wanted(self, query: Any) -> bool:
+        return self.open_deliveries(query, self.last_worker_batch) != 0
+
+    def run(self, query: Any) -> None:
+        """Until ``stop``: a tick whenever one is wanted, every half interval."""
+        while not self._stop.wait(self.every_s):
+            try:
+                if query.isActive and self.wanted(query):
+                    key, value = km.tick(int(time.time() * 1000))
+                    self.producer.produce(self.markers_topic, value, key, partition=0)
+                    self.ticks += 1
+            except Exception:  # a lost tick is a batch a half interval later; the next one goes
+                log.warning("kmq: the tracker's tick failed; trying again", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class TrackerFetchFailed(RuntimeError):
