@@ -149,9 +149,29 @@ def _kb(pid: int, path: str, field: str) -> int:
     return 0
 
 
-def memory(apps: list[App]) -> dict[str, float]:
-    """RSS by role and in all, and PSS in all, of every application's tree (MB)."""
-    out = {"driver_python": 0.0, "driver_jvm": 0.0, "python_workers": 0.0, "rss": 0.0, "pss": 0.0, "processes": 0}
+def _python_kind(pid: int) -> str:
+    """A Python worker's module and whether it is a daemon (the JVM's child) or forked from one."""
+    try:
+        command = [part for part in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") if part]
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        forked = Path(f"/proc/{parent}/comm").read_text().strip() != "java"
+    except (OSError, IndexError, ValueError):
+        return "gone"
+    return f"{command[-1] if command else '?'} ({'worker' if forked else 'process'})"
+
+
+def memory(apps: list[App]) -> dict[str, Any]:
+    """RSS by role and in all, and PSS in all, of every application's tree (MB); Python workers' RSS
+    and count by kind."""
+    out: dict[str, Any] = {
+        "driver_python": 0.0,
+        "driver_jvm": 0.0,
+        "python_workers": 0.0,
+        "rss": 0.0,
+        "pss": 0.0,
+        "processes": 0,
+    }
+    kinds: dict[str, list[float]] = {}
     for app in apps:
         for pid in _tree(app.process.pid):
             rss = _kb(pid, "status", "VmRSS:") / 1024
@@ -162,7 +182,13 @@ def memory(apps: list[App]) -> dict[str, float]:
             out["rss"] += rss
             out["processes"] += 1
             out["pss"] += _kb(pid, "smaps_rollup", "Pss:") / 1024
-    return {k: round(v, 1) for k, v in out.items()}
+            if role == "python_workers":
+                kind = kinds.setdefault(_python_kind(pid), [0, 0.0])
+                kind[0] += 1
+                kind[1] += rss
+    result = {k: round(v, 1) for k, v in out.items()}
+    result["python_by_kind"] = {k: {"count": n, "rss_mb": round(mb, 1)} for k, (n, mb) in sorted(kinds.items())}
+    return result
 
 
 def cpu_seconds(apps: list[App]) -> float:
@@ -196,6 +222,7 @@ def idle_figures(apps: list[App], queues: int, idle_s: float) -> dict[str, Any]:
         "pss_mb_peak": max(s["pss"] for s in samples),
         "by_role_mb_at_peak": {k: peak[k] for k in ("driver_jvm", "driver_python", "python_workers")},
         "processes_at_peak": peak["processes"],
+        "python_by_kind_at_peak": peak["python_by_kind"],
         "idle_cpu_seconds": round(used, 1),
         "idle_window_s": round(span, 1),
         "idle_cpu_per_queue_percent_of_a_core": round(100 * used / span / queues, 3),

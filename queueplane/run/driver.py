@@ -25,6 +25,7 @@ from queueplane.kafka.target import KafkaTarget
 from queueplane.run.health import ApplicationHealth
 from queueplane.run.metrics import MetricsServer, WorkerMetrics
 from queueplane.run.options import BatchProgress, RunOptions, RunSummary
+from queueplane.run.planner_daemons import PlannerReaper
 from queueplane.run.queue_run import QueueJob, QueueRun, WorkerFailed, await_topics
 from queueplane.run.queue_status import QueueReads
 from queueplane.run.scaling.pool import ExecutorPool
@@ -71,6 +72,7 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
     name = jobs[0].queue.name if not several else f"{jobs[0].queue.name}-and-{len(jobs) - 1}-more"
     spark = spark_session([run.runtime for run in runs], app_name=f"queueplane-{name}")
     registry, termination, pool = CollectorRegistry(), Termination(), ExecutorPool(spark)
+    reaper = PlannerReaper(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()).start()
     clients.report_errors()
     for run in runs:
         run.label = f"{run.queue.name}: " if several else ""
@@ -97,6 +99,7 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
                 _finish(run, errors)
         if server is not None:
             server.stop()
+        reaper.stop()
         termination.restore()
     if errors:
         # The process ends on the error: its JVM goes with it, without the seconds a stop takes
