@@ -37,7 +37,7 @@ from share import CLOCK_TICKS, HANDLERS, fill, finishing_times
 from queueplane.kafka.target import KafkaTarget
 
 GOAL_MB = 3 * 1024
-SETTLE_S, SAMPLE_S = 30, 60
+SETTLE_S, SAMPLE_S = 150, 60
 READY_WAIT_S = 900
 # The mix of idle queues, in turn; the busy one is a consumer queue of its own.
 MIX = ("share", "consumer", "kmq")

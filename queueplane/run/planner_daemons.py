@@ -28,8 +28,8 @@ from pathlib import Path
 log = logging.getLogger("queueplane.worker")
 
 PLANNER_MODULES = "pyspark.sql.worker."
-IDLE_S = 120.0
-CHECK_S = 30.0
+IDLE_S = 60.0
+CHECK_S = 15.0
 
 
 def _processes() -> dict[int, tuple[int, list[str]]]:
