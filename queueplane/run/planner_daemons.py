@@ -61,7 +61,6 @@ class PlannerReaper:
         self.check_s = check_s
         self._idle_since: dict[int, float] = {}  # daemon pid → when it was first seen without a worker
         self._stop = threading.Event()
-        self.stopped: list[int] = []
 
     def sweep(self, now: float) -> list[int]:
         """One look: the daemons stopped by it."""
@@ -91,7 +90,6 @@ class PlannerReaper:
                 len(stopped),
                 self.idle_s,
             )
-        self.stopped += stopped
         return stopped
 
     def run(self) -> None:

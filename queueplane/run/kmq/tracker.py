@@ -135,7 +135,6 @@ class TrackerClock:
         self.last_worker_batch = 0.0  # epoch seconds; set by the runtime after each worker batch
         self._known: tuple[float, int] | None = None  # (when, open deliveries) of the last batch run
         self._stop = threading.Event()
-        self.ticks = 0
 
     def open_deliveries(self, query: Any, since: float) -> int | None:
         """Open deliveries as of the tracker's last batch, if that batch began after ``since``; else None."""
@@ -162,7 +161,6 @@ class TrackerClock:
                 if query.isActive and self.wanted(query):
                     key, value = km.tick(int(time.time() * 1000))
                     self.producer.produce(self.markers_topic, value, key, partition=0)
-                    self.ticks += 1
             except Exception:  # a lost tick is a batch a half interval later; the next one goes
                 log.warning("kmq: the tracker's tick failed; trying again", exc_info=True)
 
