@@ -146,7 +146,6 @@ class KmqRuntime(QueueRuntime):
         self.clock = TrackerClock(
             self.redeliverer.producer, queue.markers.name, tracker_interval_ms(queue.group.lock_duration_ms)
         )
-        self.clock.last_worker_batch = time.time()
         self.root = checkpoint_root(queue, options.checkpoint_dir)
 
     def configure(self, builder: Any) -> Any:
@@ -247,7 +246,7 @@ class KmqRuntime(QueueRuntime):
 
     def idle(self) -> bool:
         """No delivery open in the tracker: nothing can still come back."""
-        return self.tracker is not None and self.clock.open_deliveries(self.tracker, self.clock.last_worker_batch) == 0
+        return self.tracker is not None and not self.clock.wanted(self.tracker)
 
     def failed(self) -> BaseException | None:
         if self.tracker is None or self.tracker.isActive:

@@ -132,7 +132,7 @@ class TrackerClock:
         self.producer = producer
         self.markers_topic = markers_topic
         self.every_s = interval_ms / 2000
-        self.last_worker_batch = 0.0  # epoch seconds; set by the runtime after each worker batch
+        self.last_worker_batch = time.time()  # epoch seconds; set by the runtime after each worker batch
         self._known: tuple[float, int] | None = None  # (when, open deliveries) of the last batch run
         self._stop = threading.Event()
 
@@ -152,6 +152,7 @@ class TrackerClock:
             self._known = (began, int(progress["stateOperators"][0].get("numRowsTotal", 0)))
 
     def wanted(self, query: Any) -> bool:
+        """Not known to hold no open delivery: as of a batch that saw the last worker batch's markers."""
         return self.open_deliveries(query, self.last_worker_batch) != 0
 
     def run(self, query: Any) -> None:
