@@ -39,6 +39,15 @@ def _reject(order):
     raise Reject(f"order {order['id']} refused")
 
 
+def _hog(order):
+    """Takes memory until its process is ended; written to, so it is resident. Stops at 4 GiB, so a
+    memory guard that failed fails the test instead of taking the machine."""
+    held = []
+    while len(held) < 64:
+        held.append(b"x" * (64 << 20))
+    raise RuntimeError("took 4 GiB and was not stopped")
+
+
 def _reject_until_fixed(order):
     """Refused until the team fixes its handler (the test creates the file ``fixed``)."""
     if os.path.exists(os.path.join(os.path.dirname(LOG_DIR), "fixed")):
@@ -56,6 +65,7 @@ MISBEHAVIOUR = {  # handlers that break the contract, each in its own way (or re
     "unserialisable": lambda order: {"id": order["id"], "at": object()},
     "huge": lambda order: Output(b"x" * order["size"]),
     "hang_forever": lambda order: time.sleep(3600),  # on every delivery
+    "memory_hog": _hog,
 }
 
 
@@ -147,6 +157,7 @@ def make_queue(
     exactly_once: bool = False,
     retry: dict[str, str] | None = None,
     access: dict[str, object] | None = None,
+    memory_limit: str | None = None,
 ) -> TestQueue:
     tag = uuid.uuid4().hex[:8]
     module = f"qp_handler_{tag}"
@@ -180,6 +191,8 @@ def make_queue(
         doc["spec"]["retry"] = retry
     if access:
         doc["spec"]["access"] = access
+    if memory_limit:
+        doc["spec"]["processing"]["memoryLimit"] = memory_limit
     spec_path = folder / "queue.yaml"
     spec_path.write_text(dump(doc))
     steps.apply(steps.plan([str(spec_path)], kafka))

@@ -25,6 +25,10 @@ marker was written). Once that delivery's lock has run out, the tracker has time
 redelivered or dead-lettered it; a retried task that comes after that leaves the copy to the
 tracker, or the message would end twice (``crashed_deliveries``).
 
+A process that ends itself on purpose (the memory guard, queueplane.run.memory_guard) says
+why first, in a file beside its slots (``ending``); the records it blames carry that reason to
+the DLQ instead of ``WorkerDied``.
+
 Consumer-group and kmq tasks use it. Share groups do not yet: there, the records a dying process
 had acquired come back a delivery later whether or not they were in a call (docs/runtimes.md).
 """
@@ -53,6 +57,7 @@ SLOT = struct.Struct("<qqqqqqq")
 CALL, SUSPECT = 1, 2
 SLOTS = 4096  # threads a process may run calls on (pool threads, and replacements of stuck ones)
 SUFFIX = ".calls"
+REASON_SUFFIX = ".reason"  # beside a process's calls: why it ended itself, when it did
 CRASHES = "crashes.json"
 ALONE_POLL_S = 0.005
 WORKER_DIED = "WorkerDied"
@@ -75,12 +80,13 @@ NO_DELIVERY = Delivery(-1, -1, 0)
 EMPTY = (0, 0, 0, 0, *NO_DELIVERY)  # a free slot
 
 
-def worker_died(crashes: int) -> Failure:
-    return Failure(
-        WORKER_DIED,
-        f"the handler's process died {crashes} time(s) while handling this record"
-        " (os._exit, a crash in native code, the OOM killer, or its pod killed)",
-    )
+def worker_died(crashes: int, reason: Failure | None = None) -> Failure:
+    """The DLQ's error for a record that killed ``crashes`` processes; ``reason`` when the last
+    one said why it ended (the memory guard), otherwise the usual suspects are named."""
+    died = f"the handler's process died {crashes} time(s) while handling this record"
+    if reason is not None:
+        return Failure(reason.error_class, f"{reason.message}; {died}")
+    return Failure(WORKER_DIED, f"{died} (os._exit, a crash in native code, the OOM killer, or its pod killed)")
 
 
 def journal_folder(group_id: str) -> Path:
@@ -90,11 +96,17 @@ def journal_folder(group_id: str) -> Path:
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot), which tells a pid reused by another process apart."""
+    """The process's start time (clock ticks since boot), which tells a pid reused by another process
+    apart; None once it has died, even while its parent has not reaped it yet (a zombie, which
+    Spark's daemon may leave for a while: counted alive, its calls were never blamed and the
+    record that killed it ran again and again)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
         return None
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
 
 
 class CrashJournal:
@@ -116,6 +128,8 @@ class CrashJournal:
         self._pack = SLOT.pack_into
         self._local = threading.local()
         self.crashes: dict[tuple[int, int], int] = {}
+        # Why the last process that died with the record in a call ended, when it said so.
+        self.reasons: dict[tuple[int, int], Failure] = {}
         # (copy partition, copy offset) → when the delivery a process died in began (ms)
         self.crashed_deliveries: dict[tuple[int, int], int] = {}
         self._alone = threading.Condition(threading.Lock())
@@ -127,20 +141,33 @@ class CrashJournal:
     def collect(self) -> None:
         """Count the calls of processes that died in them, and read every crash counted so far."""
         with self._locked():
-            crashes, deliveries = self._read()
+            crashes, deliveries, reasons = self._read()
             dead = [p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not self._alive(p)]
             for path in dead:
+                reason = _reason(_reason_path(path))
                 for key, delivery in _blamed(path.read_bytes(), self.alone_s):
                     if crashes.get(key, 0) < DEAD:
                         crashes[key] = crashes.get(key, 0) + 1
+                    if reason is not None:
+                        reasons[key] = reason
+                    else:
+                        reasons.pop(key, None)
                     if delivery.began_ms:
                         deliveries[(delivery.partition, delivery.offset)] = delivery.began_ms
             if dead:
-                self._write(crashes, deliveries)  # first, then the files: no death goes uncounted
+                self._write(crashes, deliveries, reasons)  # first, then the files: no death goes uncounted
                 for path in dead:
                     path.unlink(missing_ok=True)
+                    _reason_path(path).unlink(missing_ok=True)
         self.crashes = crashes
         self.crashed_deliveries = deliveries
+        self.reasons = reasons
+
+    def ending(self, reason: Failure) -> None:
+        """This process is about to end itself (the memory guard): say why, for the records in its calls."""
+        partial = _reason_path(self.path).with_suffix(".partial")
+        partial.write_text(json.dumps([reason.error_class, reason.message]))
+        partial.replace(_reason_path(self.path))
 
     def cleared(self, partition: int, offset: int) -> None:
         """The record's call returned: it is no suspect any more."""
@@ -155,14 +182,16 @@ class CrashJournal:
         if key not in self.crashes and count is None:
             return
         with self._locked():
-            crashes, deliveries = self._read()
+            crashes, deliveries, reasons = self._read()
             if count is None:
                 crashes.pop(key, None)
+                reasons.pop(key, None)
             else:
                 crashes[key] = count
-            self._write(crashes, deliveries)
+            self._write(crashes, deliveries, reasons)
         if count is None:
             self.crashes.pop(key, None)
+            self.reasons.pop(key, None)
         else:
             self.crashes[key] = count
 
@@ -263,22 +292,32 @@ class CrashJournal:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _read(self) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
-        """The crashes per message, and the deliveries that crashed (remembered DELIVERY_MEMORY_S)."""
+    def _read(
+        self,
+    ) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], dict[tuple[int, int], Failure]]:
+        """The crashes per message, the deliveries that crashed (remembered DELIVERY_MEMORY_S), and
+        the reasons the dead processes gave."""
         try:
             kept = json.loads((self.folder / CRASHES).read_text())
             crashes = {(int(p), int(o)): int(n) for p, o, n in kept["crashes"]}
             deliveries = {(int(p), int(o)): int(ms) for p, o, ms in kept["deliveries"]}
+            reasons = {(int(p), int(o)): Failure(str(c), str(m)) for p, o, c, m in kept.get("reasons", [])}
         except (OSError, ValueError, KeyError, TypeError):
-            return {}, {}
+            return {}, {}, {}
         oldest_ms = (time.time() - DELIVERY_MEMORY_S) * 1000
-        return crashes, {key: ms for key, ms in deliveries.items() if ms >= oldest_ms}
+        return crashes, {key: ms for key, ms in deliveries.items() if ms >= oldest_ms}, reasons
 
-    def _write(self, crashes: dict[tuple[int, int], int], deliveries: dict[tuple[int, int], int]) -> None:
+    def _write(
+        self,
+        crashes: dict[tuple[int, int], int],
+        deliveries: dict[tuple[int, int], int],
+        reasons: dict[tuple[int, int], Failure],
+    ) -> None:
         partial = self.folder / f"{CRASHES}.{os.getpid()}"
         kept = {
             "crashes": [[p, o, n] for (p, o), n in sorted(crashes.items())],
             "deliveries": [[p, o, ms] for (p, o), ms in sorted(deliveries.items())],
+            "reasons": [[p, o, r.error_class, r.message] for (p, o), r in sorted(reasons.items())],
         }
         partial.write_text(json.dumps(kept))
         partial.replace(self.folder / CRASHES)
@@ -287,6 +326,19 @@ class CrashJournal:
     def _alive(path: Path) -> bool:
         pid, _, started = path.name.removesuffix(SUFFIX).partition("-")
         return pid.isdigit() and _start_time(int(pid)) == started
+
+
+def _reason_path(calls: Path) -> Path:
+    return calls.with_name(calls.name + REASON_SUFFIX)
+
+
+def _reason(path: Path) -> Failure | None:
+    """What a dead process said of its end, if it said anything."""
+    try:
+        error_class, message = json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return Failure(str(error_class), str(message))
 
 
 def _running_slot_indices(buffer: bytes | mmap.mmap, given_up_s: float) -> Iterator[int]:

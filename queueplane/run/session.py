@@ -84,12 +84,18 @@ def kafka_system_properties(settings: dict[str, Any]) -> dict[str, str]:
     return {oauth.ALLOWED_URLS_PROPERTY: urls} if urls else {}
 
 
+# Records that kill their process, in one task, that the task's attempts must outlast.
+KILLERS_PER_TASK = 4
+
+
 def task_attempts(queue: QueueSpec) -> int:
-    """Attempts per task: a handler that kills its Python worker (os._exit, the OOM killer) costs the
-    task an attempt each time, and its record goes to the DLQ on the attempt after its last
-    delivery (queueplane.run.crash_journal), so that attempt must come before the query fails.
+    """Attempts per task: a handler that kills its Python worker (os._exit, its memory limit, the OOM
+    killer) costs the task an attempt each time, and its record goes to the DLQ on the attempt
+    after its last delivery (queueplane.run.crash_journal), so that attempt must come before the
+    query fails, for each of up to KILLERS_PER_TASK such records in one task (a micro-batch holds
+    many records: two killers in one batch were measured to need six attempts at deliveryLimit 3).
     Never fewer than Spark's default of four."""
-    return max(4, queue.group.delivery_limit + 1)
+    return max(4, queue.group.delivery_limit * KILLERS_PER_TASK + 1)
 
 
 # A streaming worker runs for weeks: its event log rolls over in files of this size, which a

@@ -38,6 +38,8 @@ class QueueSettings(JsonSettings):
     search_paths: list[str] = field(default_factory=list)
     # The producer's batch.size: the smallest max.message.bytes of the output and DLQ topics.
     batch_bytes: int | None = None
+    # processing.memoryLimit in MiB: a handler process past it ends itself (queueplane.run.memory_guard).
+    memory_limit_mi: int | None = None
 
     @staticmethod
     def common(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
@@ -55,5 +57,6 @@ class QueueSettings(JsonSettings):
             # In local mode the handler's package sits beside the spec, or is the team folder the
             # spec sits in (specs/<team>/__init__.py makes `<team>.handlers` importable).
             "search_paths": [str(folder), str(folder.parent)],
+            "memory_limit_mi": queue.handler_memory_mi,
             "batch_bytes": smallest_record_batch(target, [queue.dead_letter.name, *filter(None, [queue.output_topic])]),
         }

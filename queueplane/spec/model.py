@@ -77,6 +77,7 @@ class QueueSpec:
     handler: str
     concurrency: int
     exactly_once: bool
+    memory_limit: str | None  # processing.memoryLimit as written; handler_memory_mi has the default
     retry_backoff_ms: int
     retry_max_backoff_ms: int
     min_executors: int
@@ -97,6 +98,11 @@ class QueueSpec:
         """``deployment.<role>.memory`` (driver or executor) in MiB: the schema allows ``<n>m`` or ``<n>g``."""
         text = str((self.driver if role == "driver" else self.executor).get("memory", "1g"))
         return memory_mi(text)
+
+    @property
+    def handler_memory_mi(self) -> int:
+        """``processing.memoryLimit`` in MiB: what one handler process may hold (default: the executor's memory)."""
+        return memory_mi(self.memory_limit) if self.memory_limit else self.memory_mi("executor")
 
     @property
     def owner(self) -> str:
@@ -173,6 +179,7 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         handler=processing["handler"],
         concurrency=processing["concurrency"],
         exactly_once=processing["exactlyOnce"],
+        memory_limit=processing.get("memoryLimit"),
         retry_backoff_ms=durations.parse_ms(spec["retry"]["backoff"]),
         retry_max_backoff_ms=durations.parse_ms(spec["retry"]["maxBackoff"]),
         min_executors=spec["autoscaling"]["minExecutors"],

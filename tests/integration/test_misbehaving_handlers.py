@@ -31,8 +31,11 @@ BAD = {
     "id-000907": ({"mode": "hang_forever"}, "Timeout", LIMIT),
     # The Python worker process dies with the call (os._exit): Spark starts another.
     "id-000908": ({"mode": "os_exit"}, "WorkerDied", LIMIT),
+    # Takes memory until its process passes processing.memoryLimit and ends itself.
+    "id-000909": ({"mode": "memory_hog"}, "MemoryLimitExceeded", LIMIT),
 }
-KILLER = "id-000908"
+KILLERS = ("id-000908", "id-000909")
+MEMORY_LIMIT = "768m"
 # Where a handler that kills its process is handled (queueplane.run.crash_journal). On a share
 # queue every record the dying process held comes back a delivery later (issue 19, docs/runtimes.md).
 KILLER_HANDLED = ("consumer", "kmq")
@@ -46,8 +49,10 @@ def _header(message, name: str) -> str | None:
 
 @pytest.mark.parametrize("group_type", ["share", "consumer", "kmq"])
 def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group_type):
-    bad_ones = {ident: how for ident, how in BAD.items() if ident != KILLER or group_type in KILLER_HANDLED}
-    queue = make_queue(tmp_path, kafka, group_type=group_type, delivery_limit=LIMIT, lock="5s", partitions=2)
+    bad_ones = {ident: how for ident, how in BAD.items() if ident not in KILLERS or group_type in KILLER_HANDLED}
+    queue = make_queue(
+        tmp_path, kafka, group_type=group_type, delivery_limit=LIMIT, lock="5s", partitions=2, memory_limit=MEMORY_LIMIT
+    )
     admin = AdminClient(dict(kafka.settings))
     small = ConfigResource(
         ResourceType.TOPIC,
@@ -90,9 +95,9 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
     counts = summary["counts"]
     assert counts["accepted"] + counts["dlq"] + counts.get("skipped", 0) == 41 + len(bad_ones), summary
     # A dead letter written by a task whose process then died is written again by the task's retry
-    # (at least once, as outputs are): at most once more per death.
+    # (at least once, as outputs are): at most once more per death, and each killer dies LIMIT times.
     twice = {ident: len(messages) for ident, messages in all_by_id.items() if len(messages) > 1}
-    assert all(n <= 1 + LIMIT for n in twice.values()), twice
+    assert all(n <= 1 + LIMIT * len(KILLERS) for n in twice.values()), twice
     # A call running when its process died counts as a delivery: a record that was in flight beside
     # the one that killed the process may come one delivery later per death it saw.
     for ident, (_, error_class, deliveries) in bad_ones.items():
@@ -100,9 +105,11 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
             seen = (_header(message, dlq.HEADER_ERROR_CLASS), int(_header(message, dlq.HEADER_DELIVERY_COUNT)))
             why = (ident, seen, _header(message, dlq.HEADER_ERROR_MESSAGE))
             # kmq: the tracker may time the last delivery out before a retried task sees the deaths.
-            assert seen[0] == error_class or (group_type, ident, seen[0]) == ("kmq", KILLER, "Timeout"), why
-            assert deliveries <= seen[1] <= (deliveries if ident == KILLER else deliveries + LIMIT), why
+            assert seen[0] == error_class or (group_type, seen[0]) == ("kmq", "Timeout") and ident in KILLERS, why
+            assert deliveries <= seen[1] <= (deliveries if ident in KILLERS else deliveries + LIMIT), why
     by_id = {ident: messages[0] for ident, messages in all_by_id.items()}
     refused = _header(by_id["id-000905"], dlq.HEADER_ERROR_MESSAGE)
     assert "MSG_SIZE_TOO_LARGE" in refused or "too large" in refused.lower()
     assert "int" in _header(by_id["id-000902"], dlq.HEADER_ERROR_MESSAGE)
+    if "id-000909" in by_id and _header(by_id["id-000909"], dlq.HEADER_ERROR_CLASS) == "MemoryLimitExceeded":
+        assert "over processing.memoryLimit (768 MiB)" in _header(by_id["id-000909"], dlq.HEADER_ERROR_MESSAGE)

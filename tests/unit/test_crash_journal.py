@@ -34,6 +34,28 @@ def test_the_record_a_process_died_in_is_counted_once_per_death_and_only_it(tmp_
     assert CrashJournal(tmp_path, alone_s=5).crashes == {(3, 7): DEAD}
 
 
+def test_a_process_that_died_but_is_not_yet_reaped_counts_as_dead(tmp_path):
+    """Spark's daemon may reap its dead workers late: a zombie's calls are blamed all the same."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        journal = CrashJournal(tmp_path, alone_s=5)
+        journal.begin(4, 9)
+        os.write(ready_w, b"x")
+        os._exit(1)
+    try:
+        os.read(ready_r, 1)
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child never died"
+            time.sleep(0.01)
+        assert CrashJournal(tmp_path, alone_s=5).crashes == {(4, 9): 1}
+    finally:
+        os.waitpid(pid, 0)
+        os.close(ready_r)
+        os.close(ready_w)
+
+
 def test_the_delivery_a_process_died_in_is_remembered_by_its_copy_and_kept_for_the_next_process(tmp_path):
     began_ms = int(time.time() * 1000) - 2_000
     pid = os.fork()

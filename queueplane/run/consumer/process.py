@@ -18,6 +18,7 @@ from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.crash_journal import CrashJournal, journal_folder
 from queueplane.run.handler import Handler, load_handler
+from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
     ProducedRecord,
     produce,
@@ -54,6 +55,7 @@ class WorkerProcess:
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
+        self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
         # Callbacks for failed writes only: a task learns its outputs are durable from the
         # producer's count of unacknowledged records (PartitionTask.commit).
         self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes, errors_only=True)

@@ -116,8 +116,10 @@ class Slot:
         crashes = journal.crashes.get((record.partition, record.offset), 0)
         if crashes >= attempt:  # calls in processes that died with them count as deliveries
             if crashes >= s.delivery_limit:
-                self.task.dead_letter(replace(record, delivery_count=crashes), worker_died(crashes), first_ms, 0.0, 0)
-                journal.cleared(record.partition, record.offset)
+                # Its count stays: a retry of this task (another record killed the process after
+                # this one was dead-lettered) dead-letters it again instead of calling it anew.
+                died = worker_died(crashes, journal.reasons.get((record.partition, record.offset)))
+                self.task.dead_letter(replace(record, delivery_count=crashes), died, first_ms, 0.0, 0)
                 return True
             attempt = crashes + 1
         # A suspect first waits to run alone: its deadline counts from when its handler starts.

@@ -30,6 +30,7 @@ from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_
 from queueplane.run.kafka_input import input_records
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.resume import ResumePoint
+from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
@@ -108,6 +109,7 @@ class KmqProcess:
         self.producer = self.delivery.producer
         self.threads = HandlerThreads(settings.threads)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
+        self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
 
     def close(self) -> None:
         self.delivery.close()
@@ -259,7 +261,8 @@ class KmqTask:
             self._write_then_end(index, [], km.END)
             return
         self.records[index] = replace(record, delivery_count=crashes)
-        self._dead_letter(index, worker_died(crashes), 0.0)
+        reason = self.process.journal.reasons.get((where.partition, where.offset))
+        self._dead_letter(index, worker_died(crashes, reason), 0.0)
         self.process.journal.dead_lettered(where.partition, where.offset)
 
     def _dead_letter(self, index: int, failure: Failure, latency_ms: float) -> None:

@@ -82,6 +82,7 @@ class InOrder:
         for i, message in enumerate(messages):
             self.runs.setdefault(message.partition(), []).append(i)
         self.reached = dict.fromkeys(self.runs, 0)
+        self.given = False  # the poll's last acknowledgements (of every record left) were given
 
     def accepted(self, results: list[Result | None]) -> list[int]:
         """The records accepted since the last call that extend their partition's run."""
@@ -176,14 +177,19 @@ class ShareFetcher:
             return
         lock_s = self.runtime.settings.lock_ms / 1000
         # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
-        poll = Poll(MessageRecord.many(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
         pool = self.runtime.pool
-        calls = self._calls(good, poll)
-        chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
         in_order = InOrder(good)
-        self._await(poll, chunks, lambda: self._acknowledge_accepted(good, poll, polled_at, outcomes, in_order))
-        self.parked = False
-        self._acknowledge(good, poll, polled_at, outcomes, in_order.left())
+        poll: Poll | None = None
+        try:
+            poll = Poll(MessageRecord.many(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
+            calls = self._calls(good, poll)
+            chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
+            self._await(poll, chunks, lambda: self._acknowledge_accepted(good, poll, polled_at, outcomes, in_order))
+            self.parked = False
+            self._acknowledge(good, poll, polled_at, outcomes, in_order)
+        except BaseException:
+            self._release_unacknowledged(good, poll, in_order)
+            raise
         self.pending = True
         if time.monotonic() - polled_at > lock_s / 2 or self.parked:
             self.pending = not self._commit()
@@ -211,14 +217,17 @@ class ShareFetcher:
         return [i for i in range(len(messages)) if i not in skipped]
 
     def _acknowledge(
-        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], todo: list[int]
+        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], in_order: InOrder
     ) -> None:
-        """Acknowledge the records ``todo`` of a poll (those not acknowledged while it ran) and add
-        their outcomes; latency runs from the poll.
+        """Acknowledge the records of a poll not acknowledged while it ran and add their outcomes;
+        latency runs from the poll.
 
         A poll whose every record was accepted without outputs is the common case: its
         columns are built straight from the messages, one pass each, with no row per record.
+        Otherwise every record's acknowledgement is decided first (dead letters written) and
+        only then are they all given, so a failure while deciding leaves none of them given.
         """
+        todo = in_order.left()
         acknowledge, results = self.consumer.acknowledge, poll.results
         latency_ms = (time.monotonic() - polled_at) * 1000
         if len(todo) < len(messages):
@@ -234,16 +243,39 @@ class ShareFetcher:
             return
         if results.count(ACCEPTED_RESULT) == len(messages):
             accept = AcknowledgeType.ACCEPT
+            in_order.given = True
             for message in messages:
                 acknowledge(message, accept)
             outcomes.append(accepted_columns(messages, latency_ms, inflights))
             return
-        rows = []
-        for message, record, result, inflight in zip(messages, records, results, inflights, strict=True):
-            outcome, ack = self._decide(record, result, inflight, polled_at, latency_ms)
+        decided = [
+            self._decide(record, result, inflight, polled_at, latency_ms)
+            for record, result, inflight in zip(records, results, inflights, strict=True)
+        ]
+        in_order.given = True
+        for message, (_, ack) in zip(messages, decided, strict=True):
             acknowledge(message, ack)
-            rows.append(outcome)
-        outcomes.append(columns_of(rows))
+        outcomes.append(columns_of([outcome for outcome, _ in decided]))
+
+    def _release_unacknowledged(self, messages: list[Message], poll: Poll | None, in_order: InOrder) -> None:
+        """A poll failed midway: release what it did not acknowledge, and commit.
+
+        librdkafka refuses the next poll while records of the last one are unacknowledged, so a
+        fetcher that left them so would look alive and fetch nothing again. Released, they come
+        back on another delivery (the broker's limit keeps one in reserve for the DLQ); a record
+        whose dead letter was written before the failure may reach the DLQ twice, never lost.
+        """
+        if poll is not None:
+            with poll.cond:
+                poll.abandoned = True  # its calls still running report to nobody
+        if not in_order.given:
+            release = AcknowledgeType.RELEASE
+            for i in in_order.left():
+                try:
+                    self.consumer.acknowledge(messages[i], release)
+                except KafkaException as exc:
+                    log.warning("share fetcher %d could not release a record of its failed poll: %s", self.index, exc)
+        self.pending = not self._commit()
 
     def _acknowledge_accepted(
         self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], in_order: InOrder

@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 
 from queueplane.run.handler import Handler, Output, Record, load_handler
+from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
     DELIVERY_TIMEOUT_S,
     OutcomeColumns,
@@ -44,6 +45,9 @@ class ProcessRuntime:
         self.delivery = ServedProducer(settings.kafka, linger_ms=1, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
         self.pool = HandlerPool(self, settings.slots)
+        # No crash journal here: the records a process held come back a delivery later, and the
+        # guard's error line is what says why it ended.
+        self.memory_guard = guard(settings.memory_limit_mi, lambda _reason: None)
         self.fetchers: list[ShareFetcher] = []
         # When a record's first failed delivery started in this process, for the DLQ headers (bounded).
         self.first_attempts: OrderedDict[tuple[str, int, int], int] = OrderedDict()

@@ -1,0 +1,56 @@
+"""The memory guard: a process past its limit ends itself, and the record it was in is blamed with the reason."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from queueplane.run.crash_journal import WORKER_DIED, CrashJournal, worker_died
+from queueplane.run.memory_guard import EXIT_CODE, MEMORY_LIMIT_EXCEEDED, MemoryGuard, resident_bytes
+
+
+def _child(folder, headroom_mi: int, allocate_mi: int) -> int:
+    """A process with a guard ``headroom_mi`` above its size that allocates ``allocate_mi`` in a
+    call of record 1:5; its exit status."""
+    pid = os.fork()
+    if pid == 0:
+        journal = CrashJournal(folder, alone_s=5)
+        MemoryGuard(resident_bytes() + (headroom_mi << 20), journal.ending)
+        journal.begin(1, 5)
+        held = []
+        for _ in range(allocate_mi // 16):
+            held.append(b"x" * (16 << 20))  # written, so resident
+            time.sleep(0.005)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_process_past_its_limit_ends_itself_and_says_why(tmp_path):
+    assert _child(tmp_path, headroom_mi=64, allocate_mi=1024) == EXIT_CODE
+    journal = CrashJournal(tmp_path, alone_s=5)
+    assert journal.crashes == {(1, 5): 1}
+    reason = journal.reasons[(1, 5)]
+    assert reason.error_class == MEMORY_LIMIT_EXCEEDED
+    assert "over processing.memoryLimit" in reason.message
+    failure = worker_died(3, reason)
+    assert failure.error_class == MEMORY_LIMIT_EXCEEDED
+    assert failure.message.endswith("died 3 time(s) while handling this record")
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".reason")] == [], "read once, then gone"
+
+
+def test_a_process_within_its_limit_runs_on(tmp_path):
+    assert _child(tmp_path, headroom_mi=512, allocate_mi=64) == 0
+
+
+def test_a_later_death_without_a_reason_is_not_given_the_earlier_one(tmp_path):
+    assert _child(tmp_path, headroom_mi=64, allocate_mi=1024) == EXIT_CODE
+    CrashJournal(tmp_path, alone_s=5).close()  # counted: 1 crash, MemoryLimitExceeded
+    pid = os.fork()
+    if pid == 0:
+        CrashJournal(tmp_path, alone_s=5).begin(1, 5)
+        os._exit(1)
+    os.waitpid(pid, 0)
+    journal = CrashJournal(tmp_path, alone_s=5)
+    assert journal.crashes == {(1, 5): 2}
+    assert worker_died(2, journal.reasons.get((1, 5))).error_class == WORKER_DIED
