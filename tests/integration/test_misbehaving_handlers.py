@@ -105,7 +105,7 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
             seen = (_header(message, dlq.HEADER_ERROR_CLASS), int(_header(message, dlq.HEADER_DELIVERY_COUNT)))
             why = (ident, seen, _header(message, dlq.HEADER_ERROR_MESSAGE))
             # kmq: the tracker may time the last delivery out before a retried task sees the deaths.
-            assert seen[0] == error_class or (group_type, seen[0]) == ("kmq", "Timeout") and ident in KILLERS, why
+            assert seen[0] == error_class or ((group_type, seen[0]) == ("kmq", "Timeout") and ident in KILLERS), why
             assert deliveries <= seen[1] <= (deliveries if ident in KILLERS else deliveries + LIMIT), why
     by_id = {ident: messages[0] for ident, messages in all_by_id.items()}
     refused = _header(by_id["id-000905"], dlq.HEADER_ERROR_MESSAGE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 from queueplane.run.crash_journal import DEAD, NO_DELIVERY, SLOT, SLOTS, SUFFIX, CrashJournal, Delivery
 
@@ -46,7 +47,7 @@ def test_a_process_that_died_but_is_not_yet_reaped_counts_as_dead(tmp_path):
     try:
         os.read(ready_r, 1)
         deadline = time.monotonic() + 10
-        while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
             assert time.monotonic() < deadline, "the child never died"
             time.sleep(0.01)
         assert CrashJournal(tmp_path, alone_s=5).crashes == {(4, 9): 1}
