@@ -29,8 +29,9 @@ A process that ends itself on purpose (the memory guard, queueplane.run.memory_g
 why first, in a file beside its slots (``ending``); the records it blames carry that reason to
 the DLQ instead of ``WorkerDied``.
 
-Consumer-group and kmq tasks use it. Share groups do not yet: there, the records a dying process
-had acquired come back a delivery later whether or not they were in a call (docs/runtimes.md).
+Consumer-group and kmq tasks run a suspect alone in their process. A share process cannot:
+every record it has acquired comes back a delivery later when it dies, in a call or not, so
+its suspects run in a child process each (queueplane.run.share.isolated) and only the child dies.
 """
 
 from __future__ import annotations
@@ -118,8 +119,7 @@ class CrashJournal:
         self.folder = folder
         self.alone_s = alone_s
         folder.mkdir(parents=True, exist_ok=True)
-        pid = os.getpid()
-        self.path = folder / f"{pid}-{_start_time(pid)}{SUFFIX}"
+        self.path = folder / f"{process_tag()}{SUFFIX}"
         with self.path.open("wb") as handle:
             handle.truncate(SLOT.size * SLOTS)
         with self.path.open("r+b") as handle:
@@ -135,11 +135,22 @@ class CrashJournal:
         self._alone = threading.Condition(threading.Lock())
         self._alone_slot: int | None = None  # the slot of the suspect running alone
         self._alone_until = 0.0  # when the others go on regardless (monotonic)
+        self._seen: tuple[int, int, int] | None = None  # crashes.json as last read
         self.collect()
 
     # -- what processes before this one left ------------------------------------------------
     def collect(self) -> None:
-        """Count the calls of processes that died in them, and read every crash counted so far."""
+        """Count the calls of processes that died in them, and read every crash counted so far.
+
+        Nothing to do is the common case, and costs a look at the folder and a stat: a share
+        fetcher asks before every poll that holds records delivered again.
+        """
+        if (
+            self._seen is not None
+            and self._seen == _stamp(self.folder / CRASHES)
+            and not any(p != self.path and not self._alive(p) for p in self.folder.glob(f"*{SUFFIX}"))
+        ):
+            return
         with self._locked():
             crashes, deliveries, reasons = self._read()
             dead = [p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not self._alive(p)]
@@ -159,6 +170,7 @@ class CrashJournal:
                 for path in dead:
                     path.unlink(missing_ok=True)
                     _reason_path(path).unlink(missing_ok=True)
+            self._seen = _stamp(self.folder / CRASHES)
         self.crashes = crashes
         self.crashed_deliveries = deliveries
         self.reasons = reasons
@@ -168,6 +180,22 @@ class CrashJournal:
         partial = _reason_path(self.path).with_suffix(".partial")
         partial.write_text(json.dumps([reason.error_class, reason.message]))
         partial.replace(_reason_path(self.path))
+
+    def crashed(self, partition: int, offset: int, reason: Failure | None) -> int:
+        """The record's call killed a process this process watched (a share suspect's own child):
+        one more crash, with the reason the child gave; the count."""
+        key = (partition, offset)
+        with self._locked():
+            crashes, deliveries, reasons = self._read()
+            crashes[key] = count = min(crashes.get(key, 0), DEAD - 1) + 1
+            if reason is None:
+                reasons.pop(key, None)
+            else:
+                reasons[key] = reason
+            self._write(crashes, deliveries, reasons)
+        self.crashes = crashes
+        self.reasons = reasons
+        return count
 
     def cleared(self, partition: int, offset: int) -> None:
         """The record's call returned: it is no suspect any more."""
@@ -228,6 +256,26 @@ class CrashJournal:
             if self._alone_slot == slot:
                 self._alone_slot = None
             self._alone.notify_all()
+
+    def thread_calls(self) -> Callable[[int, int], None]:
+        """For a thread that runs calls one after another (a share pool thread): a function that
+        puts the record it is about to call in the thread's slot, the one write of the hot path.
+        ``idle`` empties the slot when the thread has no call."""
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._local.slot = next(self._next_slot) % SLOTS
+        at, pack, buffer, wall = slot * SLOT.size, self._pack, self._map, time.time
+
+        def calling(partition: int, offset: int) -> None:
+            pack(buffer, at, CALL, partition, offset, int(wall() * 1000), *NO_DELIVERY)
+
+        return calling
+
+    def idle(self) -> None:
+        """This thread is in no call (after ``thread_calls``)."""
+        slot = getattr(self._local, "slot", None)
+        if slot is not None:
+            self._pack(self._map, slot * SLOT.size, *EMPTY)
 
     def call(
         self,
@@ -324,8 +372,28 @@ class CrashJournal:
 
     @staticmethod
     def _alive(path: Path) -> bool:
-        pid, _, started = path.name.removesuffix(SUFFIX).partition("-")
-        return pid.isdigit() and _start_time(int(pid)) == started
+        return tag_alive(path.name.removesuffix(SUFFIX))
+
+
+def process_tag(pid: int | None = None) -> str:
+    """``<pid>-<start time>``: names a process's files in a journal folder, unlike a pid never reused."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{_start_time(pid)}"
+
+
+def tag_alive(tag: str) -> bool:
+    """Whether the process ``process_tag`` named is still running."""
+    pid, _, started = tag.partition("-")
+    return pid.isdigit() and _start_time(int(pid)) == started
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """Tells one version of a file from the next: each is written anew and renamed into place."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_size
 
 
 def _reason_path(calls: Path) -> Path:

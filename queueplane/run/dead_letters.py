@@ -45,7 +45,16 @@ class Failure:
 
     @classmethod
     def of(cls, exc: BaseException) -> Failure:
+        if isinstance(exc, Carried):
+            return exc.failure
         return cls(type(exc).__qualname__, str(exc)[:MAX_ERROR_MESSAGE])
+
+
+class Carried:
+    """Mixed into an exception that stands for a failure raised elsewhere (a handler's call in a
+    child process): ``Failure.of`` gives the original failure, its class name included."""
+
+    failure: Failure
 
 
 def dlq_headers(

@@ -13,6 +13,7 @@ from typing import Protocol
 from confluent_kafka import AcknowledgeType, KafkaException, Message
 
 from queueplane.kafka import clients
+from queueplane.run.crash_journal import CrashJournal, worker_died
 from queueplane.run.dead_letters import Failure, failure_of_headers
 from queueplane.run.handler import MessageRecord, Record
 from queueplane.run.outcomes import (
@@ -51,16 +52,20 @@ PARK_PAUSE_S = 1.0  # a fetcher's pause after parking: the DLQ refuses writes, r
 
 
 class FetcherHost(Protocol):
-    """What a fetcher needs of its process: the settings, the pool, the lease, the producer."""
+    """What a fetcher needs of its process: the settings, the pool, the crash journal, the lease,
+    the producer."""
 
     settings: ShareSettings
     pool: HandlerPool
+    journal: CrashJournal
 
     def leased(self) -> bool: ...
 
     def enter_cycle(self, fetcher: ShareFetcher) -> bool: ...
 
     def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None: ...
+
+    def report(self, outcomes: list[OutcomeColumns]) -> None: ...
 
     def first_attempt(self, record: Record, now_ms: int) -> int: ...
 
@@ -182,9 +187,11 @@ class ShareFetcher:
         poll: Poll | None = None
         try:
             poll = Poll(MessageRecord.many(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
-            calls = self._calls(good, poll)
+            calls, suspects = self._calls(good, poll)
             chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
-            self._await(poll, chunks, lambda: self._acknowledge_accepted(good, poll, polled_at, outcomes, in_order))
+            if suspects:
+                chunks += pool.submit(poll, suspects, isolated=True)
+            self._await(poll, chunks, lambda: self._acknowledge_accepted(good, poll, polled_at, in_order))
             self.parked = False
             self._acknowledge(good, poll, polled_at, outcomes, in_order)
         except BaseException:
@@ -196,25 +203,48 @@ class ShareFetcher:
         if self.parked:  # the DLQ refuses writes: parked records must not cycle through at full speed
             time.sleep(PARK_PAUSE_S)
 
-    def _calls(self, messages: list[Message], poll: Poll) -> Sequence[int]:
-        """The records of a poll that go to the handler; the others get their result here.
+    def _calls(self, messages: list[Message], poll: Poll) -> tuple[Sequence[int], list[int]]:
+        """The records of a poll that go to the handler, and the suspects among them, which are
+        called in a child process each; the others get their result here.
 
         A record past deliveryLimit is on the broker's reserve delivery: its last allowed
         delivery ended without an outcome (the worker was killed, its lock ran out), and the
-        handler had its deliveries, so it goes to the DLQ. A parked record is a dead letter
-        already: it goes to the DLQ as it is.
+        handler had its deliveries, so it goes to the DLQ (``WorkerDied`` when processes died
+        with it in a call). A parked record is a dead letter already: it goes to the DLQ as it is.
+        A record delivered again may have been in a call when a process died: the journal is
+        read again then (a process of the queue may have died since this one last looked).
         """
         limit = self.runtime.settings.delivery_limit
-        decided = [i for i, m in enumerate(messages) if (m.delivery_count() or 1) > limit or is_parked(m.headers())]
-        if not decided:
-            return range(len(messages))
-        for i in decided:
-            headers = messages[i].headers() or []
-            failure = failure_of_headers(headers) if is_parked(headers) else RESERVE_FAILURE
-            poll.results[i] = (DEAD_LETTERED, failure, 0.0)
-        poll.finished(len(decided))
-        skipped = set(decided)
-        return [i for i in range(len(messages)) if i not in skipped]
+        counts = [m.delivery_count() or 1 for m in messages]
+        journal = self.runtime.journal
+        if max(counts) > 1:
+            journal.collect()
+        crashes = journal.crashes
+        decided = [i for i, m in enumerate(messages) if counts[i] > limit or is_parked(m.headers())]
+        if decided:
+            for i in decided:
+                headers = messages[i].headers() or []
+                poll.results[i] = (DEAD_LETTERED, self._reserve_failure(messages[i], headers, crashes), 0.0)
+            poll.finished(len(decided))
+            skipped = set(decided)
+            calls: Sequence[int] = [i for i in range(len(messages)) if i not in skipped]
+        else:
+            calls = range(len(messages))
+        if not crashes:
+            return calls, []
+        suspects = [i for i in calls if (messages[i].partition(), messages[i].offset()) in crashes]
+        if suspects:
+            isolated = set(suspects)
+            calls = [i for i in calls if i not in isolated]
+        return calls, suspects
+
+    def _reserve_failure(self, message: Message, headers: list, crashes: dict[tuple[int, int], int]) -> Failure:
+        if is_parked(headers):
+            return failure_of_headers(headers)
+        key = (message.partition(), message.offset())
+        if key in crashes:
+            return worker_died(crashes[key], self.runtime.journal.reasons.get(key))
+        return RESERVE_FAILURE
 
     def _acknowledge(
         self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], in_order: InOrder
@@ -277,15 +307,15 @@ class ShareFetcher:
                     log.warning("share fetcher %d could not release a record of its failed poll: %s", self.index, exc)
         self.pending = not self._commit()
 
-    def _acknowledge_accepted(
-        self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], in_order: InOrder
-    ) -> None:
+    def _acknowledge_accepted(self, messages: list[Message], poll: Poll, polled_at: float, in_order: InOrder) -> None:
         """While a poll runs, acknowledge and commit what it has accepted so far, in offset order.
 
         A poll is a whole producer batch, often thousands of records: held back until its last
         record ended, the acknowledgements of the first ones would be lost with a killed worker
         and their records handled again (one poll's worth of duplicates). The commit waits for
         the broker's answer: an asynchronous one was still unsent when a kill came 0.5 s later.
+        Their outcomes are reported then, not with the rest of the poll: a handler that kills the
+        process later in the poll must not take the rows of records already settled with it.
         """
         ready = in_order.accepted(poll.results)
         if not ready:
@@ -295,8 +325,9 @@ class ShareFetcher:
         for message in picked:
             acknowledge(message, accept)
         latency_ms = (time.monotonic() - polled_at) * 1000
-        outcomes.append(accepted_columns(picked, latency_ms, [poll.inflight[i] for i in ready]))
+        columns = accepted_columns(picked, latency_ms, [poll.inflight[i] for i in ready])
         self.pending = not self._commit()
+        self.runtime.report([columns])
 
     def _await(self, poll: Poll, chunks: list[Chunk], early_acks: Callable[[], None]) -> None:
         """Wait until every call ended; at the deadline give up on the unfinished (RELEASE or DLQ).
@@ -361,6 +392,8 @@ class ShareFetcher:
                 self.runtime.produce_and_wait([dead])
             except Exception as exc:
                 return self._park(record, dead, Failure(DLQ_WRITE_FAILED, str(exc)), latency_ms, inflight)
+            if (record.partition, record.offset) in self.runtime.journal.crashes:
+                self.runtime.journal.cleared(record.partition, record.offset)  # no delivery of it comes again
             return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight), AcknowledgeType.REJECT
         return Outcome.of(record, RELEASED, failure, latency_ms, inflight), AcknowledgeType.RELEASE
 

@@ -16,11 +16,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import Producer
 
+from queueplane.run.crash_journal import CrashJournal
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Handler, MessageRecord, Output, Record, Reject, outputs_of
 from queueplane.run.outcomes import (
@@ -30,17 +31,21 @@ from queueplane.run.outcomes import (
     produce,
     refused_write,
 )
+from queueplane.run.share.isolated import IsolatedCalls
 from queueplane.run.share.settings import ACCEPTED_RESULT, CHUNK_S, ROOM_ROUNDS, STUCK_S, Result
 
 log = logging.getLogger("queueplane.worker")
 
 
 class PoolHost(Protocol):
-    """What the pool needs of its process: the handler, and where outputs go (a producer whose
-    delivery callbacks another thread serves)."""
+    """What the pool needs of its process: the handler, where outputs go (a producer whose
+    delivery callbacks another thread serves), the crash journal its calls are noted in, and
+    the children suspects are called in."""
 
     handler: Handler
     producer: Producer
+    journal: CrashJournal
+    isolated: IsolatedCalls
 
     def output_record(self, output: Output, record: Record) -> ProducedRecord: ...
 
@@ -84,12 +89,13 @@ class Chunk:
     0 while no call of it runs.
     """
 
-    __slots__ = ("poll", "since", "todo")
+    __slots__ = ("isolated", "poll", "since", "todo")
 
-    def __init__(self, poll: Poll, indices: Sequence[int]):
+    def __init__(self, poll: Poll, indices: Sequence[int], isolated: bool = False):
         self.poll = poll
         self.todo: Iterator[int] = iter(indices)
         self.since = 0.0
+        self.isolated = isolated  # suspects: each call in a child process (queueplane.run.share.isolated)
 
 
 class Outputs:
@@ -165,10 +171,10 @@ class HandlerPool:
     def chunk_size(self, calls: int) -> int:
         return max(1, min(calls, int(CHUNK_S / max(self.mean_call_s, 1e-7))))
 
-    def submit(self, poll: Poll, indices: Sequence[int], size: int = 1) -> list[Chunk]:
+    def submit(self, poll: Poll, indices: Sequence[int], size: int = 1, isolated: bool = False) -> list[Chunk]:
         """Hand the calls of ``indices`` to the threads in chunks of ``size``; the chunks, for the
         fetcher's stuck check and deadline."""
-        chunks = [Chunk(poll, indices[i : i + size]) for i in range(0, len(indices), size)]
+        chunks = [Chunk(poll, indices[i : i + size], isolated) for i in range(0, len(indices), size)]
         with self.lock:
             self.queued += len(chunks)
         put = self.chunks.put
@@ -185,7 +191,7 @@ class HandlerPool:
             if chunk.since and now - chunk.since >= STUCK_S:
                 waiting = list(chunk.todo)  # one step: the chunk's thread takes none of these after it
                 if waiting:
-                    split += self.submit(chunk.poll, waiting)
+                    split += self.submit(chunk.poll, waiting, isolated=chunk.isolated)
         return split
 
     def wait_for_room(self, timeout: float) -> bool:
@@ -207,6 +213,7 @@ class HandlerPool:
         self._spawn()
 
     def _loop(self) -> None:
+        calling = self.runtime.journal.thread_calls()
         while True:
             chunk = self.chunks.get()
             with self.lock:
@@ -215,7 +222,7 @@ class HandlerPool:
                     self.room.notify_all()
                 self.inflight += 1
             try:
-                self._run(chunk)
+                self._run(chunk, calling)
             except BaseException:  # handler errors are results; anything else must not cost the pool a thread
                 log.exception("a handler thread failed a chunk; continuing")
             with self.lock:
@@ -224,14 +231,18 @@ class HandlerPool:
                     self.live -= 1
                     return
 
-    def _run(self, chunk: Chunk) -> None:
+    def _run(self, chunk: Chunk, calling: Callable[[int, int], None]) -> None:
         """Run the chunk's calls until its iterator is exhausted; report how many ended, once.
 
         The handler call is inline, with its verdicts, because it is the loop of the hot path.
+        Each call's record goes in the thread's slot of the crash journal first: if the process
+        dies in it, the next process knows the record was in a call.
         """
         poll = chunk.poll
         records, results, inflight, deadline = poll.records, poll.results, poll.inflight, poll.deadline
         handler, monotonic = self.runtime.handler, time.monotonic
+        if chunk.isolated:  # the call runs in a child: this process does not die in it
+            handler, calling = self._isolated_call(deadline), _unnoted
         ended = ran = 0
         began = monotonic()
         try:
@@ -243,8 +254,10 @@ class HandlerPool:
                     continue
                 inflight[i] = self.inflight
                 ran += 1
+                record = records[i]
+                calling(record.partition, record.offset)
                 try:
-                    returned = handler(records[i])
+                    returned = handler(record)
                     if returned is not None:
                         outputs = outputs_of(returned)
                         if outputs:
@@ -260,9 +273,19 @@ class HandlerPool:
                 results[i] = ACCEPTED_RESULT
         finally:
             chunk.since = 0.0
+            self.runtime.journal.idle()
             poll.finished(ended)
-            if ran:  # once a chunk, from the mean of its calls: a trivial call cost less than the update
+            if ran and not chunk.isolated:  # once a chunk, from its calls' mean: cheaper than per call
                 self.mean_call_s += 0.1 * ((monotonic() - began) / ran - self.mean_call_s)
+
+    def _isolated_call(self, deadline: float) -> Handler:
+        """The handler for a suspect: its call in a child process, killed at the poll's deadline."""
+        runtime = self.runtime
+
+        def call(record: Record) -> list[Output]:
+            return runtime.isolated.call(runtime.journal, record, deadline - time.monotonic())
+
+        return call
 
     def _produce(self, poll: Poll, index: int, outputs: list[Output], started: float) -> bool:
         """Hand call ``index``'s outputs to the producer, unless the fetcher gave up on the poll;
@@ -294,3 +317,7 @@ class HandlerPool:
             error = exc
         pending.seal(error)
         return True
+
+
+def _unnoted(_partition: int, _offset: int) -> None:
+    """A suspect's call runs in a child: the parent does not die in it, so its slot stays empty."""

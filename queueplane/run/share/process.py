@@ -19,6 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from queueplane.run.crash_journal import CrashJournal, journal_folder
 from queueplane.run.handler import Handler, Output, Record, load_handler
 from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
@@ -30,8 +31,16 @@ from queueplane.run.outcomes import (
 )
 from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.share.fetcher import ShareFetcher
+from queueplane.run.share.isolated import IsolatedCalls
+from queueplane.run.share.outbox import Outbox
 from queueplane.run.share.pool import HandlerPool
-from queueplane.run.share.settings import FETCHER_SHARE, IDLE_AFTER_S, LEASE_GRACE_S, ShareSettings
+from queueplane.run.share.settings import (
+    FETCHER_SHARE,
+    HANDLER_SHARE_OF_LOCK,
+    IDLE_AFTER_S,
+    LEASE_GRACE_S,
+    ShareSettings,
+)
 
 log = logging.getLogger("queueplane.worker")
 
@@ -44,10 +53,15 @@ class ProcessRuntime:
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         self.delivery = ServedProducer(settings.kafka, linger_ms=1, batch_bytes=settings.batch_bytes)
         self.producer = self.delivery.producer
+        folder = journal_folder(settings.group_id)
+        # A call running past its deadline was given up before the process died: not blamed.
+        self.journal = CrashJournal(folder, settings.lock_ms / 1000 * HANDLER_SHARE_OF_LOCK)
+        self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
+        self.isolated = IsolatedCalls(
+            settings.handler, settings.search_paths, settings.output_topic, settings.memory_limit_mi
+        )
+        self.outbox = Outbox(folder)
         self.pool = HandlerPool(self, settings.slots)
-        # No crash journal here: the records a process held come back a delivery later, and the
-        # guard's error line is what says why it ended.
-        self.memory_guard = guard(settings.memory_limit_mi, lambda _reason: None)
         self.fetchers: list[ShareFetcher] = []
         # When a record's first failed delivery started in this process, for the DLQ headers (bounded).
         self.first_attempts: OrderedDict[tuple[str, int, int], int] = OrderedDict()
@@ -56,8 +70,6 @@ class ProcessRuntime:
         # The lease: fetchers acquire records only before ``_lease_until`` (monotonic seconds).
         self._lease = threading.Condition()
         self._lease_until = 0.0
-        self._outbox: list[OutcomeColumns] = []
-        self._outbox_lock = threading.Lock()
         self._last_outcome = time.monotonic()  # when a batch last returned outcomes (or the process started)
 
     def first_attempt(self, record: Record, now_ms: int) -> int:
@@ -95,9 +107,7 @@ class ProcessRuntime:
                     self._lease.wait_for(lambda: not any(f.busy for f in self.fetchers), limit - time.monotonic())
             else:
                 self._wait_for_outcomes(slice_s)
-            with self._outbox_lock:
-                settled, self._outbox = self._outbox, []
-            return settled
+            return self.outbox.take()
 
     def _wait_for_outcomes(self, slice_s: float) -> None:
         """Hold the lease one time slice; in a process idle for a while, on past it until an outcome
@@ -117,9 +127,9 @@ class ProcessRuntime:
         time.sleep(slice_s)
         if idle:
             with self._lease:
-                self._lease.wait_for(lambda: bool(self._outbox), until - time.monotonic())
+                self._lease.wait_for(self.outbox.holds, until - time.monotonic())
                 self._lease_until = time.monotonic() + LEASE_GRACE_S
-        if self._outbox:
+        if self.outbox.holds():
             self._last_outcome = time.monotonic()
 
     def leased(self) -> bool:
@@ -137,10 +147,15 @@ class ProcessRuntime:
 
     def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None:
         if outcomes:
-            with self._outbox_lock:
-                self._outbox.extend(outcomes)
+            self.outbox.add(outcomes)
         with self._lease:
             fetcher.busy = False
+            self._lease.notify_all()
+
+    def report(self, outcomes: list[OutcomeColumns]) -> None:
+        """Outcomes settled in the middle of a fetcher's cycle, for the next batch."""
+        self.outbox.add(outcomes)
+        with self._lease:
             self._lease.notify_all()
 
     def close(self) -> None:
@@ -150,6 +165,8 @@ class ProcessRuntime:
         for fetcher in self.fetchers:
             fetcher.close()
         self.delivery.close()
+        self.outbox.close()
+        self.journal.close()
 
 
 RUNTIMES: PerProcess[ProcessRuntime] = PerProcess(lambda text: ProcessRuntime(ShareSettings.from_json(text)))

@@ -1,0 +1,164 @@
+"""A share suspect's handler call, run in a child process of its own.
+
+A record that was in a handler call when its process died (os._exit, a crash in native code,
+its memory limit) is a suspect (queueplane.run.crash_journal). On a share queue a process that
+dies takes every record it has acquired with it: the broker delivers each again, one delivery
+count higher, so a suspect that killed process after process would push the records beside it
+toward the delivery limit too. So a suspect's next calls run in a child process, started for
+that call: if the handler kills it, only the child dies, the parent counts the crash and
+releases the record (the broker's count reaches ``deliveryLimit`` and the fetcher then sends it
+to the DLQ), and nothing else the parent holds is touched. A suspect that only ran beside the
+culprit returns, is cleared, and its outputs are written by the parent as any call's are.
+
+A child costs a Python start and the handler's import (a few hundred milliseconds), which only
+records that were in a call when a process died ever pay. It gets the parent's memory limit,
+and is killed at the poll's deadline like a hung call is given up.
+
+Run as ``python -m queueplane.run.share.isolated``: a pickled ``Job`` on stdin, the verdict
+pickled into ``Job.verdict_path``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from queueplane.run.crash_journal import CrashJournal, worker_died
+from queueplane.run.dead_letters import Carried, Failure
+from queueplane.run.handler import Output, Record, Reject, load_handler, outputs_of
+from queueplane.run.memory_guard import guard
+from queueplane.run.outcomes import output_record
+
+
+class ChildFailed(Carried, Exception):
+    """The call failed in the child (an exception, its death, its deadline): another delivery."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class ChildRejected(Carried, Reject):
+    """The call refused the record in the child (Reject, or outputs that cannot be written): the DLQ."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class Job:
+    """One call for a child: what to load, the record, where its outputs go, where to answer."""
+
+    handler: str
+    search_paths: list[str]
+    record: Record
+    output_topic: str | None
+    memory_limit_mi: int | None
+    verdict_path: str
+
+
+# What a child answers: ("returned", outputs), ("raised", failure, rejected) or ("ended", failure)
+# (its memory guard ended it). No answer at all: it died.
+Verdict = tuple
+
+
+def plain(record: Record) -> Record:
+    """The record as plain fields (a share call's record reads them from a Kafka message, which
+    does not cross to another process)."""
+    return Record(
+        key=record.key,
+        value=record.value,
+        headers=tuple(record.headers),
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        delivery_count=record.delivery_count,
+        timestamp=record.timestamp,
+    )
+
+
+class IsolatedCalls:
+    """Runs a process's suspect calls in children and keeps their crashes in the process's journal."""
+
+    def __init__(
+        self, handler: str, search_paths: list[str], output_topic: str | None, memory_limit_mi: int | None
+    ) -> None:
+        self.handler = handler
+        self.search_paths = search_paths
+        self.output_topic = output_topic
+        self.memory_limit_mi = memory_limit_mi
+        # The child imports queueplane and the handler from where this process does.
+        self._env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+    def call(self, journal: CrashJournal, record: Record, timeout_s: float) -> list[Output]:
+        """The handler's outputs for ``record``, called in a child; raises ChildRejected or ChildFailed."""
+        with tempfile.TemporaryDirectory(prefix="qp-suspect-") as folder:
+            verdict_path = os.path.join(folder, "verdict")
+            job = Job(
+                self.handler, self.search_paths, plain(record), self.output_topic, self.memory_limit_mi, verdict_path
+            )
+            child = subprocess.Popen(
+                [sys.executable, "-m", "queueplane.run.share.isolated"], stdin=subprocess.PIPE, env=self._env
+            )
+            assert child.stdin is not None
+            with child.stdin:
+                child.stdin.write(pickle.dumps(job))
+            try:
+                code = child.wait(max(0.0, timeout_s))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+                raise ChildFailed(Failure("Timeout", "the handler ran past its deadline")) from None
+            verdict = _read(verdict_path)
+        if verdict is None or verdict[0] == "ended":
+            reason = verdict[1] if verdict is not None else None
+            crashes = journal.crashed(record.partition, record.offset, reason)
+            failure = worker_died(crashes, reason)
+            if reason is None:
+                failure = Failure(failure.error_class, f"{failure.message}; the last time with exit status {code}")
+            raise ChildFailed(failure)
+        journal.cleared(record.partition, record.offset)  # it came back: it did not kill its process
+        if verdict[0] == "raised":
+            _, failure, rejected = verdict
+            raise ChildRejected(failure) if rejected else ChildFailed(failure)
+        return verdict[1]
+
+
+def _read(path: str) -> Verdict | None:
+    try:
+        return pickle.loads(Path(path).read_bytes())
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def _answer(path: str, verdict: Verdict) -> None:
+    partial = f"{path}.partial"
+    Path(partial).write_bytes(pickle.dumps(verdict))
+    os.replace(partial, path)
+
+
+def _child() -> None:
+    job: Job = pickle.loads(sys.stdin.buffer.read())
+    guard(job.memory_limit_mi, lambda reason: _answer(job.verdict_path, ("ended", reason)))
+    handler = load_handler(job.handler, job.search_paths)
+    try:
+        outputs = outputs_of(handler(job.record))
+        for output in outputs:  # refused here as in the parent (InvalidOutput), and sure to cross back
+            output_record(output, job.record, job.output_topic)
+        verdict: Verdict = ("returned", outputs)
+        pickle.dumps(verdict)
+    except Reject as exc:
+        verdict = ("raised", Failure.of(exc), True)
+    except BaseException as exc:  # Retry, any other exception, sys.exit(): another delivery
+        verdict = ("raised", Failure.of(exc), False)
+    _answer(job.verdict_path, verdict)
+
+
+if __name__ == "__main__":
+    _child()
