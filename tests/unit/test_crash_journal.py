@@ -135,3 +135,27 @@ def test_a_suspect_does_not_wait_for_a_call_given_up_past_its_deadline(tmp_path)
     began = time.monotonic()
     journal.begin(0, 99)
     assert time.monotonic() - began < 1.5, "a suspect waits for the calls that may return, not for a hung one"
+
+
+def test_a_pool_threads_call_is_blamed_unless_it_was_given_up(tmp_path):
+    """Share pool threads note only the record's place; a hung call given up is taken out."""
+    pid = os.fork()
+    if pid == 0:
+        journal = CrashJournal(tmp_path, alone_s=5)
+        calling, _ = journal.thread_calls()
+        calling(0, 1)
+        journal.idle()  # returned: not blamed
+        hung = threading.Thread(target=lambda: journal.give_up(_hang(journal)))
+        hung.start()
+        hung.join()
+        calling(2, 40)  # the call the process dies in
+        os._exit(1)
+    os.waitpid(pid, 0)
+    assert CrashJournal(tmp_path, alone_s=5).crashes == {(2, 40): 1}
+
+
+def _hang(journal: CrashJournal) -> int:
+    """Another thread's call, left in its slot as a hung one is; its slot."""
+    calling, slot = journal.thread_calls()
+    calling(3, 3)
+    return slot

@@ -15,7 +15,7 @@ from confluent_kafka import AcknowledgeType, KafkaException, Message
 from queueplane.kafka import clients
 from queueplane.run.crash_journal import CrashJournal, worker_died
 from queueplane.run.dead_letters import Failure, failure_of_headers
-from queueplane.run.handler import MessageRecord, Record
+from queueplane.run.handler import Record
 from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
@@ -186,7 +186,7 @@ class ShareFetcher:
         in_order = InOrder(good)
         poll: Poll | None = None
         try:
-            poll = Poll(MessageRecord.many(good), polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
+            poll = Poll(good, polled_at + lock_s * HANDLER_SHARE_OF_LOCK)
             calls, suspects = self._calls(good, poll)
             chunks = pool.submit(poll, calls, pool.chunk_size(len(calls)))
             if suspects:
@@ -355,6 +355,7 @@ class ShareFetcher:
             for chunk in chunks:
                 if chunk.since:
                     pool.replace_stuck()  # its thread is inside a call past the deadline
+                    self.runtime.journal.give_up(chunk.slot)
             timeout: Result = (RELEASED, Failure("Timeout", "the handler ran past its deadline"), 0.0)
             for i, result in enumerate(results):
                 if result is None and i not in poll.producing:

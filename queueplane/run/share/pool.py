@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from confluent_kafka import Producer
+from confluent_kafka import Message, Producer
 
 from queueplane.run.crash_journal import CrashJournal
 from queueplane.run.dead_letters import Failure
@@ -61,14 +61,29 @@ class Poll:
     to produce outputs, and its outputs' delivery settling it.
     """
 
-    __slots__ = ("abandoned", "cond", "deadline", "inflight", "producing", "records", "results", "unsettled")
+    __slots__ = (
+        "abandoned",
+        "cond",
+        "deadline",
+        "inflight",
+        "offsets",
+        "partitions",
+        "producing",
+        "records",
+        "results",
+        "unsettled",
+    )
 
-    def __init__(self, records: list[MessageRecord], deadline: float):
+    def __init__(self, messages: list[Message], deadline: float):
         self.cond = threading.Condition(threading.Lock())
-        self.records = records
-        self.results: list[Result | None] = [None] * len(records)  # None until the call ends
-        self.inflight = [0] * len(records)  # calls running in the pool when each call started
-        self.unsettled = len(records)
+        self.records = MessageRecord.many(messages)
+        # Each record's place, read in one pass (a record's own fields are read from its message
+        # at each access): the crash journal notes it before every call.
+        self.partitions: list[int] = list(map(Message.partition, messages))
+        self.offsets: list[int] = list(map(Message.offset, messages))
+        self.results: list[Result | None] = [None] * len(messages)  # None until the call ends
+        self.inflight = [0] * len(messages)  # calls running in the pool when each call started
+        self.unsettled = len(messages)
         self.deadline = deadline
         self.abandoned = False  # the deadline passed: results written from now on are not waited for
         self.producing: set[int] = set()  # calls whose outputs are on their way to the broker
@@ -89,13 +104,14 @@ class Chunk:
     0 while no call of it runs.
     """
 
-    __slots__ = ("isolated", "poll", "since", "todo")
+    __slots__ = ("isolated", "poll", "since", "slot", "todo")
 
     def __init__(self, poll: Poll, indices: Sequence[int], isolated: bool = False):
         self.poll = poll
         self.todo: Iterator[int] = iter(indices)
         self.since = 0.0
         self.isolated = isolated  # suspects: each call in a child process (queueplane.run.share.isolated)
+        self.slot = -1  # the crash journal slot of the thread running it
 
 
 class Outputs:
@@ -213,9 +229,10 @@ class HandlerPool:
         self._spawn()
 
     def _loop(self) -> None:
-        calling = self.runtime.journal.thread_calls()
+        calling, slot = self.runtime.journal.thread_calls()
         while True:
             chunk = self.chunks.get()
+            chunk.slot = slot
             with self.lock:
                 self.queued -= 1
                 if self.queued == ROOM_ROUNDS * self.size - 1:
@@ -240,6 +257,7 @@ class HandlerPool:
         """
         poll = chunk.poll
         records, results, inflight, deadline = poll.records, poll.results, poll.inflight, poll.deadline
+        partitions, offsets = poll.partitions, poll.offsets
         handler, monotonic = self.runtime.handler, time.monotonic
         if chunk.isolated:  # the call runs in a child: this process does not die in it
             handler, calling = self._isolated_call(deadline), _unnoted
@@ -254,10 +272,9 @@ class HandlerPool:
                     continue
                 inflight[i] = self.inflight
                 ran += 1
-                record = records[i]
-                calling(record.partition, record.offset)
+                calling(partitions[i], offsets[i])
                 try:
-                    returned = handler(record)
+                    returned = handler(records[i])
                     if returned is not None:
                         outputs = outputs_of(returned)
                         if outputs:
