@@ -267,7 +267,7 @@ def test_a_dead_letter_the_dlq_refuses_is_parked_in_the_queue_until_the_dlq_take
 def test_a_worker_killed_during_a_records_last_delivery_leaves_it_for_the_dlq(kafka, tmp_path):
     """The broker keeps one delivery beyond deliveryLimit: when the last one ends without an
     outcome (kill -9 while the handler runs), the reserve delivery sends the record to the DLQ
-    instead of the broker archiving it."""
+    instead of the broker archiving it, as one its process died with."""
     queue = make_queue(tmp_path, kafka, delivery_limit=2, concurrency=4, lock="5s")
     produce(
         kafka,
@@ -287,7 +287,9 @@ def test_a_worker_killed_during_a_records_last_delivery_leaves_it_for_the_dlq(ka
     assert summary["lag_at_exit"] == 0
     (dead,) = read_all(kafka, queue.dlq, expect_at_least=1)
     assert _ids([dead]) == ["id-000777"]
-    assert _header(dead, dlq.HEADER_ERROR_CLASS) == "DeliveryLimitReached"
+    # Its call was running when the worker died: the crash journal tells the next process so.
+    assert _header(dead, dlq.HEADER_ERROR_CLASS) == "WorkerDied", _header(dead, dlq.HEADER_ERROR_MESSAGE)
+    assert "died 1 time(s)" in _header(dead, dlq.HEADER_ERROR_MESSAGE)
     assert _header(dead, dlq.HEADER_DELIVERY_COUNT) == "3"
     calls = sorted(e["dc"] for e in queue.events() if e.get("id") == "id-000777" and e.get("result") != "started")
     assert 3 not in calls, "the reserve delivery calls no handler"
