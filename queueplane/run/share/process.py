@@ -1,8 +1,8 @@
 """The share-group runtime that runs inside Spark's Python workers (KIP-932).
 
-Each worker process keeps its ShareConsumers for its whole life, so consumers stay group
-members across micro-batches instead of joining and leaving every batch; they leave the
-group when the process exits. The fetchers run continuously in background threads while
+Each worker process keeps its ShareConsumers across micro-batches, so consumers stay group
+members instead of joining and leaving every batch; they leave the group after a draining
+batch (a stop or a scale-down), and the next batch that is not a drain starts new ones. The fetchers run continuously in background threads while
 the driver holds a lease on them, so Spark's pause between two micro-batches costs no
 throughput; a micro-batch task renews the lease, waits one time slice and takes the
 outcomes settled meanwhile. Per record: the handler runs under a deadline shorter than
@@ -105,6 +105,7 @@ class ProcessRuntime:
                     self._lease.notify_all()
                     limit = time.monotonic() + self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S
                     self._lease.wait_for(lambda: not any(f.busy for f in self.fetchers), limit - time.monotonic())
+                self._close_fetchers()
             else:
                 self._wait_for_outcomes(slice_s)
             return self.outbox.take()
@@ -131,6 +132,20 @@ class ProcessRuntime:
                 self._lease_until = time.monotonic() + LEASE_GRACE_S
         if self.outbox.holds():
             self._last_outcome = time.monotonic()
+
+    def _close_fetchers(self) -> None:
+        """After a drain: the consumers leave the group, so that a process about to be killed (a
+        scale-down) holds nothing. Records librdkafka fetched ahead and nobody polled go back at a
+        clean close as they were; killed with the process, they came back one delivery higher
+        (the broker counts a session that ends without its close as a delivery, KAFKA-19972).
+        The next batch that is not a drain starts new consumers."""
+        fetchers, self.fetchers = self.fetchers, []
+        for fetcher in fetchers:
+            fetcher.stop()
+        with self._lease:
+            self._lease.notify_all()
+        for fetcher in fetchers:
+            fetcher.close()
 
     def leased(self) -> bool:
         return time.monotonic() < self._lease_until
