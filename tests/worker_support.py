@@ -362,6 +362,8 @@ def run_worker_logged(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout:
     )
     with (queue.folder / "worker.log").open("a") as kept:  # whole, beside the queue's files: a message keeps its end
         kept.write(result.stderr)
+    with (queue.folder / "summaries.jsonl").open("a") as kept:
+        kept.write(result.stdout.strip() + "\n")
     assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
     return json.loads(result.stdout), result.stderr
 
