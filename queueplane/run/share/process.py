@@ -2,10 +2,10 @@
 
 Each worker process keeps its ShareConsumers across micro-batches, so consumers stay group
 members instead of joining and leaving every batch; they leave the group after a draining
-batch (a stop or a scale-down), and the next batch that is not a drain starts new ones. The fetchers run continuously in background threads while
-the driver holds a lease on them, so Spark's pause between two micro-batches costs no
-throughput; a micro-batch task renews the lease, waits one time slice and takes the
-outcomes settled meanwhile. Per record: the handler runs under a deadline shorter than
+batch (a stop or a scale-down), and the next batch that is not a drain starts new ones. The
+fetchers run continuously in background threads while the driver holds a lease on them, so
+Spark's pause between two micro-batches costs no throughput; a micro-batch task renews the
+lease, waits one time slice and takes the outcomes settled meanwhile. Per record: the handler runs under a deadline shorter than
 the acquisition lock, outputs and dead-letter records are made durable, and only then is
 the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement committed.
 The last micro-batch of a run drains: fetchers stop acquiring, settle what they hold and
@@ -94,8 +94,10 @@ class ProcessRuntime:
         holds, and the task returns all of it, so the driver can stop with nothing in flight.
         """
         with self._batch_lock:  # two tasks in one process never share fetchers
-            # At least two: one polls while the other waits for the tail of its poll.
-            wanted = max(2, -(-self.settings.slots // FETCHER_SHARE))
+            # At least two: one polls while the other waits for the tail of its poll. None join
+            # for a drain: a consumer that joined and left at once had its first fetch acquire
+            # records it never handed out, which came back one delivery higher (measured).
+            wanted = 0 if final else max(2, -(-self.settings.slots // FETCHER_SHARE))
             while len(self.fetchers) < wanted:
                 self.fetchers.append(ShareFetcher(self, len(self.fetchers)))
             slice_s = self.settings.batch_ms / 1000
