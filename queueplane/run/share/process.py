@@ -1,15 +1,15 @@
 """The share-group runtime that runs inside Spark's Python workers (KIP-932).
 
 Each worker process keeps its ShareConsumers across micro-batches, so consumers stay group
-members instead of joining and leaving every batch; they leave the group after a draining
-batch (a stop or a scale-down), and the next batch that is not a drain starts new ones. The
-fetchers run continuously in background threads while the driver holds a lease on them, so
-Spark's pause between two micro-batches costs no throughput; a micro-batch task renews the
-lease, waits one time slice and takes the outcomes settled meanwhile. Per record: the handler runs under a deadline shorter than
-the acquisition lock, outputs and dead-letter records are made durable, and only then is
-the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement committed.
-The last micro-batch of a run drains: fetchers stop acquiring, settle what they hold and
-report it, so a stopped worker leaves nothing acquired and nothing unreported.
+members instead of joining and leaving every batch; they leave the group after a draining batch
+(a stop or a scale-down), and the next batch that is not a drain starts new ones. The fetchers
+run continuously in background threads while the driver holds a lease on them, so Spark's pause
+between two micro-batches costs no throughput; a micro-batch task renews the lease, waits one
+time slice and takes the outcomes settled meanwhile. Per record: the handler runs under a
+deadline shorter than the acquisition lock, outputs and dead-letter records are made durable,
+and only then is the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement
+committed. The last micro-batch of a run drains: fetchers stop acquiring, settle what they hold
+and report it, so a stopped worker leaves nothing acquired and nothing unreported.
 """
 
 from __future__ import annotations
