@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -32,6 +33,8 @@ DRAIN_REASON = "scale-down"
 
 
 class Drain(Protocol):
+    settle_s: float  # after the request, how long until processes that ran no draining task let go
+
     def request(self, reason: str) -> None: ...
     def release(self, reason: str) -> None: ...
 
@@ -47,6 +50,7 @@ class ExecutorPool:
         self.synced = False
         self._after_drain: list[Callable[[], None]] = []  # kills waiting for the draining batches
         self._waiting: dict[str, int] = {}  # draining batches each queue must still run before them
+        self._kill_not_before = 0.0  # monotonic: and not before the drains have settled
 
     def join(self, name: str, minimum: int, drain: Drain | None) -> None:
         """A queue of the application. It starts at its minimum: Spark starts the sum of the
@@ -82,7 +86,7 @@ class ExecutorPool:
         with self.lock:
             if name in self._waiting:
                 self._waiting[name] -= 1
-                if all(left <= 0 for left in self._waiting.values()):
+                if all(left <= 0 for left in self._waiting.values()) and time.monotonic() >= self._kill_not_before:
                     self._kill_drained()
             if not self.synced:
                 ids = self.executor_ids()
@@ -129,6 +133,7 @@ class ExecutorPool:
         log.info("draining before removing executor(s) %s", ", ".join(ids))
         self._after_drain.append(kill)
         self._waiting = {name: 1 if name == caller else 2 for name in self.drains}
+        self._kill_not_before = time.monotonic() + max(drain.settle_s for drain in self.drains.values())
         for drain in self.drains.values():
             drain.request(DRAIN_REASON)
 

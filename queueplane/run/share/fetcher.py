@@ -63,6 +63,8 @@ class FetcherHost(Protocol):
 
     def enter_cycle(self, fetcher: ShareFetcher) -> bool: ...
 
+    def unleased_long(self) -> bool: ...
+
     def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None: ...
 
     def report(self, outcomes: list[OutcomeColumns]) -> None: ...
@@ -137,6 +139,7 @@ class ShareFetcher:
         self.busy = False
         self.pending = False  # acknowledgements not yet committed
         self.parked = False  # this poll parked a dead letter the DLQ refused
+        self.left = False  # closed its consumer after its process went without a lease (IDLE_LEAVE_S)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
         self._thread.start()
@@ -144,6 +147,9 @@ class ShareFetcher:
     def _loop(self) -> None:
         while not self._closed:
             if not self.runtime.enter_cycle(self):
+                if not self.pending and self.runtime.unleased_long():
+                    self._leave()
+                    return
                 continue
             outcomes: list[OutcomeColumns] = []
             try:
@@ -433,6 +439,15 @@ class ShareFetcher:
             # The broker redelivers what it did not record; outcomes stay as the handler decided.
             log.warning("acknowledgement commit failed: %s", exc)
             return False
+
+    def _leave(self) -> None:
+        """No batch renewed the lease: leave the group, so an executor killed now holds nothing
+        fetched ahead (its records would come back one delivery higher); the process's next task
+        starts a new fetcher in this one's place."""
+        self.left = True
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self.consumer.close()
 
     def stop(self) -> None:
         """Ask the thread to end after its cycle (``close`` waits for it)."""

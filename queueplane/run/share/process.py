@@ -38,6 +38,7 @@ from queueplane.run.share.settings import (
     FETCHER_SHARE,
     HANDLER_SHARE_OF_LOCK,
     IDLE_AFTER_S,
+    IDLE_LEAVE_S,
     LEASE_GRACE_S,
     ShareSettings,
 )
@@ -97,6 +98,7 @@ class ProcessRuntime:
             # At least two: one polls while the other waits for the tail of its poll. None join
             # for a drain: a consumer that joined and left at once had its first fetch acquire
             # records it never handed out, which came back one delivery higher (measured).
+            self.fetchers = [f for f in self.fetchers if not f.left]  # those that left while idle
             wanted = 0 if final else max(2, -(-self.settings.slots // FETCHER_SHARE))
             while len(self.fetchers) < wanted:
                 self.fetchers.append(ShareFetcher(self, len(self.fetchers)))
@@ -151,6 +153,10 @@ class ProcessRuntime:
 
     def leased(self) -> bool:
         return time.monotonic() < self._lease_until
+
+    def unleased_long(self) -> bool:
+        """Whether the lease has been over for IDLE_LEAVE_S: no task of a batch came for this process."""
+        return time.monotonic() - self._lease_until > IDLE_LEAVE_S
 
     def enter_cycle(self, fetcher: ShareFetcher) -> bool:
         """Mark the fetcher busy if it may poll (lease held) or must commit (lease ended with
