@@ -139,7 +139,9 @@ class ShareFetcher:
         self.busy = False
         self.pending = False  # acknowledgements not yet committed
         self.parked = False  # this poll parked a dead letter the DLQ refused
-        self.left = False  # closed its consumer after its process went without a lease (IDLE_LEAVE_S)
+        # Draining: polls on without a lease until one returns nothing, then leaves the group (``left``).
+        self.draining = False
+        self.left = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
         self._thread.start()
@@ -147,14 +149,15 @@ class ShareFetcher:
     def _loop(self) -> None:
         while not self._closed:
             if not self.runtime.enter_cycle(self):
-                if not self.pending and self.runtime.unleased_long():
-                    self._leave()
-                    return
+                if self.runtime.unleased_long():
+                    self.draining = True  # no batch came for this process: let go of the group
                 continue
             outcomes: list[OutcomeColumns] = []
             try:
-                if self.runtime.leased():
-                    self._cycle(outcomes)
+                if self.runtime.leased() or self.draining:
+                    drained = not self._cycle(outcomes) and self.draining
+                    if drained:
+                        self._leave()
                 if self.pending and not self.runtime.leased():
                     # The lease ended: nothing stays uncommitted. A failed commit is not retried
                     # forever; the broker redelivers whatever it did not record.
@@ -164,20 +167,21 @@ class ShareFetcher:
                 log.exception("share fetcher %d failed a poll; continuing", self.index)
                 time.sleep(0.2)
             finally:
-                self.runtime.leave_cycle(self, outcomes)
+                self.runtime.leave_cycle(self, outcomes)  # after ``left``: a drain waits for it
 
-    def _cycle(self, outcomes: list[OutcomeColumns]) -> None:
-        """One poll: hand its records to the pool, settle them together, acknowledge each."""
+    def _cycle(self, outcomes: list[OutcomeColumns]) -> bool:
+        """One poll: hand its records to the pool, settle them together, acknowledge each.
+        Whether the poll brought records (or could not be made)."""
         if not self.runtime.pool.wait_for_room(0.05):
             if self.pending:  # acknowledgements must not wait for the pool: their records' locks run
                 self.pending = not self._commit()
-            return
+            return True
         try:
             messages = self.consumer.poll(0.2)
         except KafkaException as exc:
             log.warning("share poll failed: %s", exc)
             time.sleep(0.2)
-            return
+            return True
         polled_at = time.monotonic()
         good = [m for m in messages if not m.error()]
         if len(good) < len(messages):
@@ -185,7 +189,7 @@ class ShareFetcher:
                 if m.error():
                     log.warning("share consumer error: %s", m.error())
         if not good:
-            return
+            return bool(messages)
         lock_s = self.runtime.settings.lock_ms / 1000
         # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
         pool = self.runtime.pool
@@ -208,6 +212,7 @@ class ShareFetcher:
             self.pending = not self._commit()
         if self.parked:  # the DLQ refuses writes: parked records must not cycle through at full speed
             time.sleep(PARK_PAUSE_S)
+        return True
 
     def _calls(self, messages: list[Message], poll: Poll) -> tuple[Sequence[int], list[int]]:
         """The records of a poll that go to the handler, and the suspects among them, which are
@@ -441,13 +446,16 @@ class ShareFetcher:
             return False
 
     def _leave(self) -> None:
-        """No batch renewed the lease: leave the group, so an executor killed now holds nothing
-        fetched ahead (its records would come back one delivery higher); the process's next task
-        starts a new fetcher in this one's place."""
-        self.left = True
-        self._closed = True
+        """Drained: a poll found nothing more fetched ahead. Leave the group now, before librdkafka
+        fetches again: records a consumer fetched and nobody polled come back one delivery higher
+        when it closes or dies (the broker counts a released session as a delivery, KAFKA-19972).
+        The process's next task starts a new fetcher in this one's place."""
+        if self.pending:
+            self.pending = not self._commit()
         with contextlib.suppress(Exception):
             self.consumer.close()
+        self.left = True
+        self._closed = True
 
     def stop(self) -> None:
         """Ask the thread to end after its cycle (``close`` waits for it)."""

@@ -106,9 +106,11 @@ class ProcessRuntime:
             if final:
                 with self._lease:
                     self._lease_until = 0.0
+                    for fetcher in self.fetchers:
+                        fetcher.draining = True
                     self._lease.notify_all()
                     limit = time.monotonic() + self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S
-                    self._lease.wait_for(lambda: not any(f.busy for f in self.fetchers), limit - time.monotonic())
+                    self._lease.wait_for(lambda: all(f.left for f in self.fetchers), limit - time.monotonic())
                 self._close_fetchers()
             else:
                 self._wait_for_outcomes(slice_s)
@@ -138,11 +140,11 @@ class ProcessRuntime:
             self._last_outcome = time.monotonic()
 
     def _close_fetchers(self) -> None:
-        """After a drain: the consumers leave the group, so that a process about to be killed (a
-        scale-down) holds nothing. Records librdkafka fetched ahead and nobody polled go back at a
-        clean close as they were; killed with the process, they came back one delivery higher
-        (the broker counts a session that ends without its close as a delivery, KAFKA-19972).
-        The next batch that is not a drain starts new consumers."""
+        """After a drain: every consumer has left the group (or is made to, past the drain's time
+        limit), so that a process about to be killed (a scale-down) holds nothing. Each fetcher
+        polled until librdkafka had nothing more fetched ahead: records fetched and never polled
+        come back one delivery higher, at a close as at a kill. The next batch that is not a
+        drain starts new consumers."""
         fetchers, self.fetchers = self.fetchers, []
         for fetcher in fetchers:
             fetcher.stop()
@@ -155,14 +157,14 @@ class ProcessRuntime:
         return time.monotonic() < self._lease_until
 
     def unleased_long(self) -> bool:
-        """Whether the lease has been over for IDLE_LEAVE_S: no task of a batch came for this process."""
-        return time.monotonic() - self._lease_until > IDLE_LEAVE_S
+        """Whether a lease has been over for IDLE_LEAVE_S: no task of a batch came for this process."""
+        return 0.0 < self._lease_until < time.monotonic() - IDLE_LEAVE_S
 
     def enter_cycle(self, fetcher: ShareFetcher) -> bool:
         """Mark the fetcher busy if it may poll (lease held) or must commit (lease ended with
         acknowledgements pending); otherwise wait a little for a renewal and say no."""
         with self._lease:
-            if self.leased() or fetcher.pending:
+            if self.leased() or fetcher.pending or fetcher.draining:
                 fetcher.busy = True
                 return True
             self._lease.wait(0.5)
