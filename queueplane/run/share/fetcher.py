@@ -139,8 +139,10 @@ class ShareFetcher:
         self.busy = False
         self.pending = False  # acknowledgements not yet committed
         self.parked = False  # this poll parked a dead letter the DLQ refused
-        # Draining: polls on without a lease until one returns nothing, then leaves the group (``left``).
+        # Draining: polls on without a lease until one returns nothing (or its time is up), then
+        # leaves the group (``left``).
         self.draining = False
+        self._drain_until = 0.0
         self.left = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
@@ -149,14 +151,14 @@ class ShareFetcher:
     def _loop(self) -> None:
         while not self._closed:
             if not self.runtime.enter_cycle(self):
-                if self.runtime.unleased_long():
-                    self.draining = True  # no batch came for this process: let go of the group
+                if self.runtime.unleased_long() and not self.draining:
+                    self.drain()  # no batch came for this process: let go of the group
                 continue
             outcomes: list[OutcomeColumns] = []
             try:
                 if self.runtime.leased() or self.draining:
-                    drained = not self._cycle(outcomes) and self.draining
-                    if drained:
+                    brought = self._cycle(outcomes)
+                    if self.draining and (not brought or time.monotonic() >= self._drain_until):
                         self._leave()
                 if self.pending and not self.runtime.leased():
                     # The lease ended: nothing stays uncommitted. A failed commit is not retried
@@ -456,6 +458,12 @@ class ShareFetcher:
             self.consumer.close()
         self.left = True
         self._closed = True
+
+    def drain(self) -> None:
+        """Poll without a lease until librdkafka holds nothing fetched ahead, then leave the group;
+        under a load that never lets a poll come back empty, leave after a lock's time anyway."""
+        self._drain_until = time.monotonic() + self.runtime.settings.lock_ms / 1000
+        self.draining = True
 
     def stop(self) -> None:
         """Ask the thread to end after its cycle (``close`` waits for it)."""

@@ -107,7 +107,7 @@ class ProcessRuntime:
                 with self._lease:
                     self._lease_until = 0.0
                     for fetcher in self.fetchers:
-                        fetcher.draining = True
+                        fetcher.drain()
                     self._lease.notify_all()
                     limit = time.monotonic() + self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S
                     self._lease.wait_for(lambda: all(f.left for f in self.fetchers), limit - time.monotonic())
