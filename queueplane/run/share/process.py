@@ -8,8 +8,9 @@ between two micro-batches costs no throughput; a micro-batch task renews the lea
 time slice and takes the outcomes settled meanwhile. Per record: the handler runs under a
 deadline shorter than the acquisition lock, outputs and dead-letter records are made durable,
 and only then is the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement
-committed. The last micro-batch of a run drains: fetchers stop acquiring, settle what they hold
-and report it, so a stopped worker leaves nothing acquired and nothing unreported.
+committed. The last micro-batch of a run drains: fetchers poll out what librdkafka fetched ahead,
+settle what they hold and report it, so a stopped worker leaves nothing acquired and nothing
+unreported.
 """
 
 from __future__ import annotations
