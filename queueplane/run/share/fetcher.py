@@ -290,10 +290,10 @@ class ShareFetcher:
     def _release_unacknowledged(self, messages: list[Message], poll: Poll | None, in_order: InOrder) -> None:
         """A poll failed midway: release what it did not acknowledge, and commit.
 
-        librdkafka refuses the next poll while records of the last one are unacknowledged, so a
-        fetcher that left them so would look alive and fetch nothing again. Released, they come
-        back on another delivery (the broker's limit keeps one in reserve for the DLQ); a record
-        whose dead letter was written before the failure may reach the DLQ twice, never lost.
+        Left unacknowledged, they would wait for their acquisition lock to run out before
+        another delivery. Released, they come back at once (the broker's limit keeps one delivery
+        in reserve for the DLQ); a record whose dead letter was written before the failure may
+        reach the DLQ twice, never lost.
         """
         if poll is not None:
             with poll.cond:
