@@ -146,15 +146,11 @@ class CrashJournal:
         Nothing to do is the common case, and costs a look at the folder and a stat: a share
         fetcher asks before every poll that holds records delivered again.
         """
-        if (
-            self._seen is not None
-            and self._seen == _stamp(self.folder / CRASHES)
-            and not any(p != self.path and not self._alive(p) for p in self.folder.glob(f"*{SUFFIX}"))
-        ):
+        if self._seen is not None and self._seen == _stamp(self.folder / CRASHES) and not self._dead():
             return
         with self._locked():
             crashes, deliveries, reasons = self._read()
-            dead = [p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not self._alive(p)]
+            dead = self._dead()
             for path in dead:
                 reason = _reason(_reason_path(path))
                 for key, delivery in _blamed(path.read_bytes(), self.alone_s):
@@ -382,14 +378,17 @@ class CrashJournal:
         partial.write_text(json.dumps(kept))
         partial.replace(self.folder / CRASHES)
 
-    @staticmethod
-    def _alive(path: Path) -> bool:
-        return tag_alive(path.name.removesuffix(SUFFIX))
+    def _dead(self) -> list[Path]:
+        """The call files of this queue's processes on this machine that are gone."""
+        return [
+            p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not tag_alive(p.name.removesuffix(SUFFIX))
+        ]
 
 
-def process_tag(pid: int | None = None) -> str:
-    """``<pid>-<start time>``: names a process's files in a journal folder, unlike a pid never reused."""
-    pid = os.getpid() if pid is None else pid
+def process_tag() -> str:
+    """``<pid>-<start time>`` of this process: names its files in a journal folder; unlike a pid,
+    never reused."""
+    pid = os.getpid()
     return f"{pid}-{_start_time(pid)}"
 
 

@@ -393,8 +393,7 @@ class ShareFetcher:
                 self.runtime.produce_and_wait([dead])
             except Exception as exc:
                 return self._park(record, dead, Failure(DLQ_WRITE_FAILED, str(exc)), latency_ms, inflight)
-            if (record.partition, record.offset) in self.runtime.journal.crashes:
-                self.runtime.journal.cleared(record.partition, record.offset)  # no delivery of it comes again
+            self.runtime.journal.cleared(record.partition, record.offset)  # no delivery of it comes again
             return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight), AcknowledgeType.REJECT
         return Outcome.of(record, RELEASED, failure, latency_ms, inflight), AcknowledgeType.RELEASE
 
