@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -59,7 +60,9 @@ class Call:
     record: Record
     attempt: int
     first_ms: int
-    started: float
+    # When its handler started: inf while the journal holds it back behind a suspect (or holds a
+    # suspect back until it runs alone), a wait that is not the handler's and has no deadline.
+    started: float = math.inf
 
 
 class Slot:
@@ -122,8 +125,6 @@ class Slot:
                 self.task.dead_letter(replace(record, delivery_count=crashes), died, first_ms, 0.0, 0)
                 return True
             attempt = crashes + 1
-        # A suspect first waits to run alone: its deadline counts from when its handler starts.
-        restart = (lambda: self._clock_from_now(gen)) if crashes else None
         while True:
             if wait_ms:
                 time.sleep(wait_ms / 1000)
@@ -132,13 +133,15 @@ class Slot:
             with self.lock:
                 if gen != self.generation:
                     return False
-                self.current = Call(delivery, attempt, first_ms, started)
+                self.current = Call(delivery, attempt, first_ms)
             inflight = self.task.inflight(+1)
             final = False
             failure: Failure | None = None
             outputs: list[ProducedRecord] = []
             try:
-                result = journal.call(record.partition, record.offset, self.task.process.handler, delivery, restart)
+                result = journal.call(
+                    record.partition, record.offset, self.task.process.handler, delivery, self._clock_starts
+                )
                 outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
             except Reject as exc:
                 failure, final = Failure.of(exc), True
@@ -161,10 +164,12 @@ class Slot:
             attempt += 1
             wait_ms = retry_delay_ms(attempt - 1, s.backoff_ms, s.max_backoff_ms)
 
-    def _clock_from_now(self, gen: int) -> None:
-        with self.lock:
-            if gen == self.generation and self.current is not None:
-                self.current.started = time.monotonic()
+    def _clock_starts(self) -> None:
+        """The handler starts now: its deadline counts from here. No lock: a Call the watchdog
+        already dropped is no longer read, and this is one attribute write on the hot path."""
+        call = self.current
+        if call is not None:
+            call.started = time.monotonic()
 
     def watch(self, now: float) -> None:
         """Give up on a call past its deadline: count the attempt failed and go on in a new thread."""

@@ -1,0 +1,95 @@
+"""A consumer slot's deadline counts its handler's time only, not a wait the crash journal imposes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from queueplane.run.consumer.slots import Slot
+from queueplane.run.crash_journal import CrashJournal
+from queueplane.run.handler import Record
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED
+
+LOCK_S = 1.0
+
+
+class _Owner:
+    """A partition task reduced to what a slot reports to it."""
+
+    def __init__(self, journal: CrashJournal, handler):
+        self.settings = SimpleNamespace(
+            lock_ms=LOCK_S * 1000, delivery_limit=3, backoff_ms=1, max_backoff_ms=1, output_topic="out"
+        )
+        self.process = SimpleNamespace(journal=journal, handler=handler)
+        self.rows: list[tuple[int, str, str | None]] = []
+        self._lock = threading.Lock()
+
+    def inflight(self, step: int) -> int:
+        return 0
+
+    def report(self, record, outcome, failure, latency_ms, inflight) -> None:
+        with self._lock:
+            self.rows.append((record.offset, outcome, failure and failure.error_class))
+
+    def settle(self, record, outcome, failure, produced, latency_ms, inflight) -> None:
+        self.report(record, outcome, failure, latency_ms, inflight)
+
+    def dead_letter(self, record, failure, first_ms, latency_ms, inflight) -> None:
+        self.report(record, DEAD_LETTERED, failure, latency_ms, inflight)
+
+    def fail(self, exc: BaseException) -> None:
+        raise AssertionError(f"the slot failed its task: {exc!r}")
+
+
+def _record(offset: int) -> Record:
+    return Record(None, b"v", (), "in", 0, offset, 1, 0)
+
+
+def test_a_suspect_waiting_to_run_alone_is_not_timed_out_by_the_wait(tmp_path):
+    """An ordinary call runs; a suspect waits for it, then runs alone; a second suspect waits for
+    both. Every call ends within the deadline, while the second suspect's wait and call together
+    pass it: only the call counts."""
+    journal = CrashJournal(tmp_path, alone_s=LOCK_S)
+    journal.crashes = {(0, 2): 1, (0, 3): 1}  # each killed a process once
+    took = {1: 0.6 * LOCK_S, 2: 0.6 * LOCK_S, 3: 0.3 * LOCK_S}
+
+    def handler(record: Record) -> None:
+        time.sleep(took[record.offset])
+
+    owner = _Owner(journal, handler)
+    slots = [Slot(owner, index) for index in range(3)]
+    for slot, offset in zip(slots, took, strict=True):
+        slot.queue.put([_record(offset)])
+        slot.queue.put(None)
+        time.sleep(0.05 * LOCK_S)  # in this order
+    deadline = time.monotonic() + 10 * LOCK_S
+    while not all(slot.finished.is_set() for slot in slots):
+        assert time.monotonic() < deadline, owner.rows
+        now = time.monotonic()
+        for slot in slots:
+            slot.watch(now)  # the task's watchdog, as PartitionTask runs it
+        time.sleep(0.01)
+    assert sorted(owner.rows) == [(1, ACCEPTED, None), (2, ACCEPTED, None), (3, ACCEPTED, None)]
+
+
+def test_a_call_past_its_deadline_is_still_given_up(tmp_path):
+    """The other side of the same clock: a handler that hangs is timed out and retried."""
+    journal = CrashJournal(tmp_path, alone_s=LOCK_S)
+    hung = threading.Event()
+
+    def handler(record: Record) -> None:
+        if not hung.is_set():
+            hung.set()
+            time.sleep(2 * LOCK_S)
+
+    owner = _Owner(journal, handler)
+    slot = Slot(owner, 0)
+    slot.queue.put([_record(7)])
+    slot.queue.put(None)
+    deadline = time.monotonic() + 5
+    while not slot.finished.is_set():
+        assert time.monotonic() < deadline, owner.rows
+        slot.watch(time.monotonic())
+        time.sleep(0.01)
+    assert owner.rows == [(7, RELEASED, "Timeout"), (7, ACCEPTED, None)]
