@@ -82,8 +82,9 @@ class DrainRequests:
     each asks under its own reason, so one finishing does not cancel the other's drain.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, settle_s: float = 0.0):
         self.path = path
+        self.settle_s = settle_s  # how long after the request the processes without a task have let go
         self._reasons: set[str] = set()
 
     def request(self, reason: str) -> None:
@@ -144,7 +145,9 @@ class QueueRun:
         if not options.local:  # local executors import it from the spec's folder (PYTHONPATH)
             ship_handler_modules(spark, queue)
         # Runtimes that drain: once it exists, the next micro-batch settles and reports what executors hold.
-        self.drain = DrainRequests(Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain")
+        self.drain = DrainRequests(
+            Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain", runtime.drain_settle_s
+        )
         runtime.temporary.append(self.drain.path.parent)
         self.controller = ExecutorController(
             pool,

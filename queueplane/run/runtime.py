@@ -28,6 +28,9 @@ class QueueRuntime(ABC):
     # The last micro-batch before a stop, and before a scale-down, must drain: every process
     # settles and reports what it holds (share groups hold acquired records between batches).
     drains: ClassVar[bool] = False
+    # After a scale-down's draining batch, how long until processes that had no task in it have
+    # let go too (share: they close their consumers once their lease is long over).
+    drain_settle_s: ClassVar[float] = 0.0
     # The source runs no micro-batch while nothing is new (Spark's Kafka source), so the sink
     # never sees the queue idle: the driver looks for a stop condition between batches too.
     batches_only_on_input: ClassVar[bool] = True

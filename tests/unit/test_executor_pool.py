@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from queueplane.run.scaling import pool as pool_module
 from queueplane.run.scaling.pool import DRAIN_REASON, ExecutorPool
 
 
@@ -33,7 +34,8 @@ class _Spark:
 
 
 class _Drain:
-    def __init__(self) -> None:
+    def __init__(self, settle_s: float = 0.0) -> None:
+        self.settle_s = settle_s
         self.requested: list[str] = []
         self.released: list[str] = []
 
@@ -74,6 +76,24 @@ def test_a_scale_down_waits_for_every_share_queue_to_drain() -> None:
     assert ("kill", ("4",)) not in spark.calls
     pool.batch_ran("mail")  # began after it: drained
     assert spark.calls[-2:] == [("kill", ("4",)), ("total", 3)]
+    assert drain.released == [DRAIN_REASON]
+
+
+def test_a_scale_down_waits_until_processes_without_a_draining_task_have_let_go(monkeypatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(pool_module.time, "monotonic", lambda: now[0])
+    spark, drain = _Spark(["1", "2"]), _Drain(settle_s=7.0)
+    pool = ExecutorPool(spark)
+    pool.join("mail", 2, drain)
+    pool.batch_ran("mail")
+    pool.set_demand("mail", 1, ["1", "2"])
+    pool.batch_ran("mail")  # drained, but a process that ran no task of it may still hold a consumer
+    now[0] += 6.9
+    pool.batch_ran("mail")
+    assert ("kill", ("2",)) not in spark.calls and not drain.released, "the drain goes on until then"
+    now[0] += 0.2
+    pool.batch_ran("mail")
+    assert spark.calls[-2:] == [("kill", ("2",)), ("total", 1)]
     assert drain.released == [DRAIN_REASON]
 
 

@@ -7,14 +7,15 @@ pool asks Spark for the sum, through Spark's executor-request API
 and standalone schedulers honour. An application of one queue asks for exactly that queue's
 demand.
 
-Removing an executor must not cut a share queue's delivery short: share-group executors
-hold outcomes they settled and acknowledged but have not yet handed to a task. So a kill
-waits until every queue whose runtime drains has run a draining micro-batch (every process
-stops acquiring, settles and reports). The queue that asked waits for its next batch; any
-other draining queue may be in the middle of a batch that began before the request, so it
-waits for the batch after that one. Queues that do not drain (consumer, kmq) lose the tasks
-running on a removed executor, which Spark runs again: their offsets commit only after a
-batch.
+Removing an executor must not cut a share queue's delivery short: share-group executors hold
+outcomes they settled and acknowledged but have not yet handed to a task. So a kill waits until
+every queue whose runtime drains has run a draining micro-batch (every process polls out what
+its consumer fetched ahead, settles and reports). The queue that asked waits for its next
+batch; any other draining queue may be in the middle of a batch that began before the request,
+so it waits for the batch after that one; and a kill waits the drains' ``settle_s`` too, the
+time after which processes that had no task in a draining batch have let go as well. Queues
+that do not drain (consumer, kmq) lose the tasks running on a removed executor, which Spark
+runs again: their offsets commit only after a batch.
 
 The queues' stream threads call in concurrently, so every method holds the pool's lock.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -32,6 +34,8 @@ DRAIN_REASON = "scale-down"
 
 
 class Drain(Protocol):
+    settle_s: float  # after the request, how long until processes that ran no draining task let go
+
     def request(self, reason: str) -> None: ...
     def release(self, reason: str) -> None: ...
 
@@ -47,6 +51,7 @@ class ExecutorPool:
         self.synced = False
         self._after_drain: list[Callable[[], None]] = []  # kills waiting for the draining batches
         self._waiting: dict[str, int] = {}  # draining batches each queue must still run before them
+        self._kill_not_before = 0.0  # monotonic: and not before the drains have settled
 
     def join(self, name: str, minimum: int, drain: Drain | None) -> None:
         """A queue of the application. It starts at its minimum: Spark starts the sum of the
@@ -82,7 +87,7 @@ class ExecutorPool:
         with self.lock:
             if name in self._waiting:
                 self._waiting[name] -= 1
-                if all(left <= 0 for left in self._waiting.values()):
+                if all(left <= 0 for left in self._waiting.values()) and time.monotonic() >= self._kill_not_before:
                     self._kill_drained()
             if not self.synced:
                 ids = self.executor_ids()
@@ -129,6 +134,7 @@ class ExecutorPool:
         log.info("draining before removing executor(s) %s", ", ".join(ids))
         self._after_drain.append(kill)
         self._waiting = {name: 1 if name == caller else 2 for name in self.drains}
+        self._kill_not_before = time.monotonic() + max(drain.settle_s for drain in self.drains.values())
         for drain in self.drains.values():
             drain.request(DRAIN_REASON)
 

@@ -63,6 +63,8 @@ class FetcherHost(Protocol):
 
     def enter_cycle(self, fetcher: ShareFetcher) -> bool: ...
 
+    def unleased_long(self) -> bool: ...
+
     def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None: ...
 
     def report(self, outcomes: list[OutcomeColumns]) -> None: ...
@@ -137,6 +139,11 @@ class ShareFetcher:
         self.busy = False
         self.pending = False  # acknowledgements not yet committed
         self.parked = False  # this poll parked a dead letter the DLQ refused
+        # Draining: polls on without a lease until one returns nothing (or its time is up), then
+        # leaves the group (``left``).
+        self.draining = False
+        self._drain_until = 0.0
+        self.left = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
         self._thread.start()
@@ -144,11 +151,15 @@ class ShareFetcher:
     def _loop(self) -> None:
         while not self._closed:
             if not self.runtime.enter_cycle(self):
+                if self.runtime.unleased_long() and not self.draining:
+                    self.drain()  # no batch came for this process: let go of the group
                 continue
             outcomes: list[OutcomeColumns] = []
             try:
-                if self.runtime.leased():
-                    self._cycle(outcomes)
+                if self.runtime.leased() or self.draining:
+                    brought = self._cycle(outcomes)
+                    if self.draining and (not brought or time.monotonic() >= self._drain_until):
+                        self._leave()
                 if self.pending and not self.runtime.leased():
                     # The lease ended: nothing stays uncommitted. A failed commit is not retried
                     # forever; the broker redelivers whatever it did not record.
@@ -158,20 +169,21 @@ class ShareFetcher:
                 log.exception("share fetcher %d failed a poll; continuing", self.index)
                 time.sleep(0.2)
             finally:
-                self.runtime.leave_cycle(self, outcomes)
+                self.runtime.leave_cycle(self, outcomes)  # after ``left``: a drain waits for it
 
-    def _cycle(self, outcomes: list[OutcomeColumns]) -> None:
-        """One poll: hand its records to the pool, settle them together, acknowledge each."""
+    def _cycle(self, outcomes: list[OutcomeColumns]) -> bool:
+        """One poll: hand its records to the pool, settle them together, acknowledge each.
+        Whether the poll brought records (or could not be made)."""
         if not self.runtime.pool.wait_for_room(0.05):
             if self.pending:  # acknowledgements must not wait for the pool: their records' locks run
                 self.pending = not self._commit()
-            return
+            return True
         try:
             messages = self.consumer.poll(0.2)
         except KafkaException as exc:
             log.warning("share poll failed: %s", exc)
             time.sleep(0.2)
-            return
+            return True
         polled_at = time.monotonic()
         good = [m for m in messages if not m.error()]
         if len(good) < len(messages):
@@ -179,7 +191,7 @@ class ShareFetcher:
                 if m.error():
                     log.warning("share consumer error: %s", m.error())
         if not good:
-            return
+            return bool(messages)
         lock_s = self.runtime.settings.lock_ms / 1000
         # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
         pool = self.runtime.pool
@@ -202,6 +214,7 @@ class ShareFetcher:
             self.pending = not self._commit()
         if self.parked:  # the DLQ refuses writes: parked records must not cycle through at full speed
             time.sleep(PARK_PAUSE_S)
+        return True
 
     def _calls(self, messages: list[Message], poll: Poll) -> tuple[Sequence[int], list[int]]:
         """The records of a poll that go to the handler, and the suspects among them, which are
@@ -433,12 +446,41 @@ class ShareFetcher:
             log.warning("acknowledgement commit failed: %s", exc)
             return False
 
+    def _leave(self) -> None:
+        """Drained: a poll found nothing more fetched ahead. Leave the group now, before librdkafka
+        fetches again: records a consumer fetched and nobody polled come back one delivery higher
+        when it closes or dies (the broker counts a released session as a delivery, KAFKA-19972).
+        The process's next task starts a new fetcher in this one's place."""
+        if self.pending:
+            self.pending = not self._commit()
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+        self.left = True
+        self._closed = True
+
+    def drain(self) -> None:
+        """Poll without a lease until librdkafka holds nothing fetched ahead, then leave the group;
+        under a load that never lets a poll come back empty, leave after a lock's time anyway."""
+        self._drain_until = time.monotonic() + self.runtime.settings.lock_ms / 1000
+        self.draining = True
+
+    def stop(self) -> None:
+        """Ask the thread to end after its cycle (``close`` waits for it)."""
+        self._closed = True
+
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
-            with contextlib.suppress(Exception):
-                self.consumer.close()
+        """End the thread, commit what is acknowledged, and leave the group cleanly.
+
+        A clean close hands back what the consumer fetched and nobody polled without counting a
+        delivery (measured, Kafka 4.3.1); a consumer that dies instead leaves those records to
+        come back one delivery higher.
+        """
+        self._closed = True
+        self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
+        if self.pending:
+            self.pending = not self._commit()
+        with contextlib.suppress(Exception):
+            self.consumer.close()
 
 
 # Share consumers leave the group cleanly when Spark stops the worker process.

@@ -1,15 +1,16 @@
 """The share-group runtime that runs inside Spark's Python workers (KIP-932).
 
-Each worker process keeps its ShareConsumers for its whole life, so consumers stay group
-members across micro-batches instead of joining and leaving every batch; they leave the
-group when the process exits. The fetchers run continuously in background threads while
-the driver holds a lease on them, so Spark's pause between two micro-batches costs no
-throughput; a micro-batch task renews the lease, waits one time slice and takes the
-outcomes settled meanwhile. Per record: the handler runs under a deadline shorter than
-the acquisition lock, outputs and dead-letter records are made durable, and only then is
-the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement committed.
-The last micro-batch of a run drains: fetchers stop acquiring, settle what they hold and
-report it, so a stopped worker leaves nothing acquired and nothing unreported.
+Each worker process keeps its ShareConsumers across micro-batches, so consumers stay group
+members instead of joining and leaving every batch; they leave the group after a draining batch
+(a stop or a scale-down), and the next batch that is not a drain starts new ones. The fetchers
+run continuously in background threads while the driver holds a lease on them, so Spark's pause
+between two micro-batches costs no throughput; a micro-batch task renews the lease, waits one
+time slice and takes the outcomes settled meanwhile. Per record: the handler runs under a
+deadline shorter than the acquisition lock, outputs and dead-letter records are made durable,
+and only then is the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement
+committed. The last micro-batch of a run drains: fetchers poll out what librdkafka fetched ahead,
+settle what they hold and report it, so a stopped worker leaves nothing acquired and nothing
+unreported.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from queueplane.run.share.settings import (
     FETCHER_SHARE,
     HANDLER_SHARE_OF_LOCK,
     IDLE_AFTER_S,
+    IDLE_LEAVE_S,
     LEASE_GRACE_S,
     ShareSettings,
 )
@@ -94,17 +96,23 @@ class ProcessRuntime:
         holds, and the task returns all of it, so the driver can stop with nothing in flight.
         """
         with self._batch_lock:  # two tasks in one process never share fetchers
-            # At least two: one polls while the other waits for the tail of its poll.
-            wanted = max(2, -(-self.settings.slots // FETCHER_SHARE))
+            # At least two: one polls while the other waits for the tail of its poll. None join
+            # for a drain: a consumer that joined and left at once had its first fetch acquire
+            # records it never handed out, which came back one delivery higher (measured).
+            self.fetchers = [f for f in self.fetchers if not f.left]  # those that left while idle
+            wanted = 0 if final else max(2, -(-self.settings.slots // FETCHER_SHARE))
             while len(self.fetchers) < wanted:
                 self.fetchers.append(ShareFetcher(self, len(self.fetchers)))
             slice_s = self.settings.batch_ms / 1000
             if final:
                 with self._lease:
                     self._lease_until = 0.0
+                    for fetcher in self.fetchers:
+                        fetcher.drain()
                     self._lease.notify_all()
                     limit = time.monotonic() + self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S
-                    self._lease.wait_for(lambda: not any(f.busy for f in self.fetchers), limit - time.monotonic())
+                    self._lease.wait_for(lambda: all(f.left for f in self.fetchers), limit - time.monotonic())
+                self._close_fetchers()
             else:
                 self._wait_for_outcomes(slice_s)
             return self.outbox.take()
@@ -132,14 +140,32 @@ class ProcessRuntime:
         if self.outbox.holds():
             self._last_outcome = time.monotonic()
 
+    def _close_fetchers(self) -> None:
+        """After a drain: every consumer has left the group (or is made to, past the drain's time
+        limit), so that a process about to be killed (a scale-down) holds nothing. Each fetcher
+        polled until librdkafka had nothing more fetched ahead: records fetched and never polled
+        come back one delivery higher, at a close as at a kill. The next batch that is not a
+        drain starts new consumers."""
+        fetchers, self.fetchers = self.fetchers, []
+        for fetcher in fetchers:
+            fetcher.stop()
+        with self._lease:
+            self._lease.notify_all()
+        for fetcher in fetchers:
+            fetcher.close()
+
     def leased(self) -> bool:
         return time.monotonic() < self._lease_until
+
+    def unleased_long(self) -> bool:
+        """Whether a lease has been over for IDLE_LEAVE_S: no task of a batch came for this process."""
+        return 0.0 < self._lease_until < time.monotonic() - IDLE_LEAVE_S
 
     def enter_cycle(self, fetcher: ShareFetcher) -> bool:
         """Mark the fetcher busy if it may poll (lease held) or must commit (lease ended with
         acknowledgements pending); otherwise wait a little for a renewal and say no."""
         with self._lease:
-            if self.leased() or fetcher.pending:
+            if self.leased() or fetcher.pending or fetcher.draining:
                 fetcher.busy = True
                 return True
             self._lease.wait(0.5)

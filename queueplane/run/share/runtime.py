@@ -13,12 +13,13 @@ from typing import Any, ClassVar
 
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
-from queueplane.run.share.settings import POLL_ROUNDS, SLICE_MS, ShareSettings
+from queueplane.run.share.settings import DRAIN_SETTLE_S, POLL_ROUNDS, SLICE_MS, ShareSettings
 
 
 class ShareRuntime(QueueRuntime):
     group_type: ClassVar[str] = "share"
     drains: ClassVar[bool] = True
+    drain_settle_s: ClassVar[float] = DRAIN_SETTLE_S
     batches_only_on_input: ClassVar[bool] = False  # every trigger is a new time slice
 
     def settings(self, tasks: int) -> ShareSettings:

@@ -44,6 +44,15 @@ IDLE_SLICE_MS = 15_000
 # Fetchers keep acquiring this long past a batch's time slice, to bridge the driver's pause
 # before the next batch; without a renewal they stop and only settle what they hold.
 LEASE_GRACE_S = 3.0
+# A process whose lease has been over this long (no task of a batch came) drains its consumers and
+# closes them: librdkafka fetches ahead of the polls, and a consumer killed with its executor (a
+# scale-down whose draining batch gave this process no task) returned what it had fetched one
+# delivery higher. The next task starts new consumers.
+IDLE_LEAVE_S = 3.0
+# How long after a scale-down's drain was asked for every process of the queue has let go of
+# the group: a process's last lease ends at most LEASE_GRACE_S after the batch before the drain,
+# and it leaves IDLE_LEAVE_S after that; one second for the close itself.
+DRAIN_SETTLE_S = LEASE_GRACE_S + IDLE_LEAVE_S + 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
