@@ -36,6 +36,7 @@ from queueplane.run.share.pool import Chunk, HandlerPool, Poll
 from queueplane.run.share.settings import (
     ACCEPTED_RESULT,
     ACK_EVERY_S,
+    DRAIN_POLL_S,
     FETCH_WAIT_MS,
     HANDLER_SHARE_OF_LOCK,
     STUCK_S,
@@ -139,8 +140,14 @@ class ShareFetcher:
         self.busy = False
         self.pending = False  # acknowledgements not yet committed
         self.parked = False  # this poll parked a dead letter the DLQ refused
-        # Draining: polls on without a lease until one returns nothing (or its time is up), then
-        # leaves the group (``left``).
+        # librdkafka sends a share fetch only from a poll that finds nothing buffered, and one poll
+        # returns a whole fetch response. So after a poll that brought records this consumer holds
+        # nothing unhandled; after an empty one its fetch is still out, and what that fetch
+        # acquires arrives after the poll (a consumer closed then hands it back one delivery higher).
+        self._fetch_out = False
+        # Draining: leaves the group (``left``) once it holds nothing unhandled: at once, or after a
+        # poll that brought records, or when the drain's time is up (an idle queue: a fetch that
+        # is out finds nothing to acquire).
         self.draining = False
         self._drain_until = 0.0
         self.left = False
@@ -156,9 +163,11 @@ class ShareFetcher:
                 continue
             outcomes: list[OutcomeColumns] = []
             try:
-                if self.runtime.leased() or self.draining:
-                    brought = self._cycle(outcomes)
-                    if self.draining and (not brought or time.monotonic() >= self._drain_until):
+                if self.draining and not self._fetch_out:
+                    self._leave()
+                elif self.runtime.leased() or self.draining:
+                    self._cycle(outcomes)
+                    if self.draining and (not self._fetch_out or time.monotonic() >= self._drain_until):
                         self._leave()
                 if self.pending and not self.runtime.leased():
                     # The lease ended: nothing stays uncommitted. A failed commit is not retried
@@ -171,27 +180,27 @@ class ShareFetcher:
             finally:
                 self.runtime.leave_cycle(self, outcomes)  # after ``left``: a drain waits for it
 
-    def _cycle(self, outcomes: list[OutcomeColumns]) -> bool:
-        """One poll: hand its records to the pool, settle them together, acknowledge each.
-        Whether the poll brought records (or could not be made)."""
+    def _cycle(self, outcomes: list[OutcomeColumns]) -> None:
+        """One poll: hand its records to the pool, settle them together, acknowledge each."""
         if not self.runtime.pool.wait_for_room(0.05):
             if self.pending:  # acknowledgements must not wait for the pool: their records' locks run
                 self.pending = not self._commit()
-            return True
+            return
         try:
             messages = self.consumer.poll(0.2)
         except KafkaException as exc:
             log.warning("share poll failed: %s", exc)
             time.sleep(0.2)
-            return True
+            return
         polled_at = time.monotonic()
+        self._fetch_out = not messages
         good = [m for m in messages if not m.error()]
         if len(good) < len(messages):
             for m in messages:
                 if m.error():
                     log.warning("share consumer error: %s", m.error())
         if not good:
-            return bool(messages)
+            return
         lock_s = self.runtime.settings.lock_ms / 1000
         # A handler gets 70% of the lock; the rest is for outputs, the DLQ and the acknowledgement.
         pool = self.runtime.pool
@@ -214,7 +223,6 @@ class ShareFetcher:
             self.pending = not self._commit()
         if self.parked:  # the DLQ refuses writes: parked records must not cycle through at full speed
             time.sleep(PARK_PAUSE_S)
-        return True
 
     def _calls(self, messages: list[Message], poll: Poll) -> tuple[Sequence[int], list[int]]:
         """The records of a poll that go to the handler, and the suspects among them, which are
@@ -447,10 +455,10 @@ class ShareFetcher:
             return False
 
     def _leave(self) -> None:
-        """Drained: a poll found nothing more fetched ahead. Leave the group now, before librdkafka
-        fetches again: records a consumer fetched and nobody polled come back one delivery higher
-        when it closes or dies (the broker counts a released session as a delivery, KAFKA-19972).
-        The process's next task starts a new fetcher in this one's place."""
+        """Drained: this consumer holds nothing unhandled (``_fetch_out``). Leave the group now,
+        before another poll sends a fetch: records a consumer acquired and nobody polled come back
+        one delivery higher when it closes or dies (the broker counts a released session as a
+        delivery, KAFKA-19972). The process's next task starts a new fetcher in this one's place."""
         if self.pending:
             self.pending = not self._commit()
         with contextlib.suppress(Exception):
@@ -459,9 +467,10 @@ class ShareFetcher:
         self._closed = True
 
     def drain(self) -> None:
-        """Poll without a lease until librdkafka holds nothing fetched ahead, then leave the group;
-        under a load that never lets a poll come back empty, leave after a lock's time anyway."""
-        self._drain_until = time.monotonic() + self.runtime.settings.lock_ms / 1000
+        """Leave the group once nothing is left unhandled: at once if the last poll brought
+        records, else after the next poll that does, or after DRAIN_POLL_S (a queue with nothing
+        to acquire)."""
+        self._drain_until = time.monotonic() + DRAIN_POLL_S
         self.draining = True
 
     def stop(self) -> None:
@@ -469,12 +478,8 @@ class ShareFetcher:
         self._closed = True
 
     def close(self) -> None:
-        """End the thread, commit what is acknowledged, and leave the group cleanly.
-
-        A clean close hands back what the consumer fetched and nobody polled without counting a
-        delivery (measured, Kafka 4.3.1); a consumer that dies instead leaves those records to
-        come back one delivery higher.
-        """
+        """End the thread, commit what is acknowledged, and leave the group (the process ends;
+        a drain has left already)."""
         self._closed = True
         self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
         if self.pending:

@@ -8,9 +8,9 @@ between two micro-batches costs no throughput; a micro-batch task renews the lea
 time slice and takes the outcomes settled meanwhile. Per record: the handler runs under a
 deadline shorter than the acquisition lock, outputs and dead-letter records are made durable,
 and only then is the record acknowledged (ACCEPT, RELEASE or REJECT) and the acknowledgement
-committed. The last micro-batch of a run drains: fetchers poll out what librdkafka fetched ahead,
-settle what they hold and report it, so a stopped worker leaves nothing acquired and nothing
-unreported.
+committed. The last micro-batch of a run drains: fetchers handle what their consumers acquired,
+leave the group holding nothing unhandled, and report it all, so a stopped worker leaves nothing
+acquired and nothing unreported.
 """
 
 from __future__ import annotations
@@ -142,10 +142,9 @@ class ProcessRuntime:
 
     def _close_fetchers(self) -> None:
         """After a drain: every consumer has left the group (or is made to, past the drain's time
-        limit), so that a process about to be killed (a scale-down) holds nothing. Each fetcher
-        polled until librdkafka had nothing more fetched ahead: records fetched and never polled
-        come back one delivery higher, at a close as at a kill. The next batch that is not a
-        drain starts new consumers."""
+        limit), so that a process about to be killed (a scale-down) holds nothing: records a
+        consumer acquired and never handed out come back one delivery higher, at a close as at a
+        kill (fetcher.py, ``_fetch_out``). The next batch that is not a drain starts new consumers."""
         fetchers, self.fetchers = self.fetchers, []
         for fetcher in fetchers:
             fetcher.stop()

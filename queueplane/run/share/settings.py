@@ -45,14 +45,18 @@ IDLE_SLICE_MS = 15_000
 # before the next batch; without a renewal they stop and only settle what they hold.
 LEASE_GRACE_S = 3.0
 # A process whose lease has been over this long (no task of a batch came) drains its consumers and
-# closes them: librdkafka fetches ahead of the polls, and a consumer killed with its executor (a
-# scale-down whose draining batch gave this process no task) returned what it had fetched one
-# delivery higher. The next task starts new consumers.
+# closes them: a fetch sent by an empty poll acquires what arrives after it, and a consumer killed
+# with its executor (a scale-down whose draining batch gave this process no task) returned that
+# one delivery higher. The next task starts new consumers.
 IDLE_LEAVE_S = 3.0
+# A draining consumer whose last poll came back empty polls until one brings records (it then holds
+# nothing unhandled) for at most this long: a queue that brings nothing in that time has nothing
+# for the fetch that is out to acquire either.
+DRAIN_POLL_S = 2.0
 # How long after a scale-down's drain was asked for every process of the queue has let go of
 # the group: a process's last lease ends at most LEASE_GRACE_S after the batch before the drain,
-# and it leaves IDLE_LEAVE_S after that; one second for the close itself.
-DRAIN_SETTLE_S = LEASE_GRACE_S + IDLE_LEAVE_S + 1.0
+# it drains IDLE_LEAVE_S after that, for at most DRAIN_POLL_S; one second for the close itself.
+DRAIN_SETTLE_S = LEASE_GRACE_S + IDLE_LEAVE_S + DRAIN_POLL_S + 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
