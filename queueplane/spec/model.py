@@ -35,7 +35,7 @@ class TopicSpec:
 
 
 # Deliveries the broker allows beyond a share spec's deliveryLimit: see GroupSpec.broker_delivery_limit.
-SHARE_RESERVE_DELIVERIES = 1
+SHARE_RESERVE_DELIVERIES = 2
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,16 @@ class GroupSpec:
 
     @property
     def broker_delivery_limit(self) -> int:
-        """The share group's ``share.delivery.count.limit``: one delivery beyond ``deliveryLimit``.
+        """The share group's ``share.delivery.count.limit``: ``SHARE_RESERVE_DELIVERIES`` beyond ``deliveryLimit``.
 
         The broker archives a record whose last allowed delivery ends without an acknowledgement
         (its lock ran out: the worker was killed) or with a RELEASE (its DLQ write failed), and an
-        archived record is in neither the output nor the DLQ. With one delivery in reserve the
-        broker never decides: the worker runs the handler ``deliveryLimit`` times and sends the
-        record to the DLQ on the reserve delivery at the latest (see run/share/fetcher.py).
+        archived record is in neither the output nor the DLQ. With deliveries in reserve the
+        broker does not decide: the worker runs the handler ``deliveryLimit`` times and sends the
+        record to the DLQ on the first reserve delivery (see run/share/fetcher.py). Two, because
+        a process that dies costs every record it holds a delivery, and the broker acquires whole
+        producer batches, so a record held by two dying processes in a row loses its last
+        delivery and a single reserve delivery both (docs/runtimes.md has the CI run).
         """
         return self.delivery_limit + SHARE_RESERVE_DELIVERIES
 

@@ -142,8 +142,8 @@ def _unpinned(image: str) -> bool:
 
 
 RESERVE_HINT = (
-    f"; the group's share.delivery.count.limit is deliveryLimit + {SHARE_RESERVE_DELIVERIES}, a reserve delivery "
-    "that sends a record to the DLQ when its last delivery ended without an outcome"
+    f"; the group's share.delivery.count.limit is deliveryLimit + {SHARE_RESERVE_DELIVERIES}, reserve deliveries "
+    "that send a record to the DLQ when its last delivery ended without an outcome"
 )
 
 
@@ -152,7 +152,7 @@ def bound_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds) -> lis
     group = queue.group
     if group.type != "share":
         return []
-    # The group's share.delivery.count.limit is deliveryLimit plus the reserve delivery.
+    # The group's share.delivery.count.limit is deliveryLimit plus the reserve deliveries.
     low_limit, high_limit = bounds.delivery_limit
     checks = [
         (

@@ -73,7 +73,7 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     assert _config(admin, ResourceType.TOPIC, f"{tag}.cafe.coffee-orders.v1")["retention.ms"] == "604800000"
     group = _config(admin, ResourceType.GROUP, f"{tag}-cafe-baristas")
     assert group["share.record.lock.duration.ms"] == "30000"
-    assert group["share.delivery.count.limit"] == "6"  # deliveryLimit 5 plus the reserve delivery
+    assert group["share.delivery.count.limit"] == "7"  # deliveryLimit 5 plus the reserve deliveries
     assert group["share.isolation.level"] == "read_committed"
     assert len(_xcom(first, "apply_topics")["applied"]) == 3
     assert len(_xcom(first, "apply_group_configs")["applied"]) == 5

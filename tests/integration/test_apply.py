@@ -118,7 +118,7 @@ def test_apply_creates_exactly_what_the_specs_declare_and_reapply_changes_nothin
 
     group = _configs(kafka, ResourceType.GROUP, f"gs-{tag}")
     assert group[kn.SHARE_LOCK_DURATION_MS] == "5000"
-    assert group[kn.SHARE_DELIVERY_COUNT_LIMIT] == "4"  # deliveryLimit 3 plus the reserve delivery
+    assert group[kn.SHARE_DELIVERY_COUNT_LIMIT] == "5"  # deliveryLimit 3 plus the reserve deliveries
     assert group[kn.SHARE_MAX_RECORD_LOCKS] == "500"
     assert group[kn.SHARE_AUTO_OFFSET_RESET] == "earliest"
     assert group[kn.SHARE_ISOLATION_LEVEL] == "read_committed"

@@ -32,7 +32,7 @@ def test_empty_cluster_plans_creates_for_every_owned_and_output_topic():
     groups = {c.field: c.new for c in plan.changes if c.kind == "group-config"}
     assert groups == {
         kn.SHARE_LOCK_DURATION_MS: "30000",
-        kn.SHARE_DELIVERY_COUNT_LIMIT: "6",  # deliveryLimit 5 plus the reserve delivery
+        kn.SHARE_DELIVERY_COUNT_LIMIT: "7",  # deliveryLimit 5 plus the reserve deliveries
         kn.SHARE_MAX_RECORD_LOCKS: "2000",
         kn.SHARE_AUTO_OFFSET_RESET: "earliest",
         kn.SHARE_ISOLATION_LEVEL: "read_committed",

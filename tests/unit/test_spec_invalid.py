@@ -75,7 +75,7 @@ CASES = [
         "spec/group/deliveryLimit",
         10,
         "/spec/group/deliveryLimit",
-        "10 is outside the share-group range 1..9",
+        "10 is outside the share-group range 1..8",
         None,
     ),
     (
