@@ -57,7 +57,12 @@ def test_broker_without_per_group_delivery_limit_refuses_unless_broker_value_mat
     assert "cannot hold share.delivery.count.limit per group" in change.reason
     assert kn.BROKER_SHARE_DELIVERY_DEFAULT in change.reason
     matching = diff(
-        [queue], _state(group_config_names=names_42, broker_configs={kn.BROKER_SHARE_DELIVERY_DEFAULT: "6"}), "t"
+        [queue],
+        _state(
+            group_config_names=names_42,
+            broker_configs={kn.BROKER_SHARE_DELIVERY_DEFAULT: str(queue.group.broker_delivery_limit)},
+        ),
+        "t",
     )
     assert matching.refused == []
     assert kn.SHARE_DELIVERY_COUNT_LIMIT not in {c.field for c in matching.changes}
