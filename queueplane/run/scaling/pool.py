@@ -9,8 +9,8 @@ demand.
 
 Removing an executor must not cut a share queue's delivery short: share-group executors hold
 outcomes they settled and acknowledged but have not yet handed to a task. So a kill waits until
-every queue whose runtime drains has run a draining micro-batch (every process polls out what
-its consumer fetched ahead, settles and reports). The queue that asked waits for its next
+every queue whose runtime drains has run a draining micro-batch (every process handles what its
+consumers acquired, settles, reports and leaves the group). The queue that asked waits for its next
 batch; any other draining queue may be in the middle of a batch that began before the request,
 so it waits for the batch after that one; and a kill waits the drains' ``settle_s`` too, the
 time after which processes that had no task in a draining batch have let go as well. Queues
