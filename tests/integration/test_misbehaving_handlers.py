@@ -106,7 +106,7 @@ def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group
             # kmq: the tracker may time the last delivery out before a retried task sees the deaths.
             timed_out = (group_type, seen[0]) == ("kmq", "Timeout") and ident in KILLERS
             # share: every record a dying process held comes back a delivery later, in a call or not
-            # (the broker counts it); one whose last delivery went so ends on the reserve delivery.
+            # (the broker counts it); one whose last delivery went so ends on a reserve delivery.
             lost_last = (
                 group_type == "share"
                 and seen[0] == "DeliveryLimitReached"
