@@ -12,6 +12,7 @@ from worker_support import make_queue, order, produce, read_all
 from queueplane.run.handler import Record
 from queueplane.run.share.process import ProcessRuntime
 from queueplane.run.share.settings import ShareSettings
+from queueplane.spec.model import SHARE_RESERVE_DELIVERIES
 
 pytestmark = pytest.mark.kafka
 
@@ -46,6 +47,7 @@ def test_a_poll_that_fails_midway_releases_its_records_and_the_fetcher_goes_on(k
         output_topic=queue.output,
         lock_ms=LOCK_S * 1000,
         delivery_limit=3,
+        broker_delivery_limit=3 + SHARE_RESERVE_DELIVERIES,
         handler=f"qp_handler_{tag}:handle",
         search_paths=[str(queue.folder)],
         topic=queue.topic,

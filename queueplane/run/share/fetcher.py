@@ -228,7 +228,7 @@ class ShareFetcher:
         """The records of a poll that go to the handler, and the suspects among them, which are
         called in a child process each; the others get their result here.
 
-        A record past deliveryLimit is on the broker's reserve delivery: its last allowed
+        A record past deliveryLimit is on one of the broker's reserve deliveries: its last allowed
         delivery ended without an outcome (the worker was killed, its lock ran out), and the
         handler had its deliveries, so it goes to the DLQ (``WorkerDied`` when processes died
         with it in a call). A parked record is a dead letter already: it goes to the DLQ as it is.
@@ -312,7 +312,7 @@ class ShareFetcher:
         """A poll failed midway: release what it did not acknowledge, and commit.
 
         Left unacknowledged, they would wait for their acquisition lock to run out before
-        another delivery. Released, they come back at once (the broker's limit keeps one delivery
+        another delivery. Released, they come back at once (the broker's limit keeps deliveries
         in reserve for the DLQ); a record whose dead letter was written before the failure may
         reach the DLQ twice, never lost.
         """
@@ -425,15 +425,15 @@ class ShareFetcher:
 
         Never REJECT what the DLQ did not take, and never RELEASE a record the broker may
         archive. Only when the queue's topic refuses the parked copy too is the record released:
-        the broker delivers it again unless this was its reserve delivery, and then it is lost,
-        which the error line says.
+        the broker delivers it again unless this was the last delivery it allows, and then it is
+        lost, which the error line says.
         """
         where = f"{record.topic}-{record.partition}@{record.offset}"
         try:
             self.runtime.produce_and_wait([parked_record(dead, record.topic)])
         except Exception as exc:
-            reserve = record.delivery_count > self.runtime.settings.delivery_limit
-            fate = "the broker archives it: LOST" if reserve else "released for another delivery"
+            last = record.delivery_count >= self.runtime.settings.broker_delivery_limit
+            fate = "the broker archives it: LOST" if last else "released for another delivery"
             log.error("DLQ write failed for %s (%s) and parking it failed (%s): %s", where, failed.message, exc, fate)
             return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.RELEASE
         log.error(

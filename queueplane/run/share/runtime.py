@@ -29,6 +29,7 @@ class ShareRuntime(QueueRuntime):
         return ShareSettings(
             **QueueSettings.common(queue, self.target),
             topic=queue.topic.name,
+            broker_delivery_limit=queue.group.broker_delivery_limit,
             slots=slots,
             # Enough for POLL_ROUNDS rounds of the process's threads, never more than the partition's lock cap.
             max_poll_records=max(1, min(queue.group.max_in_flight, POLL_ROUNDS * slots)),

@@ -64,6 +64,9 @@ class ShareSettings(QueueSettings):
     """Everything an executor needs, sent from the driver as JSON (no spec parsing on executors)."""
 
     topic: str
+    # The group's share.delivery.count.limit (deliveryLimit and the reserve deliveries): a record
+    # released on this delivery is archived by the broker.
+    broker_delivery_limit: int
     slots: int = 8
     max_poll_records: int = 5
     batch_ms: int = SLICE_MS
