@@ -163,12 +163,10 @@ class ShareFetcher:
                 continue
             outcomes: list[OutcomeColumns] = []
             try:
-                if self.draining and not self._fetch_out:
+                if self.draining and (not self._fetch_out or time.monotonic() >= self._drain_until):
                     self._leave()
                 elif self.runtime.leased() or self.draining:
                     self._cycle(outcomes)
-                    if self.draining and (not self._fetch_out or time.monotonic() >= self._drain_until):
-                        self._leave()
                 if self.pending and not self.runtime.leased():
                     # The lease ended: nothing stays uncommitted. A failed commit is not retried
                     # forever; the broker redelivers whatever it did not record.
