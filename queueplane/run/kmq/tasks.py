@@ -15,12 +15,14 @@ by the driver after the batch: from then on, redelivery is the tracker's job.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 
@@ -52,6 +54,9 @@ from queueplane.run.settings import QueueSettings
 
 log = logging.getLogger("queueplane.worker")
 WAIT_STEP_S = 0.05
+# An end marker waits for a moment with nothing in flight; past this share of lockDuration the
+# handler threads hold their writes until it comes, so the tracker never sees the marker late.
+HOLD_AFTER_LOCK_SHARE = 0.2
 # A retried task starts a delivery's clock again with a new start marker only this far before
 # the old lock runs out: the marker must be durable, and read by the tracker, before it looks.
 TRACKER_MARGIN_MS = 1000
@@ -67,6 +72,20 @@ class KmqSettings(QueueSettings):
     max_backoff_ms: int
     resume_floor: dict[str, int]  # resume.ResumePoint, as JSON
     resume_started: dict[str, list[list[int]]]
+
+
+FAILED, TURNED = "failed", "turned"  # a write's failure: the task fails / the record becomes a dead letter
+
+
+class _Ending:
+    """A record whose writes were produced: its marker is due once they are durable."""
+
+    __slots__ = ("at", "delay", "failed", "index", "kind")
+
+    def __init__(self, index: int, kind: str, delay: int):
+        self.index, self.kind, self.delay = index, kind, delay
+        self.at = time.monotonic()
+        self.failed: str | None = None
 
 
 class HandlerThreads:
@@ -105,7 +124,8 @@ class KmqProcess:
         self.settings = settings
         self.resume = ResumePoint.from_json_fields(settings.resume_floor, settings.resume_started)
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes)
+        # Durability is learnt in rounds (``ServedProducer.all_delivered``), not per record.
+        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes, errors_only=True)
         self.producer = self.delivery.producer
         self.threads = HandlerThreads(settings.threads)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
@@ -126,8 +146,14 @@ class KmqTask:
         self._lock = threading.Lock()
         self._claimed = [False] * len(records)  # an outcome was decided (ended, released, given up)
         self._running: dict[int, float] = {}
-        self._unsettled = len(records)  # records whose last write is not yet acknowledged
+        self._unsettled = len(records)  # records whose marker (or give-up) is not yet sent
         self._settled = threading.Condition(self._lock)
+        self._ending: list[_Ending] = []  # writes sent; each marker goes once the writes are durable
+        # Cleared while the task thread waits for a moment with nothing in flight: under steady
+        # writes that moment may not come by itself, and a marker must not wait past the lock.
+        self._may_produce = threading.Event()
+        self._may_produce.set()
+        self._hold_after_s = self.settings.lock_ms / 1000 * HOLD_AFTER_LOCK_SHARE
         self._outcomes: list[Outcome] = []
         self._error: str | None = None
         self._refused: dict[int, Failure] = {}  # records whose outputs the broker refused: to the DLQ next
@@ -144,7 +170,7 @@ class KmqTask:
             for i, r in enumerate(self.records)
             if i not in taken
         ]
-        km.write_markers(self.process.producer, self.settings.markers_topic, markers)
+        self._write_durably(markers)
         # The tracker counts from the marker's time; the worker gives up no later than that.
         self.deadline = time.monotonic() + self.settings.lock_ms / 1000 - (time.time() - now_ms / 1000)
         with self._lock:
@@ -280,53 +306,100 @@ class KmqTask:
         self._write_then_end(index, [dead], km.END)
 
     def _write_then_end(self, index: int, writes: list[ProducedRecord], kind: str) -> None:
-        """Produce the record's writes; once all are acknowledged, its marker; then it is settled."""
+        """Produce the record's writes; its marker follows in the task thread's next round in
+        which every write produced so far is acknowledged (``_end_round``)."""
         record = self.records[index]
         s = self.settings
         delay = int(retry_delay_ms(record.delivery_count, s.backoff_ms, s.max_backoff_ms)) if kind == km.RETRY else 0
-        producer = self.process.producer
-        remaining = [len(writes)]
-
-        def marker_written(err: object, _msg: object) -> None:
-            with self._lock:
-                if err is not None and self._error is None:
-                    self._error = f"marker for {record.partition}:{record.offset}: {err}"
-                self._unsettled -= 1
+        ending = _Ending(index, kind, delay)
+        # Only an END's outputs turn into a dead letter when refused; a refused DLQ record cannot.
+        turnable = kind == km.END and bool(writes) and writes[0][0] != s.dlq_topic
+        on_error = functools.partial(self._write_failed, ending, turnable)
+        self._may_produce.wait()
+        for item in writes:
+            produce(self.process.producer, item, on_error)
+        with self._lock:
+            self._ending.append(ending)
+            if len(self._ending) >= self._unsettled:  # nothing else to wait for: the round can go
                 self._settled.notify_all()
 
-        def write_marker() -> None:
-            now_ms = int(time.time() * 1000)
-            marker = km.Marker(record.partition, record.offset, kind, record.delivery_count, now_ms, delay)
-            key, value = marker.encode()
-            produce(producer, (s.markers_topic, key, value, []), marker_written, partition=record.partition)
-
-        def written(err: object, _msg: object) -> None:
-            refused = refused_write(err) if err is not None and kind == km.END and writes[0][0] != s.dlq_topic else None
-            if refused is not None:
-                with self._lock:  # to the DLQ, on a handler thread: not this delivery thread
-                    first = index not in self._turned
-                    self._turned.add(index)
-                    if first:
-                        self._refused[index] = Failure.of(refused)
-                if first:
-                    self.process.threads.jobs.put((self, index))
+    def _write_failed(self, ending: _Ending, turnable: bool, err: object, _msg: object) -> None:
+        """On the delivery thread, for a write the broker or client failed: the record gets no
+        marker from it; refused outputs turn into a dead letter (on a handler thread), any other
+        failure fails the task (its records come back from the tracker)."""
+        index = ending.index
+        refused = refused_write(err) if turnable else None
+        with self._lock:
+            if refused is None:
+                ending.failed = FAILED
+                if self._error is None:
+                    record = self.records[index]
+                    self._error = f"write for {record.partition}:{record.offset}: {err}"
                 return
-            if err is not None:
-                with self._lock:
-                    if self._error is None:
-                        self._error = f"write for {record.partition}:{record.offset}: {err}"
-                    self._unsettled -= 1
-                    self._settled.notify_all()
+            ending.failed = TURNED
+            if index in self._turned:
                 return
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                write_marker()  # outputs first, durable, then the end marker
+            self._turned.add(index)
+            self._refused[index] = Failure.of(refused)
+        self.process.threads.jobs.put((self, index))
 
-        if not writes:
-            write_marker()
+    def _end_round(self, within_s: float) -> None:
+        """The markers of the records whose writes are durable now: every write produced so far
+        is acknowledged, and the failed ones' callbacks have run, so what is left succeeded."""
+        with self._lock:
+            ending, self._ending = self._ending, []
+        if not ending:
             return
-        for item in writes:
-            produce(producer, item, written)
+        delivery = self.process.delivery
+        if not delivery.all_delivered(within_s):
+            if time.monotonic() - ending[0].at < self._hold_after_s:
+                with self._lock:  # a busy producer: the next round, with more
+                    self._ending[:0] = ending
+                return
+            self._may_produce.clear()
+            try:
+                durable = delivery.all_delivered(DELIVERY_TIMEOUT_S)
+            finally:
+                self._may_produce.set()
+            if not durable:
+                raise RuntimeError(f"writes not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
+        now_ms = int(time.time() * 1000)
+        producer, topic = self.process.producer, self.settings.markers_topic
+        settled = 0
+        for item in ending:
+            if item.failed == TURNED:
+                continue  # it ends again, as a dead letter
+            settled += 1
+            if item.failed is None:
+                record = self.records[item.index]
+                marker = km.Marker(
+                    record.partition, record.offset, item.kind, record.delivery_count, now_ms, item.delay
+                )
+                key, value = marker.encode()
+                produce(producer, (topic, key, value, []), self._marker_failed, partition=record.partition)
+        with self._lock:
+            self._unsettled -= settled
+
+    def _marker_failed(self, err: object, msg: Any) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = f"marker {msg.key()!r}: {err}"
+
+    def _write_durably(self, markers: list[km.Marker]) -> None:
+        """The start markers, acknowledged before any handler runs; only this task produces now."""
+        for marker in markers:
+            key, value = marker.encode()
+            produce(
+                self.process.producer,
+                (self.settings.markers_topic, key, value, []),
+                self._marker_failed,
+                partition=marker.partition,
+            )
+        if not self.process.delivery.all_delivered(DELIVERY_TIMEOUT_S):
+            raise RuntimeError(f"start markers not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
+        with self._lock:
+            if self._error is not None:
+                raise RuntimeError(self._error)
 
     def _give_up(self, index: int, latency_ms: float, why: str) -> None:
         """Caller holds the lock. No marker: the tracker sees a start without end and redelivers."""
@@ -343,9 +416,13 @@ class KmqTask:
     # -- the task's own thread ---------------------------------------------------------------
     def wait(self) -> None:
         """Until every record is settled; at the deadline, give up what has not ended."""
-        with self._lock:
-            while self._unsettled > 0 and time.monotonic() < self.deadline:
+        while True:
+            self._end_round(0.0)
+            with self._lock:
+                if self._unsettled <= 0 or time.monotonic() >= self.deadline:
+                    break
                 self._settled.wait(WAIT_STEP_S)
+        with self._lock:
             stuck = 0
             now = time.monotonic()
             for index, claimed in enumerate(self._claimed):
@@ -353,12 +430,20 @@ class KmqTask:
                     started = self._running.get(index)
                     stuck += started is not None
                     self._give_up(index, (now - started) * 1000 if started else 0.0, "ran past lockDuration")
-            deadline = time.monotonic() + DELIVERY_TIMEOUT_S
-            while self._unsettled > 0 and time.monotonic() < deadline:
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self._end_round(WAIT_STEP_S)
+            with self._lock:
+                if self._unsettled <= 0:
+                    break
                 self._settled.wait(WAIT_STEP_S)
+        markers_durable = self.process.delivery.all_delivered(max(0.0, deadline - time.monotonic()))
+        with self._lock:
             error = self._error
             if error is None and self._unsettled > 0:
                 error = f"{self._unsettled} writes not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s"
+            if error is None and not markers_durable:
+                error = f"markers not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s"
         if stuck:
             self.process.threads.add(stuck)
         if error is not None:

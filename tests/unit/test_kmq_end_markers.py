@@ -1,0 +1,128 @@
+"""A kmq record's end marker goes only once its writes are durable, in rounds, without a callback per record."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from types import SimpleNamespace
+
+from confluent_kafka import KafkaError
+
+from queueplane.run.kmq import markers as km
+from queueplane.run.kmq.tasks import KmqTask
+
+LOCK_MS = 1000
+MARKERS, OUTPUT, DLQ = "q.markers", "q.out", "q.dlq"
+
+
+class _Producer:
+    """Keeps what was produced, in order, with each write's error callback."""
+
+    def __init__(self):
+        self.produced: list[tuple[str, bytes | None, object]] = []
+        self._lock = threading.Lock()
+
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
+        with self._lock:
+            self.produced.append((topic, key, on_delivery))
+
+    def topics(self) -> list[str]:
+        with self._lock:
+            return [topic for topic, _, _ in self.produced]
+
+
+class _Delivery:
+    """``all_delivered`` as the test says: nothing in flight (True) or a producer never idle (False)."""
+
+    def __init__(self, task_of):
+        self.idle = False
+        self.task_of = task_of
+        self.held = []  # whether the task held its handler threads' writes during each blocking wait
+
+    def all_delivered(self, within_s: float) -> bool:
+        if within_s > 1:  # the task's blocking wait: its handler threads write nothing meanwhile
+            self.held.append(not self.task_of()._may_produce.is_set())
+            return True
+        return self.idle
+
+
+def _task(records: int = 2) -> tuple[KmqTask, _Producer, _Delivery, queue.SimpleQueue]:
+    producer = _Producer()
+    holder: list[KmqTask] = []
+    delivery = _Delivery(lambda: holder[0])
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    settings = SimpleNamespace(
+        lock_ms=LOCK_MS, markers_topic=MARKERS, dlq_topic=DLQ, backoff_ms=100, max_backoff_ms=100, delivery_limit=3
+    )
+    process = SimpleNamespace(
+        settings=settings, producer=producer, delivery=delivery, threads=SimpleNamespace(jobs=jobs)
+    )
+    rows = [SimpleNamespace(partition=0, offset=offset, delivery_count=1) for offset in range(records)]
+    task = KmqTask(process, rows)
+    holder.append(task)
+    return task, producer, delivery, jobs
+
+
+def _markers(producer: _Producer) -> list[int]:
+    """The offsets of the records whose markers were produced."""
+    return [km.parse_id(key.decode())[1] for topic, key, _ in producer.produced if topic == MARKERS]
+
+
+def test_an_end_marker_waits_for_a_moment_with_every_write_acknowledged():
+    task, producer, delivery, _ = _task()
+    task._write_then_end(0, [(OUTPUT, b"k", b"v", [])], km.END)
+    task._end_round(0.0)
+    assert producer.topics() == [OUTPUT], "the output is in flight: no end marker yet"
+    delivery.idle = True
+    task._end_round(0.0)
+    assert producer.topics() == [OUTPUT, MARKERS]
+    assert _markers(producer) == [0]
+    assert task._unsettled == 1, "one record settled, one to go"
+
+
+def test_under_writes_that_never_pause_the_task_holds_them_once_a_marker_is_due():
+    task, producer, delivery, _ = _task()
+    task._write_then_end(0, [(OUTPUT, b"k", b"v", [])], km.END)
+    task._end_round(0.0)
+    assert not delivery.held, "not due yet: the round waits for the producer to be idle by itself"
+    time.sleep(LOCK_MS / 1000 * 0.25)  # older than the share of the lock a marker may wait
+    task._end_round(0.0)
+    assert delivery.held == [True], "the handler threads' writes were held while the task waited"
+    assert task._may_produce.is_set(), "and let go after"
+    assert _markers(producer) == [0]
+
+
+def test_a_handler_thread_waits_with_its_writes_while_they_are_held():
+    task, producer, _, _ = _task()
+    task._may_produce.clear()
+    writer = threading.Thread(target=task._write_then_end, args=(1, [(OUTPUT, b"k", b"v", [])], km.END))
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive() and producer.topics() == []
+    task._may_produce.set()
+    writer.join(2)
+    assert producer.topics() == [OUTPUT]
+
+
+def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter():
+    task, producer, delivery, jobs = _task()
+    task._write_then_end(0, [(OUTPUT, b"k", b"v", [])], km.END)
+    task._write_then_end(1, [(OUTPUT, b"k", b"v", [])], km.END)
+    refused_callback = producer.produced[0][2]
+    refused_callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+    delivery.idle = True
+    task._end_round(0.0)
+    assert _markers(producer) == [1], "record 0's outputs were refused: it ends later, as a dead letter"
+    assert jobs.get_nowait() == (task, 0)
+    assert task._unsettled == 1
+
+
+def test_a_failed_dead_letter_write_fails_the_task_and_writes_no_marker():
+    task, producer, delivery, _ = _task(records=1)
+    task._write_then_end(0, [(DLQ, b"k", b"v", [])], km.END)
+    producer.produced[0][2](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+    delivery.idle = True
+    task._end_round(0.0)
+    assert _markers(producer) == []
+    assert task._error is not None and "0:0" in task._error
