@@ -11,6 +11,12 @@ set it up for speed, and as durable as the worker:
 
 A record counts as finished when its output becomes visible to a read_committed reader of the
 output topic, as the worker's do (bench/consumer.py times both sides with the same reader).
+
+With ``duties`` the loop also does, per record, what any worker must beside the loop's own work,
+in whatever design: build the handler's record, call the handler under a clock, turn what it
+returned into records to produce, and count the outcome and its latency (in aggregate, not a row
+per record). Its rate against the plain loop's, in the same run, bounds what any worker can
+reach against the plain loop on the same machine.
 """
 
 from __future__ import annotations
@@ -23,28 +29,56 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
+from queueplane.run.handler import MessageRecord, load_handler, outputs_of
+from queueplane.run.outcomes import output_record
+
 BATCH = 2000
 # How long one consume() waits for a batch to fill; a stop request is seen within it.
 WAIT_S = 0.2
 
 
-def echo_loop(settings: dict[str, Any], group: str, topic: str, output: str, stop: Event) -> None:
-    """Consume ``topic``, echo each record to ``output``, commit after delivery, until ``stop``."""
+def echo_loop(
+    settings: dict[str, Any],
+    group: str,
+    topic: str,
+    output: str,
+    stop: Event,
+    duties: tuple[str, list[str]] | None = None,
+) -> None:
+    """Consume ``topic``, echo each record to ``output``, commit after delivery, until ``stop``.
+
+    ``duties``: the handler (``module:function``) and its search paths; see the module's docstring.
+    """
     consumer = Consumer({**settings, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     producer = Producer({**settings, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    handler = load_handler(*duties) if duties else None
+    accepted, failed, latency_s = 0, 0, 0.0
     consumer.subscribe([topic])
     try:
         while not stop.is_set():
             batch = [m for m in consumer.consume(BATCH, WAIT_S) if m.error() is None]
             if not batch:
                 continue
-            for message in batch:
-                while True:
+            if handler is None:
+                for message in batch:
+                    while True:
+                        try:
+                            producer.produce(output, message.value(), message.key())
+                            break
+                        except BufferError:
+                            producer.poll(0.01)
+            else:
+                for record in MessageRecord.many(batch):
+                    started = time.monotonic()
                     try:
-                        producer.produce(output, message.value(), message.key())
-                        break
-                    except BufferError:
-                        producer.poll(0.01)
+                        writes = [output_record(o, record, output) for o in outputs_of(handler(record))]
+                        accepted += 1
+                    except Exception:
+                        writes = []
+                        failed += 1
+                    latency_s += time.monotonic() - started
+                    for out_topic, key, value, headers in writes:
+                        _produce(producer, out_topic, key, value, headers)
             if producer.flush(60) != 0:
                 raise KafkaException("outputs not delivered within 60 s")
             consumer.commit(asynchronous=True)
@@ -52,12 +86,28 @@ def echo_loop(settings: dict[str, Any], group: str, topic: str, output: str, sto
         consumer.close()
 
 
-def run(settings: dict[str, Any], group: str, topic: str, output: str, processes: int) -> Callable[[], None]:
+def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes | None, headers: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, key, headers=headers)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
+def run(
+    settings: dict[str, Any],
+    group: str,
+    topic: str,
+    output: str,
+    processes: int,
+    duties: tuple[str, list[str]] | None = None,
+) -> Callable[[], None]:
     """Start ``processes`` loops in one group; returns the function that stops them and waits."""
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
     loops = [
-        context.Process(target=echo_loop, args=(settings, group, topic, output, stop), daemon=True)
+        context.Process(target=echo_loop, args=(settings, group, topic, output, stop, duties), daemon=True)
         for _ in range(processes)
     ]
     for loop in loops:
