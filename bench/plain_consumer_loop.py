@@ -52,7 +52,7 @@ def echo_loop(
     consumer = Consumer({**settings, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     producer = Producer({**settings, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
     handler = load_handler(*duties) if duties else None
-    accepted, failed, latency_s = 0, 0, 0.0
+    accepted, failed, latency_s = 0, 0, 0.0  # counted as a worker counts them for its metrics; not reported
     consumer.subscribe([topic])
     try:
         while not stop.is_set():
