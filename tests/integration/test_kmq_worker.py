@@ -66,14 +66,12 @@ def _assert_first_trigger_after(checkpoint: Path, log: str, produced_ms: int, du
     assert fired_ms <= ready_ms + 3 * tracker_interval_ms(LOCK_MS), (fired_ms, ready_ms)
 
 
-def _marker_position(kafka, topic: str, partition: int, offset: int, kind: str, count: int) -> tuple[int, int, int]:
-    """Where a marker sits in the markers topic (partition, offset) and when it was written."""
+def _marker_position(placed: list[tuple[km.Marker, int, int]], record: tuple[int, int], kind: str, count: int) -> tuple:
+    """Where a record's (partition, offset) marker sits in the markers topic, and when it was written."""
     (position,) = [
-        (m.partition(), m.offset(), marker.at_ms)
-        for m in read_all(kafka, topic, expect_at_least=1)
-        if not km.is_tick(m.key())
-        and (marker := km.Marker.decode(m.key(), m.value()))
-        and (marker.partition, marker.offset, marker.kind, marker.delivery_count) == (partition, offset, kind, count)
+        (partition, at, marker.at_ms)
+        for marker, partition, at in placed
+        if (marker.partition, marker.offset, marker.kind, marker.delivery_count) == (*record, kind, count)
     ]
     return position
 
@@ -88,9 +86,16 @@ def _finish(worker, timeout_s: float = 400) -> dict:
     return json.loads(out)
 
 
-def _markers(kafka, topic: str) -> list[km.Marker]:
+def _placed_markers(kafka, topic: str) -> list[tuple[km.Marker, int, int]]:
+    """Every marker, with its partition and offset in the markers topic."""
     messages = read_all(kafka, topic, expect_at_least=1)
-    return [km.Marker.decode(m.key(), m.value()) for m in messages if not km.is_tick(m.key())]
+    return [
+        (km.Marker.decode(m.key(), m.value()), m.partition(), m.offset()) for m in messages if not km.is_tick(m.key())
+    ]
+
+
+def _markers(kafka, topic: str) -> list[km.Marker]:
+    return [marker for marker, _, _ in _placed_markers(kafka, topic)]
 
 
 def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(kafka, tmp_path):
@@ -139,13 +144,14 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     assert _header(copy, dlq.HEADER_DELIVERY_COUNT) == "2"
     original = next(m for m in on_topic if m.value() == order(hang, mode="hang", hang_s=12) and not m.headers())
     assert _header(copy, dlq.HEADER_SOURCE_OFFSET) == str(original.offset())
-    markers = _markers(kafka, markers_topic)
+    placed = _placed_markers(kafka, markers_topic)
+    markers = [marker for marker, _, _ in placed]
     (start,) = [
         m for m in markers if (m.partition, m.offset, m.kind) == (original.partition(), original.offset(), km.START)
     ]
     # Produced by the first tracker trigger after the deadline.
     assert copy.timestamp()[1] - start.at_ms >= LOCK_MS
-    start_marker = _marker_position(kafka, markers_topic, start.partition, start.offset, km.START, 1)
+    start_marker = _marker_position(placed, (start.partition, start.offset), km.START, 1)
     _assert_first_trigger_after(checkpoint, log.read_text(), copy.timestamp()[1], start.at_ms + LOCK_MS, start_marker)
     ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
     started = {(m.partition, m.offset) for m in markers if m.kind == km.START}
@@ -178,9 +184,7 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
         assert low <= marker.delay_ms <= high, marker
         back = copies[marker.delivery_count + 1].timestamp()[1]
         assert back - marker.at_ms >= marker.delay_ms, (marker, back)
-        retry_marker = _marker_position(
-            kafka, markers_topic, marker.partition, marker.offset, km.RETRY, marker.delivery_count
-        )
+        retry_marker = _marker_position(placed, (marker.partition, marker.offset), km.RETRY, marker.delivery_count)
         _assert_first_trigger_after(checkpoint, log.read_text(), back, marker.at_ms + marker.delay_ms, retry_marker)
     assert dead["Reject"].value() == b"not json" and _header(dead["Reject"], dlq.HEADER_DELIVERY_COUNT) == "1"
 

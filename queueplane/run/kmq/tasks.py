@@ -364,7 +364,6 @@ class KmqTask:
             if not durable:
                 raise RuntimeError(f"writes not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
         now_ms = int(time.time() * 1000)
-        producer, topic = self.process.producer, self.settings.markers_topic
         settled = 0
         for item in ending:
             if item.failed == TURNED:
@@ -372,13 +371,21 @@ class KmqTask:
             settled += 1
             if item.failed is None:
                 record = self.records[item.index]
-                marker = km.Marker(
-                    record.partition, record.offset, item.kind, record.delivery_count, now_ms, item.delay
+                self._produce_marker(
+                    km.Marker(record.partition, record.offset, item.kind, record.delivery_count, now_ms, item.delay)
                 )
-                key, value = marker.encode()
-                produce(producer, (topic, key, value, []), self._marker_failed, partition=record.partition)
         with self._lock:
             self._unsettled -= settled
+
+    def _produce_marker(self, marker: km.Marker) -> None:
+        """Into its record's partition of the markers topic; only a failure calls back."""
+        key, value = marker.encode()
+        produce(
+            self.process.producer,
+            (self.settings.markers_topic, key, value, []),
+            self._marker_failed,
+            partition=marker.partition,
+        )
 
     def _marker_failed(self, err: object, msg: Any) -> None:
         with self._lock:
@@ -388,13 +395,7 @@ class KmqTask:
     def _write_durably(self, markers: list[km.Marker]) -> None:
         """The start markers, acknowledged before any handler runs; only this task produces now."""
         for marker in markers:
-            key, value = marker.encode()
-            produce(
-                self.process.producer,
-                (self.settings.markers_topic, key, value, []),
-                self._marker_failed,
-                partition=marker.partition,
-            )
+            self._produce_marker(marker)
         if not self.process.delivery.all_delivered(DELIVERY_TIMEOUT_S):
             raise RuntimeError(f"start markers not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
         with self._lock:
@@ -416,12 +417,7 @@ class KmqTask:
     # -- the task's own thread ---------------------------------------------------------------
     def wait(self) -> None:
         """Until every record is settled; at the deadline, give up what has not ended."""
-        while True:
-            self._end_round(0.0)
-            with self._lock:
-                if self._unsettled <= 0 or time.monotonic() >= self.deadline:
-                    break
-                self._settled.wait(WAIT_STEP_S)
+        self._settle(self.deadline, 0.0)
         with self._lock:
             stuck = 0
             now = time.monotonic()
@@ -431,12 +427,7 @@ class KmqTask:
                     stuck += started is not None
                     self._give_up(index, (now - started) * 1000 if started else 0.0, "ran past lockDuration")
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            self._end_round(WAIT_STEP_S)
-            with self._lock:
-                if self._unsettled <= 0:
-                    break
-                self._settled.wait(WAIT_STEP_S)
+        self._settle(deadline, WAIT_STEP_S)
         markers_durable = self.process.delivery.all_delivered(max(0.0, deadline - time.monotonic()))
         with self._lock:
             error = self._error
@@ -448,6 +439,16 @@ class KmqTask:
             self.process.threads.add(stuck)
         if error is not None:
             raise RuntimeError(error)
+
+    def _settle(self, until: float, within_s: float) -> None:
+        """Rounds of markers (each waiting up to ``within_s`` for the producer) until every
+        record is settled or ``until`` (monotonic) has passed."""
+        while True:
+            self._end_round(within_s)
+            with self._lock:
+                if self._unsettled <= 0 or time.monotonic() >= until:
+                    return
+                self._settled.wait(WAIT_STEP_S)
 
     def drain(self) -> list[Outcome]:
         with self._lock:
