@@ -14,10 +14,14 @@ import importlib
 import json
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+# The headers of an output that sets none: read-only, since every such output shares this one.
+NO_HEADERS: Mapping[str, bytes | str] = MappingProxyType({})
 
 
 class Retry(Exception):
@@ -131,13 +135,18 @@ class MessageRecord(Record):
 _set_message = MessageRecord._message.__set__  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True)
-class Output:
-    """A record the handler wants written; topic None means the spec's output topic."""
+class Output(NamedTuple):
+    """A record the handler wants written; topic None means the spec's output topic.
+
+    A named tuple, not a frozen dataclass: a handler builds one per record, and the dataclass's
+    ``__init__`` (each field set through ``object.__setattr__``) cost five times this. Immutable
+    all the same; ``headers`` defaults to an empty read-only mapping, so no two outputs share
+    one a handler could change.
+    """
 
     value: bytes | str | dict | list | None
     key: bytes | str | None = None
-    headers: dict[str, bytes | str] = field(default_factory=dict)
+    headers: Mapping[str, bytes | str] = NO_HEADERS
     topic: str | None = None
 
     def encoded(self) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
@@ -148,7 +157,7 @@ class Output:
                 value = json.dumps(value, separators=(",", ":"))
             except (TypeError, ValueError) as exc:
                 raise InvalidOutput(f"the output value is not JSON-serialisable: {exc}") from None
-        if not isinstance(self.headers, dict):
+        if not isinstance(self.headers, Mapping):
             raise InvalidOutput(f"output headers are a dict of str to bytes or str, not {type(self.headers).__name__}")
         headers = []
         for name, header in self.headers.items():
