@@ -17,11 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
-from types import MappingProxyType
 from typing import Any, NamedTuple
-
-# The headers of an output that sets none: read-only, since every such output shares this one.
-NO_HEADERS: Mapping[str, bytes | str] = MappingProxyType({})
 
 
 class Retry(Exception):
@@ -140,13 +136,13 @@ class Output(NamedTuple):
 
     A named tuple, not a frozen dataclass: a handler builds one per record, and the dataclass's
     ``__init__`` (each field set through ``object.__setattr__``) cost five times this. Immutable
-    all the same; ``headers`` defaults to an empty read-only mapping, so no two outputs share
-    one a handler could change.
+    all the same; ``headers`` None is no headers, since a shared empty dict as the default would
+    be one that any handler could change for all.
     """
 
     value: bytes | str | dict | list | None
     key: bytes | str | None = None
-    headers: Mapping[str, bytes | str] = NO_HEADERS
+    headers: Mapping[str, bytes | str] | None = None
     topic: str | None = None
 
     def encoded(self) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
@@ -157,10 +153,10 @@ class Output(NamedTuple):
                 value = json.dumps(value, separators=(",", ":"))
             except (TypeError, ValueError) as exc:
                 raise InvalidOutput(f"the output value is not JSON-serialisable: {exc}") from None
-        if not isinstance(self.headers, Mapping):
+        if self.headers is not None and not isinstance(self.headers, Mapping):
             raise InvalidOutput(f"output headers are a dict of str to bytes or str, not {type(self.headers).__name__}")
         headers = []
-        for name, header in self.headers.items():
+        for name, header in (self.headers or {}).items():
             if not isinstance(name, str):
                 raise InvalidOutput(f"an output header name is {type(name).__name__}, not str")
             _bytes(name, "an output header name")  # text the client cannot encode would crash it (a segfault)
