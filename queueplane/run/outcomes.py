@@ -266,7 +266,7 @@ def produce(
     """
     topic, key, value, headers = record
     # Only the arguments a record has: the client parses each keyword given, and ``headers=[]``
-    # with ``on_delivery=None`` tripled the cost of a produce call.
+    # with ``on_delivery=None`` doubled the cost of a produce call.
     extra: dict[str, Any] = {}
     if headers:
         extra["headers"] = headers
