@@ -12,13 +12,9 @@ taking more of a worker's first seconds than the records did:
 
 Where the same pyspark is installed as a package (pip, as in queueplane's images and local
 runs), the daemon drops Spark's zips from ``sys.path`` so the package's cached bytecode is
-used, and imports the modules every worker needs before it forks. Forking a process with
-threads is unsafe, which is why pyspark imports the worker module after the fork in the first
-place; so the daemon imports nothing that starts a thread, and checks. pyarrow starts two at
-import, both optional: jemalloc's background purging thread and OpenBLAS's pool (through
-numpy). With those two off (``THREADLESS``) pyarrow is preloaded too: importing it in every
-forked worker took an eighth of the consumer worker's interpreter time in a profile of a
-trivial handler, since Spark forks a worker per task slot and again when one exits.
+used, and imports the pure-Python modules every worker needs before it forks. It imports
+nothing that starts threads (pyarrow, numpy): forking a process with threads is unsafe,
+which is why pyspark imports the worker module after the fork in the first place.
 
 What it imported is then frozen out of the garbage collector's sight (``gc.freeze``): the
 forked workers share those objects and never need to look at them again, and pyspark's
@@ -35,27 +31,14 @@ import threading
 import zipfile
 from pathlib import Path
 
-# Imported before the fork: nothing that starts a thread at import under THREADLESS (checked
-# below, not assumed).
+# Imported before the fork: pure Python, no threads at import (checked below, not assumed).
 PRELOAD = (
     "pyspark.worker",
     "confluent_kafka",
     "queueplane.run.handler",
     "queueplane.run.dead_letters",
     "queueplane.run.settings",
-    "pyarrow",
-    "pyarrow.compute",
-    # What each runtime's tasks unpickle: a task's first import of them is paid in every worker.
-    "queueplane.run.consumer.partition",
-    "queueplane.run.share.source",
-    "queueplane.run.kmq.tasks",
-    "queueplane.run.kmq.tracker",
 )
-# Settings under which PRELOAD starts no thread; read by the native libraries when they load,
-# so set before anything imports them. Both threads are only for speed: jemalloc purges
-# freed memory on the allocating thread instead, and a Python worker (one task per core)
-# runs BLAS on its own thread.
-THREADLESS = {"JE_ARROW_MALLOC_CONF": "background_thread:false", "OPENBLAS_NUM_THREADS": "1"}
 SPARK_ZIPS = ("pyspark.zip", "py4j-")
 
 
@@ -96,7 +79,6 @@ def drop_spark_zips() -> bool:
 
 
 def preload() -> None:
-    os.environ.update(THREADLESS)
     for name in PRELOAD:
         importlib.import_module(name)
     tasks = Path("/proc/self/task")  # Linux: the process's OS threads, native ones included
