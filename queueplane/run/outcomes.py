@@ -206,7 +206,7 @@ def output_record(output: Output, record: Record, default_topic: str | None) -> 
     to = topic or default_topic
     if to is None:
         raise RuntimeError("the handler returned outputs but the spec names no processing.output.topic")
-    if topic is None and key is None and type(value) is bytes and not headers:
+    if topic is None and key is None and headers is None and type(value) is bytes:
         # The usual output, bytes to the spec's topic under the input's key, has nothing to
         # check or encode: encoded() would cost as much again as the rest of this record's duties.
         return (to, record.key, value, [])

@@ -22,6 +22,7 @@ RECORD = Record.make(b"in-key", b"in-value", (), "orders", 2, 41, 1, 0)
         (Output(b"v", key=b"k"), ("out", b"k", b"v", [])),
         (Output(b"v", key="k"), ("out", b"k", b"v", [])),
         (Output(b"v", headers={"h": "x", "g": b"y"}), ("out", b"in-key", b"v", [("h", b"x"), ("g", b"y")])),
+        (Output(b"v", headers={}), ("out", b"in-key", b"v", [])),
         (Output(b"v", topic="elsewhere"), ("elsewhere", b"in-key", b"v", [])),
         (Output(None), ("out", b"in-key", None, [])),
         (Output(bytearray(b"v")), ("out", b"in-key", b"v", [])),
@@ -37,6 +38,7 @@ def test_an_output_becomes_the_record_its_fields_say(output: Output, expected: t
         (Output(5), "the output value is int"),
         (Output(b"v", key=5), "the output key is int"),
         (Output(b"v", headers=[("h", b"x")]), "output headers are a dict"),
+        (Output(b"v", headers=[]), "output headers are a dict"),  # empty, still not a dict
         (Output(b"v", headers={1: b"x"}), "header name is int"),
         (Output(b"v", headers={"h": 5}), "output header 'h' is int"),
         (Output(b"v", topic=5), "the output topic is int"),
