@@ -79,7 +79,8 @@ def handle(record):
     start = time.time()
     event = {"offset": record.offset, "partition": record.partition, "dc": record.delivery_count,
              "key": record.key.decode() if record.key is not None else None,
-             "pid": os.getpid(), "thread": threading.get_ident(), "start": start}
+             "pid": os.getpid(), "thread": threading.get_ident(), "start": start,
+             "headers": [[k, None if v is None else v.decode()] for k, v in record.headers]}
     try:
         order = record.json()
     except Exception:

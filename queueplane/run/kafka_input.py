@@ -39,7 +39,19 @@ TOKEN_PROVIDER_VERSION = "4.0.0"
 SPARK_SQL_KAFKA = f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{SPARK_VERSION}"
 POM = Path(__file__).with_name("spark-kafka-pom.xml")
 # Columns the driver selects from Spark's Kafka source before handing batches to the tasks.
-INPUT_COLUMNS = ("key", "value", "topic", "partition", "offset", "unix_millis(timestamp) AS ts", "headers")
+# A record without headers comes as a null list, and Spark's Arrow writer measures each batch's
+# bytes after every row: with null lists that measure walks the whole batch so far (about 11
+# core-us a record at 10,000 rows a batch, docs/design/consumer-throughput.md). An empty list
+# costs what any other column does.
+INPUT_COLUMNS = (
+    "key",
+    "value",
+    "topic",
+    "partition",
+    "offset",
+    "unix_millis(timestamp) AS ts",
+    "coalesce(headers, array()) AS headers",
+)
 EARLIEST, LATEST = -2, -1  # Spark's startingOffsets JSON spelling
 
 

@@ -16,6 +16,7 @@ import yaml
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from worker_support import (
+    idempotent_producer,
     kill_like_a_pod,
     make_queue,
     order,
@@ -67,6 +68,33 @@ def test_key_ordering_keeps_each_keys_offset_order_while_keys_run_in_parallel(ka
     assert max(overlap_peak(calls) for calls in by_partition.values()) >= 4
     outputs = [json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total)]
     assert sorted(outputs) == sorted(f"id-{i:06d}" for i in range(total))
+
+
+def test_each_handler_call_sees_its_own_records_headers_and_none_where_the_record_has_none(kafka, tmp_path):
+    """Records with and without headers, mixed in one partition and one batch: the source's null
+    list for a record without headers must reach the handler as no headers, and a header list
+    (repeated names, a null value) must reach it whole and in order."""
+    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="partition", partitions=1)
+    total = 60
+    sent = {
+        f"id-{i:06d}": [] if i % 3 == 0 else [["trace", f"t-{i}"], ["tag", None], ["trace", f"u-{i}"]][: 1 + i % 3]
+        for i in range(total)
+    }
+    producer = idempotent_producer(kafka)
+    for i, headers in enumerate(sent.values()):
+        producer.produce(
+            queue.topic,
+            value=order(i),
+            key=f"k{i}".encode(),
+            headers=[(k, None if v is None else v.encode()) for k, v in headers] or None,
+        )
+    assert producer.flush(30) == 0
+
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == total and summary["counts"]["dlq"] == 0
+    seen = {e["id"]: e["headers"] for e in queue.events()}
+    assert seen == sent
+    assert sum(1 for h in seen.values() if not h) == total // 3 and any(["tag", None] in h for h in seen.values())
 
 
 def _header(message, name: str) -> str | None:
