@@ -80,7 +80,7 @@ def handle(record):
     event = {"offset": record.offset, "partition": record.partition, "dc": record.delivery_count,
              "key": record.key.decode() if record.key is not None else None,
              "pid": os.getpid(), "thread": threading.get_ident(), "start": start,
-             "headers": [[k, None if v is None else v.decode()] for k, v in record.headers]}
+             "headers": [[k, None if v is None else v.decode(errors="backslashreplace")] for k, v in record.headers]}
     try:
         order = record.json()
     except Exception:
@@ -212,10 +212,18 @@ def default_key(i: int) -> bytes:
     return f"k{i % 16}".encode()
 
 
-def produce(kafka: KafkaTarget, topic: str, values: list[bytes], keys: list[bytes] | None = None) -> None:
+def produce(
+    kafka: KafkaTarget,
+    topic: str,
+    values: list[bytes],
+    keys: list[bytes] | None = None,
+    headers: list[list[tuple[str, bytes | None]]] | None = None,
+) -> None:
+    """``headers``: each record's list (empty: the record has none)."""
     producer = idempotent_producer(kafka)
     for i, value in enumerate(values):
-        producer.produce(topic, value=value, key=(keys[i] if keys else default_key(i)))
+        extra = {"headers": headers[i]} if headers and headers[i] else {}
+        producer.produce(topic, value=value, key=(keys[i] if keys else default_key(i)), **extra)
         if i % 1000 == 0:
             producer.poll(0)
     assert producer.flush(30) == 0
