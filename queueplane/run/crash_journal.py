@@ -146,7 +146,7 @@ class CrashJournal:
         Nothing to do is the common case, and costs a look at the folder and a stat: a share
         fetcher asks before every poll that holds records delivered again.
         """
-        if self._seen is not None and self._seen == _stamp(self.folder / CRASHES) and not self._dead():
+        if self._seen is not None and self._seen == file_stamp(self.folder / CRASHES) and not self._dead():
             return
         with self._locked():
             crashes, deliveries, reasons = self._read()
@@ -167,7 +167,7 @@ class CrashJournal:
                 for path in dead:
                     path.unlink(missing_ok=True)
                     _reason_path(path).unlink(missing_ok=True)
-            self._seen = _stamp(self.folder / CRASHES)
+            self._seen = file_stamp(self.folder / CRASHES)
         self.crashes = crashes
         self.crashed_deliveries = deliveries
         self.reasons = reasons
@@ -339,14 +339,8 @@ class CrashJournal:
             time.sleep(ALONE_POLL_S)
 
     # -- files ----------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with (self.folder / "lock").open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return folder_lock(self.folder)
 
     def _read(
         self,
@@ -398,7 +392,19 @@ def tag_alive(tag: str) -> bool:
     return pid.isdigit() and _start_time(int(pid)) == started
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """The lock of a queue's folder on this machine, across its processes: every shared file in it
+    (``crashes.json``, the share outbox's ``counted.json``) is read and written anew under it."""
+    with (folder / "lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
     """Tells one version of a file from the next: each is written anew and renamed into place."""
     try:
         info = path.stat()

@@ -32,10 +32,12 @@ from queueplane.run.outcomes import (
     parked_record,
     unparked_dead_letter,
 )
+from queueplane.run.share.outbox import Outbox, Unrecorded
 from queueplane.run.share.pool import Chunk, HandlerPool, Poll
 from queueplane.run.share.settings import (
     ACCEPTED_RESULT,
     ACK_EVERY_S,
+    ALREADY_COUNTED_RESULT,
     DRAIN_POLL_S,
     FETCH_WAIT_MS,
     HANDLER_SHARE_OF_LOCK,
@@ -53,12 +55,13 @@ PARK_PAUSE_S = 1.0  # a fetcher's pause after parking: the DLQ refuses writes, r
 
 
 class FetcherHost(Protocol):
-    """What a fetcher needs of its process: the settings, the pool, the crash journal, the lease,
-    the producer."""
+    """What a fetcher needs of its process: the settings, the pool, the crash journal, the outbox,
+    the lease, the producer."""
 
     settings: ShareSettings
     pool: HandlerPool
     journal: CrashJournal
+    outbox: Outbox
 
     def leased(self) -> bool: ...
 
@@ -68,7 +71,7 @@ class FetcherHost(Protocol):
 
     def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None: ...
 
-    def report(self, outcomes: list[OutcomeColumns]) -> None: ...
+    def settle(self, token: int, unrecorded: Unrecorded) -> None: ...
 
     def first_attempt(self, record: Record, now_ms: int) -> int: ...
 
@@ -86,6 +89,7 @@ class InOrder:
 
     def __init__(self, messages: list[Message]):
         self.size = len(messages)
+        self.counted = False  # a record counted already (ALREADY_COUNTED_RESULT) was among the accepted
         self.runs: dict[int, list[int]] = {}
         for i, message in enumerate(messages):
             self.runs.setdefault(message.partition(), []).append(i)
@@ -93,11 +97,17 @@ class InOrder:
         self.given = False  # the poll's last acknowledgements (of every record left) were given
 
     def accepted(self, results: list[Result | None]) -> list[int]:
-        """The records accepted since the last call that extend their partition's run."""
+        """The records accepted since the last call that extend their partition's run (with those
+        to accept that were counted already, which then sets ``counted``)."""
         ready: list[int] = []
         for partition, run in self.runs.items():
             at = self.reached[partition]
-            while at < len(run) and results[run[at]] is ACCEPTED_RESULT:
+            while at < len(run):
+                result = results[run[at]]
+                if result is not ACCEPTED_RESULT:
+                    if result is not ALREADY_COUNTED_RESULT:
+                        break
+                    self.counted = True
                 ready.append(run[at])
                 at += 1
             self.reached[partition] = at
@@ -231,21 +241,29 @@ class ShareFetcher:
         handler had its deliveries, so it goes to the DLQ (``WorkerDied`` when processes died
         with it in a call). A parked record is a dead letter already: it goes to the DLQ as it is.
         A record delivered again may have been in a call when a process died: the journal is
-        read again then (a process of the queue may have died since this one last looked).
+        read again then (a process of the queue may have died since this one last looked). It
+        may also be one a dead process accepted and counted (``_counted_already``): it is
+        accepted again without a call and without a row, whatever its delivery count.
         """
         limit = self.runtime.settings.delivery_limit
         counts = [m.delivery_count() or 1 for m in messages]
         journal = self.runtime.journal
+        counted: set[int] = set()
         if max(counts) > 1:
             journal.collect()
+            counted = self._counted_already(messages, counts)
+            for i in counted:
+                poll.results[i] = ALREADY_COUNTED_RESULT
         crashes = journal.crashes
-        decided = [i for i, m in enumerate(messages) if counts[i] > limit or is_parked(m.headers())]
-        if decided:
-            for i in decided:
-                headers = messages[i].headers() or []
-                poll.results[i] = (DEAD_LETTERED, self._reserve_failure(messages[i], headers, crashes), 0.0)
-            poll.finished(len(decided))
-            skipped = set(decided)
+        decided = [
+            i for i, m in enumerate(messages) if (counts[i] > limit or is_parked(m.headers())) and i not in counted
+        ]
+        for i in decided:
+            headers = messages[i].headers() or []
+            poll.results[i] = (DEAD_LETTERED, self._reserve_failure(messages[i], headers, crashes), 0.0)
+        if decided or counted:
+            skipped = counted.union(decided)
+            poll.finished(len(skipped))
             calls: Sequence[int] = [i for i in range(len(messages)) if i not in skipped]
         else:
             calls = range(len(messages))
@@ -256,6 +274,25 @@ class ShareFetcher:
             isolated = set(suspects)
             calls = [i for i in calls if i not in isolated]
         return calls, suspects
+
+    def _counted_already(self, messages: list[Message], counts: list[int]) -> set[int]:
+        """The redelivered records of a poll that a dead process accepted and handed on as counted,
+        its commit of their acknowledgements unanswered (queueplane.run.share.outbox).
+
+        Its file is taken over now, not at the next micro-batch: a redelivery can come first.
+        """
+        outbox = self.runtime.outbox
+        outbox.adopt()
+        again = [i for i, count in enumerate(counts) if count > 1]
+        found = outbox.redelivered_counted([(messages[i].partition(), messages[i].offset(), counts[i]) for i in again])
+        if found:
+            log.info(
+                "share fetcher %d: %d redelivered record(s) were accepted and counted by a worker process "
+                "that died; accepting them without a call",
+                self.index,
+                len(found),
+            )
+        return {again[i] for i in found}
 
     def _reserve_failure(self, message: Message, headers: list, crashes: dict[tuple[int, int], int]) -> Failure:
         if is_parked(headers):
@@ -304,7 +341,9 @@ class ShareFetcher:
         in_order.given = True
         for message, (_, ack) in zip(messages, decided, strict=True):
             acknowledge(message, ack)
-        outcomes.append(columns_of([outcome for outcome, _ in decided]))
+        rows = [outcome for outcome, _ in decided if outcome is not None]
+        if rows:
+            outcomes.append(columns_of(rows))
 
     def _release_unacknowledged(self, messages: list[Message], poll: Poll | None, in_order: InOrder) -> None:
         """A poll failed midway: release what it did not acknowledge, and commit.
@@ -335,18 +374,30 @@ class ShareFetcher:
         the broker's answer: an asynchronous one was still unsent when a kill came 0.5 s later.
         Their outcomes are reported then, not with the rest of the poll: a handler that kills the
         process later in the poll must not take the rows of records already settled with it.
+        They go to the outbox provisional before the commit and are settled by its answer
+        (queueplane.run.share.outbox): a process killed during the round trip leaves them to the
+        next one, and rows of acknowledgements the broker did not record are dropped.
         """
         ready = in_order.accepted(poll.results)
         if not ready:
             return
-        picked = [messages[i] for i in ready]
         accept, acknowledge = AcknowledgeType.ACCEPT, self.consumer.acknowledge
-        for message in picked:
-            acknowledge(message, accept)
+        for i in ready:
+            acknowledge(messages[i], accept)
+        if in_order.counted:  # records counted already: acknowledged, no row
+            ready = [i for i in ready if poll.results[i] is ACCEPTED_RESULT]
+        if not ready:
+            self.pending = not self._commit()
+            return
         latency_ms = (time.monotonic() - polled_at) * 1000
-        columns = accepted_columns(picked, latency_ms, [poll.inflight[i] for i in ready])
-        self.pending = not self._commit()
-        self.runtime.report([columns])
+        columns = accepted_columns([messages[i] for i in ready], latency_ms, [poll.inflight[i] for i in ready])
+        token = self.runtime.outbox.add_provisional([columns])
+        unrecorded: Unrecorded = None
+        try:
+            unrecorded = self._commit_unrecorded()
+        finally:
+            self.runtime.settle(token, unrecorded)  # dropped if the commit raised
+        self.pending = unrecorded is None or bool(unrecorded)
 
     def _await(self, poll: Poll, chunks: list[Chunk], early_acks: Callable[[], None]) -> None:
         """Wait until every call ended; at the deadline give up on the unfinished (RELEASE or DLQ).
@@ -388,9 +439,12 @@ class ShareFetcher:
 
     def _decide(
         self, record: Record, result: Result | None, inflight: int, polled_at: float, latency_ms: float
-    ) -> tuple[Outcome, int]:
-        """The acknowledgement for an ended call; the last allowed delivery never ends RELEASEd,
-        because the broker would archive it: it goes to the DLQ instead."""
+    ) -> tuple[Outcome | None, int]:
+        """The acknowledgement for an ended call and its row (None for a record counted already);
+        the last allowed delivery never ends RELEASEd, because the broker would archive it: it
+        goes to the DLQ instead."""
+        if result is ALREADY_COUNTED_RESULT:
+            return None, AcknowledgeType.ACCEPT
         outcome, failure, ran_at = result or (RELEASED, Failure("Unknown", "no result"), 0.0)
         if outcome == RELEASED and record.delivery_count >= self.runtime.settings.delivery_limit:
             outcome = DEAD_LETTERED
@@ -441,16 +495,23 @@ class ShareFetcher:
         return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.ACCEPT
 
     def _commit(self) -> bool:
+        """Commit the acknowledgements given: whether the broker recorded them all."""
+        unrecorded = self._commit_unrecorded()
+        return unrecorded is not None and not unrecorded
+
+    def _commit_unrecorded(self) -> Unrecorded:
+        """Commit the acknowledgements given: the (topic, partition)s whose acknowledgements the
+        broker did not record (none, the common case), or None when the commit failed."""
         try:
             results = self.consumer.commit_sync()
             failed = {tp: err for tp, err in (results or {}).items() if err is not None}
             if failed:
                 log.warning("acknowledgements not recorded for %s", failed)
-            return not failed
+            return {(tp.topic, tp.partition) for tp in failed}
         except KafkaException as exc:
             # The broker redelivers what it did not record; outcomes stay as the handler decided.
             log.warning("acknowledgement commit failed: %s", exc)
-            return False
+            return None
 
     def _leave(self) -> None:
         """Drained: this consumer holds nothing unhandled (``_fetch_out``). Leave the group now,

@@ -6,83 +6,276 @@ meanwhile (a handler's ``os._exit``, its memory limit) took those rows with it: 
 are settled on the broker but missing from the run's counts and metrics. So each block of rows
 is also appended to a file per process, emptied when a batch takes them; the next process of
 the queue on the machine takes over the files of dead processes and hands their rows on.
+
+Rows of records accepted while their poll runs are written *provisional*, before the commit of
+their acknowledgements, and settled when the commit answers: confirmed for the partitions it
+recorded, dropped for the others, or all dropped when it failed (the broker delivers those
+records again, and their next handling counts them). Written after the commit, they were lost
+with a process killed during its round trip, their records acknowledged and never counted;
+written as settled before it, a commit that did not land counted its records twice. A batch
+takes no provisional row.
+
+A provisional block in a dead process's file that was never settled has an unknown fate: its
+commit may have landed (the records are done, and nobody will count them again) or not (the
+broker delivers them again). It is handed on as counted, since a commit that was sent usually
+lands, and its records are registered in the folder's ``counted.json`` (partition, offset and
+delivery count, under the folder's lock, for DELIVERY_MEMORY_S): a later delivery of one of
+them to a process of the queue on this machine is acknowledged without a handler call and
+without a row (``redelivered_counted``). A redelivery that goes to a process on another machine
+is handled again and counted twice: that is the one case left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import logging
+import os
 import pickle
 import threading
+import time
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
-from queueplane.run.crash_journal import process_tag, tag_alive
+from queueplane.run.crash_journal import DELIVERY_MEMORY_S, file_stamp, folder_lock, process_tag, tag_alive
 from queueplane.run.outcomes import OutcomeColumns
 
 log = logging.getLogger("queueplane.worker")
 
 SUFFIX = ".outbox"
+COUNTED = "counted.json"  # records handed on as counted whose commit may not have landed
+
+# The entries of a process's file, each one pickle: (kind, token, payload).
+ROWS = 0  # settled rows: payload is a list of blocks
+PROVISIONAL = 1  # rows whose commit has not answered: payload is a list of blocks
+CONFIRM = 2  # the commit answered: the token's rows count, except those of payload's (topic, partition)s
+DROP = 3  # the commit failed: the token's rows are dropped
+
+_TOPIC, _PARTITION, _OFFSET, _DELIVERY = 0, 1, 2, 4  # columns of OutcomeColumns (outcomes.accepted_columns)
+
+# (topic, partition)s whose acknowledgements a commit did not record; None: the commit failed.
+Unrecorded = Collection[tuple[str, int]] | None
 
 
 class Outbox:
     """Rows settled and not yet taken, in memory and in ``<folder>/<process>.outbox``."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, tag: str | None = None):
+        """``tag`` names the file (``process_tag()``, this process's); a test may pose as another process."""
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{process_tag()}{SUFFIX}"
+        self.path = folder / f"{tag or process_tag()}{SUFFIX}"
         self._lock = threading.Lock()
         self._blocks: list[OutcomeColumns] = []
+        self._provisional: dict[int, list[OutcomeColumns]] = {}
+        self._tokens = itertools.count(1)
         self._file = self.path.open("ab", buffering=0)
+        self._counted: dict[tuple[int, int], tuple[int, int]] = {}  # counted.json as last read
+        self._counted_seen: tuple[int, int, int] | None = None
 
     def add(self, blocks: list[OutcomeColumns]) -> None:
         """Rows settled by one fetcher cycle: one write, before the fetcher's next poll."""
-        data = pickle.dumps(blocks, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((ROWS, 0, blocks), protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
             self._blocks.extend(blocks)
             self._file.write(data)
 
+    def add_provisional(self, blocks: list[OutcomeColumns]) -> int:
+        """Rows of records whose acknowledgements are about to be committed: one write; a token for ``settle``."""
+        token = next(self._tokens)  # one step under the interpreter lock: each token once
+        data = pickle.dumps((PROVISIONAL, token, blocks), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._provisional[token] = blocks
+            self._file.write(data)
+        return token
+
+    def settle(self, token: int, unrecorded: Unrecorded) -> None:
+        """The commit after ``add_provisional`` answered: its rows count, except those of the
+        partitions whose acknowledgements it did not record; none count when it failed (None)."""
+        if unrecorded is None:
+            entry: tuple[int, int, Any] = (DROP, token, None)
+        else:
+            entry = (CONFIRM, token, tuple(unrecorded))
+        data = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            blocks = self._provisional.pop(token, None)
+            if blocks is None:
+                return
+            self._file.write(data)
+            if unrecorded is not None:
+                self._blocks += _recorded(blocks, unrecorded)
+
     def holds(self) -> bool:
-        """Whether rows wait to be taken."""
+        """Whether settled rows wait to be taken."""
         return bool(self._blocks)
 
     def take(self) -> list[OutcomeColumns]:
-        """Every row not yet taken, this process's and dead processes' of the same queue."""
-        adopted = self._adopt()
+        """Every settled row not yet taken, this process's and dead processes' of the same queue.
+
+        The file keeps the provisional rows: it is written anew with them alone and renamed into
+        place, so a process that dies at any point leaves them for the next one.
+        """
+        self.adopt()
         with self._lock:
             blocks, self._blocks = self._blocks, []
-            self._file.truncate(0)
-        return adopted + blocks
-
-    def _adopt(self) -> list[OutcomeColumns]:
-        blocks: list[OutcomeColumns] = []
-        for path in self.folder.glob(f"*{SUFFIX}"):
-            if path == self.path or tag_alive(path.name.removesuffix(SUFFIX)):
-                continue
-            claimed = path.with_name(f"{path.name}.{process_tag()}")
-            try:
-                path.rename(claimed)  # one process takes it over, whichever renames first
-            except FileNotFoundError:
-                continue
-            blocks += _read(claimed)
-            claimed.unlink(missing_ok=True)
-        if blocks:
-            log.warning("handing on %d outcome block(s) settled by a worker process that died", len(blocks))
+            if not self._provisional:
+                self._file.truncate(0)
+                return blocks
+            partial = self.path.with_name(f"{self.path.name}.partial")
+            with partial.open("wb") as handle:
+                handle.write(
+                    b"".join(
+                        pickle.dumps((PROVISIONAL, token, kept), protocol=pickle.HIGHEST_PROTOCOL)
+                        for token, kept in self._provisional.items()
+                    )
+                )
+            partial.replace(self.path)
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = self.path.open("ab", buffering=0)
         return blocks
+
+    def adopt(self) -> None:
+        """Take over the files of this queue's processes on this machine that died: their settled
+        rows and their provisional ones never settled join this process's rows (in memory and in
+        its file), and the records of the latter are registered in ``counted.json`` first.
+
+        Under the folder's lock from the claim to the registration, so a process that looks a
+        record up (``redelivered_counted``) after this started sees it registered.
+        """
+        dead = [
+            p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not tag_alive(p.name.removesuffix(SUFFIX))
+        ]
+        if not dead:
+            return
+        blocks: list[OutcomeColumns] = []
+        unsettled: list[OutcomeColumns] = []
+        claimed_paths: list[Path] = []
+        with folder_lock(self.folder):
+            for path in dead:
+                claimed = path.with_name(f"{path.name}.{self.path.name.removesuffix(SUFFIX)}")
+                try:
+                    path.rename(claimed)  # one process takes it over, whichever renames first
+                except FileNotFoundError:
+                    continue
+                claimed_paths.append(claimed)
+                settled, provisional = _read(claimed)
+                blocks += settled
+                unsettled += provisional
+            if unsettled:
+                self._register(unsettled)
+        if blocks or unsettled:
+            handed = blocks + unsettled
+            data = pickle.dumps((ROWS, 0, handed), protocol=pickle.HIGHEST_PROTOCOL)
+            with self._lock:
+                self._blocks += handed
+                self._file.write(data)
+            log.warning(
+                "handing on %d outcome block(s) settled by a worker process that died (%d of them "
+                "whose commit had not answered)",
+                len(handed),
+                len(unsettled),
+            )
+        for claimed in claimed_paths:
+            claimed.unlink(missing_ok=True)
+
+    def redelivered_counted(self, records: list[tuple[int, int, int]]) -> set[int]:
+        """Which of ``records`` (partition, offset, delivery count) were handed on as counted at a
+        lower delivery count (``adopt``): their indices.
+
+        An entry stays until it expires, not until it is found: the acknowledgement of the
+        delivery that found it may fail to land too, and the next delivery must still find it.
+        Under the folder's lock, so an adoption under way in another process is seen once it is
+        whole; only a poll with a record delivered again looks (the crash journal's ``collect``
+        does as much). A look at ``counted.json``'s stamp when nothing changed, a read when it did.
+        """
+        with folder_lock(self.folder):
+            stamp = file_stamp(self.folder / COUNTED)
+            if stamp != self._counted_seen:
+                self._counted = _read_counted(self.folder) if stamp is not None else {}
+                self._counted_seen = stamp
+        counted = self._counted
+        return {
+            i
+            for i, (partition, offset, delivery) in enumerate(records)
+            if (entry := counted.get((partition, offset))) is not None and entry[0] < delivery
+        }
+
+    def _register(self, blocks: list[OutcomeColumns]) -> None:
+        """The records of ``blocks`` in ``counted.json`` (under the folder's lock)."""
+        counted = _read_counted(self.folder)
+        now_ms = int(time.time() * 1000)
+        for block in blocks:
+            for partition, offset, delivery in zip(block[_PARTITION], block[_OFFSET], block[_DELIVERY], strict=True):
+                counted[(int(partition), int(offset))] = (int(delivery), now_ms)
+        _write_counted(self.folder, counted)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._file.close()
-        if not self._blocks:
+        if not self._blocks and not self._provisional:
             self.path.unlink(missing_ok=True)
 
 
-def _read(path: Path) -> list[OutcomeColumns]:
-    """Every whole block in a dead process's file (one it was writing when it died is cut short)."""
+def _recorded(blocks: list[OutcomeColumns], unrecorded: Collection[tuple[str, int]]) -> list[OutcomeColumns]:
+    """The rows of ``blocks`` outside the ``unrecorded`` partitions (all of them, the common case)."""
+    if not unrecorded:
+        return blocks
+    gone = set(unrecorded)
+    kept: list[OutcomeColumns] = []
+    for block in blocks:
+        rows = [i for i, place in enumerate(zip(block[_TOPIC], block[_PARTITION], strict=True)) if place not in gone]
+        if len(rows) == len(block[_TOPIC]):
+            kept.append(block)
+        elif rows:
+            kept.append(tuple([column[i] for i in rows] for column in block))
+    return kept
+
+
+def _read(path: Path) -> tuple[list[OutcomeColumns], list[OutcomeColumns]]:
+    """A dead process's file: its settled blocks, and its provisional ones never settled.
+
+    Every whole entry counts; one it was writing when it died is cut short. A file of an older
+    worker holds lists of blocks, all settled.
+    """
     blocks: list[OutcomeColumns] = []
+    provisional: dict[int, list[OutcomeColumns]] = {}
     with path.open("rb") as handle:
         while True:
             try:
-                blocks += pickle.load(handle)
-            except (EOFError, pickle.UnpicklingError, ValueError, AttributeError, IndexError):
-                return blocks
+                entry = pickle.load(handle)
+                if isinstance(entry, list):
+                    blocks += entry
+                    continue
+                kind, token, payload = entry
+            except (EOFError, pickle.UnpicklingError, ValueError, AttributeError, IndexError, TypeError):
+                break
+            if kind == ROWS:
+                blocks += payload
+            elif kind == PROVISIONAL:
+                provisional[token] = payload
+            elif kind == CONFIRM:
+                blocks += _recorded(provisional.pop(token, []), payload)
+            elif kind == DROP:
+                provisional.pop(token, None)
+    return blocks, [block for kept in provisional.values() for block in kept]
+
+
+def _read_counted(folder: Path) -> dict[tuple[int, int], tuple[int, int]]:
+    """``counted.json``: (partition, offset) → (delivery count, when registered, ms), the expired left out."""
+    try:
+        kept = json.loads((folder / COUNTED).read_text())
+        counted = {(int(p), int(o)): (int(d), int(ms)) for p, o, d, ms in kept}
+    except (OSError, ValueError, TypeError):
+        return {}
+    oldest_ms = (time.time() - DELIVERY_MEMORY_S) * 1000
+    return {key: entry for key, entry in counted.items() if entry[1] >= oldest_ms}
+
+
+def _write_counted(folder: Path, counted: dict[tuple[int, int], tuple[int, int]]) -> None:
+    """Written anew and renamed into place (under the folder's lock)."""
+    partial = folder / f"{COUNTED}.{os.getpid()}"
+    partial.write_text(json.dumps([[p, o, d, ms] for (p, o), (d, ms) in sorted(counted.items())]))
+    partial.replace(folder / COUNTED)

@@ -33,7 +33,7 @@ from queueplane.run.outcomes import (
 from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.share.fetcher import ShareFetcher
 from queueplane.run.share.isolated import IsolatedCalls
-from queueplane.run.share.outbox import Outbox
+from queueplane.run.share.outbox import Outbox, Unrecorded
 from queueplane.run.share.pool import HandlerPool
 from queueplane.run.share.settings import (
     FETCHER_SHARE,
@@ -177,9 +177,10 @@ class ProcessRuntime:
             fetcher.busy = False
             self._lease.notify_all()
 
-    def report(self, outcomes: list[OutcomeColumns]) -> None:
-        """Outcomes settled in the middle of a fetcher's cycle, for the next batch."""
-        self.outbox.add(outcomes)
+    def settle(self, token: int, unrecorded: Unrecorded) -> None:
+        """Outcomes a fetcher put in the outbox provisional, in the middle of its cycle, settled
+        by its commit's answer (``Outbox.settle``): those confirmed are for the next batch."""
+        self.outbox.settle(token, unrecorded)
         with self._lease:
             self._lease.notify_all()
 

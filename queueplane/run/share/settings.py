@@ -77,3 +77,7 @@ class ShareSettings(QueueSettings):
 # never did, and then the poll's time stands in for it in the DLQ headers).
 Result = tuple[str, Failure | None, float]
 ACCEPTED_RESULT: Result = (ACCEPTED, None, 0.0)
+# A redelivered record a dead process's rows counted already (queueplane.run.share.outbox): it is
+# acknowledged ACCEPT without a call and without a row. Never a row's outcome.
+ALREADY_COUNTED = "already_counted"
+ALREADY_COUNTED_RESULT: Result = (ALREADY_COUNTED, None, 0.0)

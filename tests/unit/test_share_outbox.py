@@ -1,0 +1,193 @@
+"""A share process's outbox (queueplane.run.share.outbox): provisional rows settled by their commit's
+answer, a dead process's rows handed on, and the records whose commit never answered registered,
+so that their redelivery on this machine is accepted without a call and counted once."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+from confluent_kafka import AcknowledgeType, Message
+
+from queueplane.run import crash_journal
+from queueplane.run.crash_journal import CrashJournal, tag_alive
+from queueplane.run.handler import MessageRecord
+from queueplane.run.outcomes import OutcomeColumns, accepted_columns
+from queueplane.run.share import outbox as outbox_module
+from queueplane.run.share.fetcher import InOrder, ShareFetcher
+from queueplane.run.share.outbox import COUNTED, Outbox
+from queueplane.run.share.pool import Poll
+from queueplane.run.share.settings import ACCEPTED_RESULT, ALREADY_COUNTED_RESULT
+
+# A pid above any pid_max (2**22 at most): no process has it, so a process of this tag is dead.
+DEAD = "2147483646-1"
+
+
+def _messages(partition: int, offsets: list[int], delivery: int = 1, topic: str = "t") -> list[Message]:
+    return [
+        Message(topic=topic, partition=partition, offset=o, key=b"k", value=b"v", delivery_count=delivery)
+        for o in offsets
+    ]
+
+
+def _block(partition: int, offsets: list[int], delivery: int = 1) -> OutcomeColumns:
+    """Rows as the fetcher makes them for records accepted while their poll runs."""
+    return accepted_columns(_messages(partition, offsets, delivery), 1.0, [1] * len(offsets))
+
+
+def _by_offset(blocks: list[OutcomeColumns]) -> list[OutcomeColumns]:
+    return sorted(blocks, key=lambda block: block[2][0])
+
+
+def _registered(folder) -> list[list[int]]:
+    """counted.json's (partition, offset, delivery count)s."""
+    return sorted(entry[:3] for entry in json.loads((folder / COUNTED).read_text()))
+
+
+def test_a_dead_tag_is_dead():
+    assert not tag_alive(DEAD)
+
+
+def test_provisional_rows_are_not_taken_until_their_commit_is_confirmed(tmp_path):
+    outbox = Outbox(tmp_path)
+    block = _block(0, [1, 2])
+    token = outbox.add_provisional([block])
+    assert not outbox.holds(), "a batch waiting for rows is not woken by provisional ones"
+    assert outbox.take() == []
+    assert outbox.take() == [], "kept provisional across takes"
+    outbox.settle(token, set())
+    assert outbox.holds()
+    assert outbox.take() == [block]
+    assert outbox.take() == []
+    outbox.settle(token, set())  # settled once; a second answer changes nothing
+    assert outbox.take() == []
+
+
+def test_provisional_rows_are_dropped_when_the_commit_failed(tmp_path):
+    outbox = Outbox(tmp_path)
+    failed = outbox.add_provisional([_block(0, [1, 2])])
+    outbox.settle(failed, None)
+    assert not outbox.holds()
+    assert outbox.take() == [], "the broker redelivers them: their next handling counts them"
+
+
+def test_rows_of_partitions_the_commit_did_not_record_are_dropped_and_the_others_count(tmp_path):
+    outbox = Outbox(tmp_path)
+    rows = accepted_columns([*_messages(0, [1]), *_messages(1, [2, 3]), *_messages(0, [4])], 1.0, [1, 2, 3, 4])
+    token = outbox.add_provisional([rows])
+    outbox.settle(token, {("t", 0), ("other", 1)})
+    assert outbox.take() == [accepted_columns(_messages(1, [2, 3]), 1.0, [2, 3])]
+
+
+def test_a_dead_processes_file_hands_on_its_settled_and_unsettled_rows_and_registers_the_unsettled(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    settled = _block(0, [1])
+    confirmed = _block(0, [2, 3])
+    unsettled = _block(1, [10, 11], delivery=2)
+    dropped = _block(1, [20])
+    dead.add([settled])
+    dead.settle(dead.add_provisional([confirmed]), set())
+    dead.add_provisional([unsettled])  # its commit was under way when the process died
+    dead.settle(dead.add_provisional([dropped]), None)
+
+    outbox = Outbox(tmp_path)
+    assert _by_offset(outbox.take()) == [settled, confirmed, unsettled], "the dropped rows are not handed on"
+    assert _registered(tmp_path) == [[1, 10, 2], [1, 11, 2]], "only the unsettled records"
+    assert [p.name for p in tmp_path.glob("*.outbox*")] == [outbox.path.name], "the dead file is gone"
+    assert Outbox(tmp_path).take() == [], "handed on once"
+
+
+def test_a_registered_record_is_recognised_at_a_higher_delivery_count_only_until_it_expires(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    dead.add_provisional([_block(0, [5, 6, 7], delivery=2)])
+    outbox = Outbox(tmp_path)
+    outbox.adopt()
+    assert outbox.redelivered_counted([(0, 5, 2), (0, 6, 1), (1, 5, 3)]) == set(), "equal, lower, another partition"
+    assert outbox.redelivered_counted([(0, 4, 3), (0, 5, 3), (0, 7, 4)]) == {1, 2}
+    # The acknowledgement of the delivery that found it may not land either: the next one is found too.
+    assert outbox.redelivered_counted([(0, 5, 4), (0, 7, 5)]) == {0, 1}
+    assert _registered(tmp_path) == [[0, 5, 2], [0, 6, 2], [0, 7, 2]]
+    assert Outbox(tmp_path).redelivered_counted([(0, 6, 3)]) == {0}, "by every process of the queue"
+
+
+def test_a_registered_record_is_forgotten_after_an_hour(tmp_path, monkeypatch):
+    Outbox(tmp_path, tag=DEAD).add_provisional([_block(0, [5])])
+    Outbox(tmp_path).adopt()
+    later = time.time() + crash_journal.DELIVERY_MEMORY_S + 60
+    monkeypatch.setattr(outbox_module.time, "time", lambda: later)
+    assert Outbox(tmp_path).redelivered_counted([(0, 5, 2)]) == set()
+
+
+def test_a_take_keeps_the_provisional_rows_on_disk_for_the_next_process(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    provisional = _block(0, [1])
+    confirmed_later = _block(0, [2])
+    settled = _block(0, [3])
+    dead.add_provisional([provisional])
+    token = dead.add_provisional([confirmed_later])
+    dead.add([settled])
+    assert dead.take() == [settled]
+    dead.settle(token, set())  # after the take: written to the file the take left
+    dead.add([_block(0, [4])])  # the process dies before the next take
+
+    outbox = Outbox(tmp_path)
+    assert _by_offset(outbox.take()) == [provisional, confirmed_later, _block(0, [4])]
+    assert _registered(tmp_path) == [[0, 1, 1]], "the provisional block whose commit never answered"
+
+
+def test_an_outbox_closed_with_provisional_rows_leaves_them_to_the_next_process(tmp_path):
+    outbox = Outbox(tmp_path)
+    outbox.add_provisional([_block(0, [1])])
+    outbox.close()
+    assert outbox.path.exists()
+
+
+# -- the fetcher's side: a redelivery of a registered record ------------------------------------
+
+
+def _host(tmp_path) -> SimpleNamespace:
+    """What ``ShareFetcher._calls`` reads of its process: real crash journal and outbox in ``tmp_path``."""
+    return SimpleNamespace(
+        settings=SimpleNamespace(delivery_limit=3),
+        journal=CrashJournal(tmp_path, alone_s=5),
+        outbox=Outbox(tmp_path),
+    )
+
+
+def _fetcher(host: SimpleNamespace) -> ShareFetcher:
+    """A fetcher without a consumer (``_calls`` and ``_decide`` use none)."""
+    fetcher = ShareFetcher.__new__(ShareFetcher)
+    fetcher.runtime = host
+    fetcher.index = 0
+    return fetcher
+
+
+def test_a_redelivered_record_a_dead_process_counted_is_accepted_without_a_call_or_a_row(tmp_path):
+    # The process died during the commit of records 5 and 6's acknowledgements, before anyone
+    # took over its file: the poll that redelivers them takes it over first.
+    Outbox(tmp_path, tag=DEAD).add_provisional([_block(0, [5, 6])])
+    host = _host(tmp_path)
+    fetcher = _fetcher(host)
+    # 5 comes back (the commit did not land), beside 7, handled by the dead process and released,
+    # and 8 past the delivery limit.
+    messages = [*_messages(0, [5, 7], delivery=2), *_messages(0, [8], delivery=4)]
+    poll = Poll(messages, time.monotonic() + 60)
+    calls, suspects = fetcher._calls(messages, poll)
+    assert (list(calls), suspects) == ([1], [])
+    assert poll.results[0] is ALREADY_COUNTED_RESULT
+    assert poll.unsettled == 1, "decided without a call"
+    assert _by_offset(host.outbox.take()) == [_block(0, [5, 6])], "the dead process's rows count them"
+    assert _registered(tmp_path) == [[0, 5, 1], [0, 6, 1]]
+
+    outcome, ack = fetcher._decide(MessageRecord.many(messages)[0], poll.results[0], 0, time.monotonic(), 1.0)
+    assert (outcome, ack) == (None, AcknowledgeType.ACCEPT), "accepted, no row"
+
+    in_order = InOrder(messages)
+    poll.results[1] = ACCEPTED_RESULT
+    assert in_order.accepted(poll.results) == [0, 1], "it does not hold back the records after it"
+    assert in_order.counted
+
+    again = [*_messages(0, [5], delivery=3), *_messages(0, [9], delivery=2)]
+    poll = Poll(again, time.monotonic() + 60)
+    assert list(fetcher._calls(again, poll)[0]) == [1], "a later delivery of it is found again; 9 was never counted"
