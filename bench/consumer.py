@@ -24,7 +24,9 @@ all of them over the span from the first to the last (their ideals include the t
 busiest key slot); the trivial runs count the steady middle, 10% to 90% of the records
 (bench/common.py), as the share benchmark does: a queue worker runs for hours, and the first
 batch's Python workers starting up is not its throughput. The first-to-last figures are kept
-beside. The trivial runs alternate the sides for ``--rounds`` rounds and count each side's best.
+beside. The trivial runs start with a shorter warm-up run of each side, not counted (a fresh
+broker and Spark JVM compile each side's paths as it first runs), then alternate the sides for
+``--rounds`` rounds, the order reversed every other round, and count each side's best.
 
     .venv/bin/python bench/consumer.py [--records 20000] [--trivial-records 300000] [--rounds 2] [--profile]
 """
@@ -290,25 +292,34 @@ def main() -> int:
         trivial_layout = seed_layout(args.trivial_records)
         sides = {side: TRIVIAL_SIDES[side] for side in args.only.split(",")} if args.only else TRIVIAL_SIDES
         runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
-        # Rounds alternate the sides, so neither gets the quieter moments or the warmer JVM alone;
+
+        def trivial_run(side: str, label: str, layout: list[tuple[int, bytes]]) -> dict[str, float]:
+            ordering, exactly_once = sides[side]
+            spec = apply_consumer_queue(folder, target, "echo", ordering, exactly_once)
+            fill(target, spec["topic"], layout)
+            console.print(f"{label}: trivial handler, {side}, {len(layout)} records")
+            if side == "plain_loop":
+                stamps = run_plain_loop(spec, target, len(layout))
+            elif side == "loop_with_duties":
+                stamps = run_plain_loop(spec, target, len(layout), ("bench_handlers:echo", [str(folder)]))
+            elif side.endswith("pass_through"):
+                stamps = pass_through(target, spec, len(layout), side == "python_pass_through")
+            else:
+                stamps = run_worker(spec, target, len(layout))
+            rates = {"steady": steady_rate(stamps), "first_to_last": full_rate(stamps)}
+            console.print(rates)
+            return rates
+
+        # A warm-up run of each side first, not counted: the broker and Spark's JVM start cold
+        # (their JIT compiles the paths each side uses), and whichever side ran first paid for it.
+        warm_up_layout = seed_layout(max(PARTITIONS * 1_000, args.trivial_records // 3))
+        result["warm_up"] = {side: trivial_run(side, "warm-up (not counted)", warm_up_layout) for side in sides}
+        # Rounds alternate the sides, and the order, so neither gets the quieter moments alone;
         # each side's best round counts (on a shared machine, noise only ever slows a run down).
         for round_no in range(1, args.rounds + 1):
-            for side, (ordering, exactly_once) in sides.items():
-                spec = apply_consumer_queue(folder, target, "echo", ordering, exactly_once)
-                fill(target, spec["topic"], trivial_layout)
-                console.print(f"round {round_no}: trivial handler, {side}, {len(trivial_layout)} records")
-                if side == "plain_loop":
-                    stamps = run_plain_loop(spec, target, len(trivial_layout))
-                elif side == "loop_with_duties":
-                    stamps = run_plain_loop(spec, target, len(trivial_layout), ("bench_handlers:echo", [str(folder)]))
-                elif side.endswith("pass_through"):
-                    python = side == "python_pass_through"
-                    stamps = pass_through(target, spec, len(trivial_layout), python)
-                else:
-                    stamps = run_worker(spec, target, len(trivial_layout))
-                rates = {"steady": steady_rate(stamps), "first_to_last": full_rate(stamps)}
-                runs[side].append(rates)
-                console.print(rates)
+            order = list(sides) if round_no % 2 else list(reversed(sides))
+            for side in order:
+                runs[side].append(trivial_run(side, f"round {round_no}", trivial_layout))
         best = {side: max(r["steady"] for r in runs[side]) for side in sides}
         if args.only:
             console.print(best)

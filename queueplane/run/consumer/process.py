@@ -29,6 +29,11 @@ from queueplane.run.settings import QueueSettings
 log = logging.getLogger("queueplane.worker")
 
 TXN_TIMEOUT_S = 60.0
+# How long at-least-once outputs wait to fill a batch. Every task's process has its own producer
+# at a fraction of the queue's rate: at 2 ms its batches were small enough that the broker and
+# every reader of the outputs paid twice as much a record (docs/design/consumer-throughput.md).
+# A record counts when its handler returns; only the commit after it waits for the linger.
+OUTPUT_LINGER_MS = 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +63,9 @@ class WorkerProcess:
         self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
         # Callbacks for failed writes only: a task learns its outputs are durable from the
         # producer's count of unacknowledged records (PartitionTask.commit).
-        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes, errors_only=True)
+        self.delivery = ServedProducer(
+            settings.kafka, linger_ms=OUTPUT_LINGER_MS, batch_bytes=settings.batch_bytes, errors_only=True
+        )
         self.producer = self.delivery.producer
         # Never subscribes: it reads and commits the group's offsets, and lends its group metadata
         # to transactions. read_committed makes committed() wait for offsets of open transactions.
