@@ -148,7 +148,7 @@ class CrashJournal:
         """
         if self._seen is not None and self._seen == file_stamp(self.folder / CRASHES) and not self._dead():
             return
-        with self._locked():
+        with folder_lock(self.folder):
             crashes, deliveries, reasons = self._read()
             dead = self._dead()
             for path in dead:
@@ -182,7 +182,7 @@ class CrashJournal:
         """The record's call killed a process this process watched (a share suspect's own child):
         one more crash, with the reason the child gave; the count."""
         key = (partition, offset)
-        with self._locked():
+        with folder_lock(self.folder):
             crashes, deliveries, reasons = self._read()
             crashes[key] = count = min(crashes.get(key, 0), DEAD - 1) + 1
             if reason is None:
@@ -206,7 +206,7 @@ class CrashJournal:
         key = (partition, offset)
         if key not in self.crashes and count is None:
             return
-        with self._locked():
+        with folder_lock(self.folder):
             crashes, deliveries, reasons = self._read()
             if count is None:
                 crashes.pop(key, None)
@@ -339,9 +339,6 @@ class CrashJournal:
             time.sleep(ALONE_POLL_S)
 
     # -- files ----------------------------------------------------------------------------------
-    def _locked(self) -> contextlib.AbstractContextManager[None]:
-        return folder_lock(self.folder)
-
     def _read(
         self,
     ) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], dict[tuple[int, int], Failure]]:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from queueplane.run.crash_journal import DELIVERY_MEMORY_S, file_stamp, folder_lock, process_tag, tag_alive
-from queueplane.run.outcomes import OutcomeColumns
+from queueplane.run.outcomes import OUTCOME_ARROW, OutcomeColumns
 
 log = logging.getLogger("queueplane.worker")
 
@@ -53,7 +53,10 @@ PROVISIONAL = 1  # rows whose commit has not answered: payload is a list of bloc
 CONFIRM = 2  # the commit answered: the token's rows count, except those of payload's (topic, partition)s
 DROP = 3  # the commit failed: the token's rows are dropped
 
-_TOPIC, _PARTITION, _OFFSET, _DELIVERY = 0, 1, 2, 4  # columns of OutcomeColumns (outcomes.accepted_columns)
+# Where the rows' columns sit in OutcomeColumns (one list per OUTCOME_ARROW column).
+_TOPIC, _PARTITION, _OFFSET, _DELIVERY = (
+    OUTCOME_ARROW.get_field_index(name) for name in ("topic", "partition", "offset", "delivery_count")
+)
 
 # (topic, partition)s whose acknowledgements a commit did not record; None: the commit failed.
 Unrecorded = Collection[tuple[str, int]] | None
@@ -77,7 +80,7 @@ class Outbox:
 
     def add(self, blocks: list[OutcomeColumns]) -> None:
         """Rows settled by one fetcher cycle: one write, before the fetcher's next poll."""
-        data = pickle.dumps((ROWS, 0, blocks), protocol=pickle.HIGHEST_PROTOCOL)
+        data = _entry(ROWS, 0, blocks)
         with self._lock:
             self._blocks.extend(blocks)
             self._file.write(data)
@@ -85,7 +88,7 @@ class Outbox:
     def add_provisional(self, blocks: list[OutcomeColumns]) -> int:
         """Rows of records whose acknowledgements are about to be committed: one write; a token for ``settle``."""
         token = next(self._tokens)  # one step under the interpreter lock: each token once
-        data = pickle.dumps((PROVISIONAL, token, blocks), protocol=pickle.HIGHEST_PROTOCOL)
+        data = _entry(PROVISIONAL, token, blocks)
         with self._lock:
             self._provisional[token] = blocks
             self._file.write(data)
@@ -94,11 +97,7 @@ class Outbox:
     def settle(self, token: int, unrecorded: Unrecorded) -> None:
         """The commit after ``add_provisional`` answered: its rows count, except those of the
         partitions whose acknowledgements it did not record; none count when it failed (None)."""
-        if unrecorded is None:
-            entry: tuple[int, int, Any] = (DROP, token, None)
-        else:
-            entry = (CONFIRM, token, tuple(unrecorded))
-        data = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _entry(DROP, token, None) if unrecorded is None else _entry(CONFIRM, token, tuple(unrecorded))
         with self._lock:
             blocks = self._provisional.pop(token, None)
             if blocks is None:
@@ -125,12 +124,7 @@ class Outbox:
                 return blocks
             partial = self.path.with_name(f"{self.path.name}.partial")
             with partial.open("wb") as handle:
-                handle.write(
-                    b"".join(
-                        pickle.dumps((PROVISIONAL, token, kept), protocol=pickle.HIGHEST_PROTOCOL)
-                        for token, kept in self._provisional.items()
-                    )
-                )
+                handle.write(b"".join(_entry(PROVISIONAL, token, kept) for token, kept in self._provisional.items()))
             partial.replace(self.path)
             with contextlib.suppress(OSError):
                 self._file.close()
@@ -168,7 +162,7 @@ class Outbox:
                 self._register(unsettled)
         if blocks or unsettled:
             handed = blocks + unsettled
-            data = pickle.dumps((ROWS, 0, handed), protocol=pickle.HIGHEST_PROTOCOL)
+            data = _entry(ROWS, 0, handed)
             with self._lock:
                 self._blocks += handed
                 self._file.write(data)
@@ -217,6 +211,11 @@ class Outbox:
             self._file.close()
         if not self._blocks and not self._provisional:
             self.path.unlink(missing_ok=True)
+
+
+def _entry(kind: int, token: int, payload: Any) -> bytes:
+    """One entry of a process's file, in one pickle: one write each, and a reader stops at a cut one."""
+    return pickle.dumps((kind, token, payload), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _recorded(blocks: list[OutcomeColumns], unrecorded: Collection[tuple[str, int]]) -> list[OutcomeColumns]:
