@@ -360,14 +360,12 @@ class CrashJournal:
         deliveries: dict[tuple[int, int], int],
         reasons: dict[tuple[int, int], Failure],
     ) -> None:
-        partial = self.folder / f"{CRASHES}.{os.getpid()}"
         kept = {
             "crashes": [[p, o, n] for (p, o), n in sorted(crashes.items())],
             "deliveries": [[p, o, ms] for (p, o), ms in sorted(deliveries.items())],
             "reasons": [[p, o, r.error_class, r.message] for (p, o), r in sorted(reasons.items())],
         }
-        partial.write_text(json.dumps(kept))
-        partial.replace(self.folder / CRASHES)
+        replace_shared(self.folder / CRASHES, json.dumps(kept))
 
     def _dead(self) -> list[Path]:
         """The call files of this queue's processes on this machine that are gone."""
@@ -399,6 +397,18 @@ def folder_lock(folder: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def replace_shared(path: Path, text: str) -> None:
+    """A shared file of the folder written anew and renamed into place, only ever under ``folder_lock``.
+
+    One writer at a time, so one partial file name serves every process: a process killed between
+    the write and the rename leaves a partial the next writer overwrites, never one per process
+    that nothing removes.
+    """
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def file_stamp(path: Path) -> tuple[int, int, int] | None:

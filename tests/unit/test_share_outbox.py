@@ -98,6 +98,53 @@ def test_a_dead_processes_file_hands_on_its_settled_and_unsettled_rows_and_regis
     assert Outbox(tmp_path).take() == [], "handed on once"
 
 
+def test_a_file_claimed_by_a_process_that_died_before_handing_it_on_is_taken_over(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    settled = _block(0, [1])
+    unsettled = _block(1, [10], delivery=2)
+    dead.add([settled])
+    dead.add_provisional([unsettled])
+    claimer = "2147483645-1"  # dead too: it renamed the file, then died before copying its rows
+    dead.path.rename(tmp_path / f"{DEAD}.outbox.{claimer}")
+
+    outbox = Outbox(tmp_path)
+    assert _by_offset(outbox.take()) == [settled, unsettled]
+    assert _registered(tmp_path) == [[1, 10, 2]]
+    assert [p.name for p in tmp_path.glob("*.outbox*")] == [outbox.path.name], "the claimed file is gone"
+
+
+def test_a_file_a_living_process_has_claimed_is_left_to_it(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    dead.add([_block(0, [1])])
+    claimed = tmp_path / f"{DEAD}.outbox.{crash_journal.process_tag()}"  # this process: alive
+    dead.path.rename(claimed)
+
+    assert Outbox(tmp_path, tag="2147483645-1").take() == []
+    assert claimed.exists()
+
+
+def test_a_dead_processes_partial_file_is_removed_and_its_own_file_handed_on(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    settled = _block(0, [1])
+    dead.add([settled])
+    partial = tmp_path / f"{DEAD}.outbox.partial"  # it died writing it, before the rename
+    partial.write_bytes(b"cut short")
+    writing = tmp_path / f"{crash_journal.process_tag()}.outbox.partial"  # a living process's, being written
+    writing.write_bytes(b"")
+
+    assert Outbox(tmp_path, tag="2147483645-1").take() == [settled]
+    assert not partial.exists()
+    assert writing.exists()
+
+
+def test_a_partial_left_by_a_writer_of_counted_json_that_died_is_not_left_behind(tmp_path):
+    (tmp_path / f"{COUNTED}.partial").write_text("[[0, 5,")  # a writer killed mid-write
+    Outbox(tmp_path, tag=DEAD).add_provisional([_block(0, [5], delivery=2)])
+    Outbox(tmp_path).adopt()
+    assert _registered(tmp_path) == [[0, 5, 2]]
+    assert sorted(p.name for p in tmp_path.glob(f"{COUNTED}*")) == [COUNTED]
+
+
 def test_a_registered_record_is_recognised_at_a_higher_delivery_count_only_until_it_expires(tmp_path):
     dead = Outbox(tmp_path, tag=DEAD)
     dead.add_provisional([_block(0, [5, 6, 7], delivery=2)])

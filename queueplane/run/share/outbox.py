@@ -23,6 +23,12 @@ delivery count, under the folder's lock, for DELIVERY_MEMORY_S): a later deliver
 them to a process of the queue on this machine is acknowledged without a handler call and
 without a row (``redelivered_counted``). A redelivery that goes to a process on another machine
 is handled again and counted twice: that is the one case left.
+
+A process takes a dead one's file over by renaming it to ``<owner>.outbox.<claimer>`` before it
+reads it, so no two processes hand the same rows on. A claimer that dies before the rows are in
+its own file leaves the claimed file behind, and the next process takes it over the same way.
+One that dies between writing them into its own file and removing the claimed one hands them on
+twice: those two system calls are the window.
 """
 
 from __future__ import annotations
@@ -31,7 +37,6 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import pickle
 import threading
 import time
@@ -39,13 +44,21 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from queueplane.run.crash_journal import DELIVERY_MEMORY_S, file_stamp, folder_lock, process_tag, tag_alive
+from queueplane.run.crash_journal import (
+    DELIVERY_MEMORY_S,
+    file_stamp,
+    folder_lock,
+    process_tag,
+    replace_shared,
+    tag_alive,
+)
 from queueplane.run.outcomes import OUTCOME_ARROW, OutcomeColumns
 
 log = logging.getLogger("queueplane.worker")
 
 SUFFIX = ".outbox"
 COUNTED = "counted.json"  # records handed on as counted whose commit may not have landed
+PARTIAL = "partial"  # ``<process>.outbox.partial``: a file being written anew, renamed into place once whole
 
 # The entries of a process's file, each one pickle: (kind, token, payload).
 ROWS = 0  # settled rows: payload is a list of blocks
@@ -122,7 +135,7 @@ class Outbox:
             if not self._provisional:
                 self._file.truncate(0)
                 return blocks
-            partial = self.path.with_name(f"{self.path.name}.partial")
+            partial = self.path.with_name(f"{self.path.name}.{PARTIAL}")
             with partial.open("wb") as handle:
                 handle.write(b"".join(_entry(PROVISIONAL, token, kept) for token, kept in self._provisional.items()))
             partial.replace(self.path)
@@ -139,17 +152,16 @@ class Outbox:
         Under the folder's lock from the claim to the registration, so a process that looks a
         record up (``redelivered_counted``) after this started sees it registered.
         """
-        dead = [
-            p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not tag_alive(p.name.removesuffix(SUFFIX))
-        ]
+        dead = self._left_by_the_dead()
         if not dead:
             return
         blocks: list[OutcomeColumns] = []
         unsettled: list[OutcomeColumns] = []
         claimed_paths: list[Path] = []
+        me = self.path.name.removesuffix(SUFFIX)
         with folder_lock(self.folder):
             for path in dead:
-                claimed = path.with_name(f"{path.name}.{self.path.name.removesuffix(SUFFIX)}")
+                claimed = path.with_name(f"{path.name.partition(SUFFIX)[0]}{SUFFIX}.{me}")
                 try:
                     path.rename(claimed)  # one process takes it over, whichever renames first
                 except FileNotFoundError:
@@ -174,6 +186,27 @@ class Outbox:
             )
         for claimed in claimed_paths:
             claimed.unlink(missing_ok=True)
+
+    def _left_by_the_dead(self) -> list[Path]:
+        """The files whose rows no living process holds: dead processes' own files, and files a
+        process that died since had claimed from another (``<owner>.outbox.<claimer>``) and not
+        handed on yet.
+
+        A dead process's ``.partial`` file is removed instead: it was never renamed into place,
+        so the file it was to replace still holds every row.
+        """
+        found = []
+        for path in self.folder.glob(f"*{SUFFIX}*"):
+            owner, _, holder = path.name.partition(SUFFIX)
+            holder = holder.removeprefix(".")
+            if path == self.path or not owner:
+                continue
+            if holder == PARTIAL:
+                if not tag_alive(owner):
+                    path.unlink(missing_ok=True)
+            elif not tag_alive(holder or owner):
+                found.append(path)
+        return found
 
     def redelivered_counted(self, records: list[tuple[int, int, int]]) -> set[int]:
         """Which of ``records`` (partition, offset, delivery count) were handed on as counted at a
@@ -275,6 +308,4 @@ def _read_counted(folder: Path) -> dict[tuple[int, int], tuple[int, int]]:
 
 def _write_counted(folder: Path, counted: dict[tuple[int, int], tuple[int, int]]) -> None:
     """Written anew and renamed into place (under the folder's lock)."""
-    partial = folder / f"{COUNTED}.{os.getpid()}"
-    partial.write_text(json.dumps([[p, o, d, ms] for (p, o), (d, ms) in sorted(counted.items())]))
-    partial.replace(folder / COUNTED)
+    replace_shared(folder / COUNTED, json.dumps([[p, o, d, ms] for (p, o), (d, ms) in sorted(counted.items())]))
