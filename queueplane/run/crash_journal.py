@@ -365,7 +365,7 @@ class CrashJournal:
             "deliveries": [[p, o, ms] for (p, o), ms in sorted(deliveries.items())],
             "reasons": [[p, o, r.error_class, r.message] for (p, o), r in sorted(reasons.items())],
         }
-        replace_shared(self.folder / CRASHES, json.dumps(kept))
+        replace_whole(self.folder / CRASHES, json.dumps(kept).encode())
 
     def _dead(self) -> list[Path]:
         """The call files of this queue's processes on this machine that are gone."""
@@ -387,6 +387,9 @@ def tag_alive(tag: str) -> bool:
     return pid.isdigit() and _start_time(int(pid)) == started
 
 
+PARTIAL_SUFFIX = ".partial"  # a file being written anew (replace_whole)
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path) -> Iterator[None]:
     """The lock of a queue's folder on this machine, across its processes: every shared file in it
@@ -399,15 +402,17 @@ def folder_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def replace_shared(path: Path, text: str) -> None:
-    """A shared file of the folder written anew and renamed into place, only ever under ``folder_lock``.
+def replace_whole(path: Path, data: bytes) -> None:
+    """A file of the folder written anew beside it (``<name>.partial``) and renamed into place, so
+    a reader never sees it cut short.
 
-    One writer at a time, so one partial file name serves every process: a process killed between
-    the write and the rename leaves a partial the next writer overwrites, never one per process
-    that nothing removes.
+    One writer at a time (a shared file only under ``folder_lock``, a process's own file by that
+    process), so one partial name per file serves every writer: a process killed between the
+    write and the rename leaves a partial the next writer overwrites, never one per process that
+    nothing removes.
     """
-    partial = path.with_name(f"{path.name}.partial")
-    partial.write_text(text)
+    partial = path.with_name(f"{path.name}{PARTIAL_SUFFIX}")
+    partial.write_bytes(data)
     partial.replace(path)
 
 

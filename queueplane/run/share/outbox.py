@@ -46,10 +46,11 @@ from typing import Any
 
 from queueplane.run.crash_journal import (
     DELIVERY_MEMORY_S,
+    PARTIAL_SUFFIX,
     file_stamp,
     folder_lock,
     process_tag,
-    replace_shared,
+    replace_whole,
     tag_alive,
 )
 from queueplane.run.outcomes import OUTCOME_ARROW, OutcomeColumns
@@ -58,7 +59,6 @@ log = logging.getLogger("queueplane.worker")
 
 SUFFIX = ".outbox"
 COUNTED = "counted.json"  # records handed on as counted whose commit may not have landed
-PARTIAL = "partial"  # ``<process>.outbox.partial``: a file being written anew, renamed into place once whole
 
 # The entries of a process's file, each one pickle: (kind, token, payload).
 ROWS = 0  # settled rows: payload is a list of blocks
@@ -135,10 +135,7 @@ class Outbox:
             if not self._provisional:
                 self._file.truncate(0)
                 return blocks
-            partial = self.path.with_name(f"{self.path.name}.{PARTIAL}")
-            with partial.open("wb") as handle:
-                handle.write(b"".join(_entry(PROVISIONAL, token, kept) for token, kept in self._provisional.items()))
-            partial.replace(self.path)
+            replace_whole(self.path, b"".join(_entry(PROVISIONAL, t, kept) for t, kept in self._provisional.items()))
             with contextlib.suppress(OSError):
                 self._file.close()
             self._file = self.path.open("ab", buffering=0)
@@ -198,13 +195,12 @@ class Outbox:
         found = []
         for path in self.folder.glob(f"*{SUFFIX}*"):
             owner, _, holder = path.name.partition(SUFFIX)
-            holder = holder.removeprefix(".")
             if path == self.path or not owner:
                 continue
-            if holder == PARTIAL:
+            if holder == PARTIAL_SUFFIX:
                 if not tag_alive(owner):
                     path.unlink(missing_ok=True)
-            elif not tag_alive(holder or owner):
+            elif not tag_alive(holder.removeprefix(".") or owner):
                 found.append(path)
         return found
 
@@ -308,4 +304,5 @@ def _read_counted(folder: Path) -> dict[tuple[int, int], tuple[int, int]]:
 
 def _write_counted(folder: Path, counted: dict[tuple[int, int], tuple[int, int]]) -> None:
     """Written anew and renamed into place (under the folder's lock)."""
-    replace_shared(folder / COUNTED, json.dumps([[p, o, d, ms] for (p, o), (d, ms) in sorted(counted.items())]))
+    rows = [[p, o, d, ms] for (p, o), (d, ms) in sorted(counted.items())]
+    replace_whole(folder / COUNTED, json.dumps(rows).encode())
