@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from collections import Counter
 from datetime import datetime
@@ -98,6 +99,13 @@ def _markers(kafka, topic: str) -> list[km.Marker]:
     return [marker for marker, _, _ in _placed_markers(kafka, topic)]
 
 
+def _settled(events: list[dict], hang: int, fail: int) -> bool:
+    """The hung record ran to its end twice (late, then redelivered) and the failing one LIMIT times."""
+    hung = [e for e in events if e["id"] == f"id-{hang:06d}" and e["result"] == "ok"]
+    failed = [e for e in events if e["id"] == f"id-{fail:06d}"]
+    return len(hung) >= 2 and len(failed) >= LIMIT
+
+
 def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(kafka, tmp_path):
     queue = make_queue(
         tmp_path,
@@ -112,17 +120,27 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     markers_topic = f"{queue.topic}.markers"
     warmup = 20
     produce(kafka, queue.topic, [order(i) for i in range(warmup)])
-    # Idle for longer than the hung call outlives its lock (12s - 3s): the worker cannot stop
-    # before that call returns late and logs, however soon the tracker redelivers it.
+    # The worker is stopped as a pod is (SIGTERM) once every outcome under test is in, not by an
+    # idle bound: the warm-up waits below can outlast any such bound on a busy machine, and the
+    # worker would stop before the records under test arrive.
     log = tmp_path / "worker.log"
-    worker = start_worker(queue, kafka, "--until-idle", "10s", "--checkpoint-dir", str(tmp_path / "ckpt"), log=log)
+    worker = start_worker(queue, kafka, "--checkpoint-dir", str(tmp_path / "ckpt"), log=log)
     checkpoint = tmp_path / "ckpt" / "tracker"
+    hang, fail = warmup, warmup + 1
     try:
         # Both queries are up and through their first batches before the records under test arrive.
         wait_for("the warm-up records", lambda: len(queue.events()) >= warmup, 240, every_s=0.5)
         wait_for("the warm-up end markers", lambda: len(_markers(kafka, markers_topic)) >= 2 * warmup, 60, every_s=0.5)
-        hang, fail = warmup, warmup + 1
         produce(kafka, queue.topic, [order(hang, mode="hang", hang_s=12), order(fail, mode="retry"), b"not json"])
+        # The hung call's late return (delivery 1) and its redelivery (2) both ran, and the failing
+        # record had its last delivery: a batch that settles it is in hand when the signal comes.
+        wait_for(
+            "the hung call's late return, its redelivery and the failing record's last delivery",
+            lambda: _settled(queue.events(), hang, fail),
+            300,
+            every_s=0.5,
+        )
+        worker.send_signal(signal.SIGTERM)
         summary = _finish(worker)
     finally:
         if worker.poll() is None:
