@@ -11,11 +11,15 @@ lock expiring, a Python worker not connecting back in time, executors due within
 decisions). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
 are not heavy although they run pods: their bounds are minutes, so they run beside the light
 tests, and their waits on pods and rollouts overlap the light tests' work. So does the soak
-test, which asserts memory and counts rather than time.
+test, which asserts memory and counts rather than time. A module fixture that keeps a stack
+working between its tests (Airflow) counts as light for its whole life, not only during its
+tests: started beside a heavy test, Airflow's processes took the CPU a Spark worker needed to
+connect back to its JVM in time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
@@ -48,20 +52,17 @@ def in_run_order(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (item.get_closest_marker(HEAVY) is not None, rank.get(folder(item.nodeid), len(rank))))
 
 
-@contextmanager
-def heavy_tests_alone(item: pytest.Item) -> Iterator[None]:
-    """A heavy test runs alone; light tests run beside each other (only when processes share the run).
+_light_holds = 0  # open light holds of this process: its background stacks and the tests beside them
 
-    A readers-writer lock over files: light tests hold the run's lock shared, a heavy test holds it
-    exclusive. A heavy test waiting holds the gate, so no new light test starts and it is not
-    starved by light tests that follow each other.
+
+@contextmanager
+def _files_lock(run: str, heavy: bool) -> Iterator[None]:
+    """The run's readers-writer lock over files: light holders share it, a heavy test holds it alone.
+
+    A heavy test waiting holds the gate, so no new light holder starts and it is not starved by
+    light tests that follow each other.
     """
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
-        yield
-        return
     files = Path(tempfile.gettempdir()) / f"queueplane-tests-{run}"
-    heavy = item.get_closest_marker(HEAVY) is not None
     with open(f"{files}.gate", "w") as gate, open(f"{files}.lock", "w") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
@@ -75,6 +76,48 @@ def heavy_tests_alone(item: pytest.Item) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
             if heavy:
                 fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _run_lock(heavy: bool) -> Iterator[None]:
+    """The run's lock, only when processes share the run.
+
+    A process that already holds it shared (a module's background stack) lets its own light tests
+    through without asking again: asking would queue them behind a heavy test that waits for that
+    very hold.
+    """
+    global _light_holds
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    if heavy and _light_holds:
+        raise RuntimeError("a heavy test cannot run while its own process keeps a background stack running")
+    with contextlib.ExitStack() as held:
+        if heavy or not _light_holds:
+            held.enter_context(_files_lock(run, heavy))
+        if not heavy:
+            _light_holds += 1
+            held.callback(_release_light)
+        yield
+
+
+def _release_light() -> None:
+    global _light_holds
+    _light_holds -= 1
+
+
+def heavy_tests_alone(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
+    """A heavy test runs alone; light tests run beside each other (only when processes share the run)."""
+    return _run_lock(heavy=item.get_closest_marker(HEAVY) is not None)
+
+
+def background_stack() -> contextlib.AbstractContextManager[None]:
+    """Held by a fixture for as long as it keeps a stack working between its tests (Airflow's
+    scheduler and DAG processor): that stack is load a heavy test must not have beside it, least of
+    all while it starts. Its start waits for a running heavy test to end, and a heavy test waits
+    for the stack to stop."""
+    return _run_lock(heavy=False)
 
 
 class SharedFolderScheduling(LoadScopeScheduling):
