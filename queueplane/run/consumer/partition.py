@@ -36,6 +36,7 @@ from queueplane.run.handler import InvalidOutput, Record
 from queueplane.run.kafka_input import input_records
 from queueplane.run.outcomes import (
     DEAD_LETTERED,
+    DELIVERY_TIMEOUT_S,
     SKIPPED,
     Outcome,
     ProducedRecord,
@@ -50,7 +51,6 @@ log = logging.getLogger("queueplane.worker")
 
 WATCH_INTERVAL_S = 0.05
 MAX_CACHED_KEYS = 100_000
-COMMIT_TIMEOUT_S = 30.0
 
 
 class PartitionTask:
@@ -140,14 +140,15 @@ class PartitionTask:
                 self.raise_if_failed()
         self._done.set()
         self._watcher.join()
-        deadline = time.monotonic() + COMMIT_TIMEOUT_S
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         while self.tracker.unfinished and time.monotonic() < deadline:  # refused outputs turning into dead letters
             self.raise_if_failed()
             self._dead_letter_refused()
             time.sleep(0.005)
         self.raise_if_failed()
         if self.tracker.unfinished or not self.commit(end, within_s=max(0.0, deadline - time.monotonic())):
-            raise RuntimeError(f"outputs of {self.topic}[{self.partition}] not acknowledged in {COMMIT_TIMEOUT_S:.0f}s")
+            within = f"{DELIVERY_TIMEOUT_S:.0f}s"
+            raise RuntimeError(f"outputs of {self.topic}[{self.partition}] not acknowledged in {within}")
         if self.writer is not None:
             self.writer.close()
 
