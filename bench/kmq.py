@@ -5,6 +5,10 @@
    each side first, then ``--rounds`` rounds that swap which side goes first; each side's best counts.
 2. Marker bytes per message: key and value bytes written to the markers topic per message
    (a start and an end marker each; Kafka adds its per-record overhead on top).
+3. CPU seconds per 100k records of each counted run, by process (broker JVM, Spark's JVM, the
+   Python workers, this process with the driver), read from /proc. While both sides keep the
+   machine's cores busy, throughput follows the total, so the totals' ratio bounds the goal's
+   ratio, and the roles say where kmq's extra CPU goes.
 
     .venv/bin/python bench/kmq.py [--records 20000] [--concurrency 16] [--rounds 3] [--profile]
 """
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from common import apply_queue, bench_broker, console, goal, profiled, pyplot, save
-from share import HANDLERS, fill, worker_throughput
+from share import HANDLERS, RssSampler, fill, worker_throughput
 
 from queueplane.kafka.target import KafkaTarget
 
@@ -69,32 +73,37 @@ def main() -> int:
         def one_run(group_type: str, records: int) -> dict:
             queue = apply_trivial_queue(folder, target, group_type, args.concurrency)
             fill(target, queue["topic"], records)
+            before = rss.cpu_seconds()
             measured = worker_throughput(queue["path"], target, records, marks)
+            measured["cpu_s_per_100k_records"] = rss.cost_per_100k(before, records)
             if group_type == "kmq" and records == args.records and "marker_bytes" not in result:
                 # Once, on a counted run: every run writes the same markers per message.
                 result["marker_bytes"] = marker_bytes(target, f"{queue['topic']}.markers", records)
             return measured
 
-        # A warm-up of each side first (page cache, the broker's JIT), not counted; then rounds that
-        # swap which side goes first, so neither gets the quieter moments alone. Each side's best counts.
-        console.print("warm-up: one short run of each side, not counted")
-        for group_type in ("consumer", "kmq"):
-            one_run(group_type, max(2_000, args.records // 10))
-        if args.profile:
+        with RssSampler() as rss:
+            # A warm-up of each side first (page cache, the broker's JIT), not counted; then rounds that
+            # swap which side goes first, so neither gets the quieter moments alone. Each side's best counts.
+            console.print("warm-up: one short run of each side, not counted")
             for group_type in ("consumer", "kmq"):
-                with profiled(f"kmq-{group_type}"):
-                    console.print(one_run(group_type, args.records))
-            return 0
-        for round_no in range(args.rounds):
-            order = ("consumer", "kmq") if round_no % 2 == 0 else ("kmq", "consumer")
-            for group_type in order:
-                console.print(
-                    f"round {round_no + 1}: trivial handler, {group_type} group, concurrency {args.concurrency}"
-                )
-                result["rounds"][group_type].append(one_run(group_type, args.records))
-                console.print(result["rounds"][group_type][-1])
+                one_run(group_type, max(2_000, args.records // 10))
+            if args.profile:
+                for group_type in ("consumer", "kmq"):
+                    with profiled(f"kmq-{group_type}"):
+                        console.print(one_run(group_type, args.records))
+                return 0
+            for round_no in range(args.rounds):
+                order = ("consumer", "kmq") if round_no % 2 == 0 else ("kmq", "consumer")
+                for group_type in order:
+                    console.print(
+                        f"round {round_no + 1}: trivial handler, {group_type} group, concurrency {args.concurrency}"
+                    )
+                    result["rounds"][group_type].append(one_run(group_type, args.records))
+                    console.print(result["rounds"][group_type][-1])
     for group_type in ("consumer", "kmq"):
         result[group_type] = max(result["rounds"][group_type], key=lambda r: r["steady_records_per_s"])
+    result["cpu_bound"] = cpu_bound(result)
+    console.print(result["cpu_bound"])
     result["goals"] = [
         goal(
             "kmq worker / consumer-group worker",
@@ -107,9 +116,24 @@ def main() -> int:
     return 0
 
 
+def cpu_bound(result: dict) -> dict:
+    """Each side's CPU per 100k records in its best round, and the ratio the totals allow.
+
+    Both sides keep the cores busy, so records/s is about cores / CPU a record: kmq can reach
+    the consumer group's rate times the ratio of their totals, whatever its code waits on.
+    """
+    totals = {side: round(sum(result[side]["cpu_s_per_100k_records"].values()), 2) for side in ("consumer", "kmq")}
+    return {
+        "cpu_s_per_100k_records": {side: result[side]["cpu_s_per_100k_records"] for side in ("consumer", "kmq")},
+        "total_cpu_s_per_100k_records": totals,
+        "ratio_the_cpu_allows": round(totals["consumer"] / totals["kmq"], 3),
+        "cores": os.cpu_count(),
+    }
+
+
 def plot(result: dict) -> Any:
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
     rates = [result["consumer"]["steady_records_per_s"], result["kmq"]["steady_records_per_s"]]
     left.bar(["consumer group", "kmq"], rates, color=["#c44e52", "#4c72b0"])
     left.set_ylabel("steady records/s")
@@ -119,6 +143,18 @@ def plot(result: dict) -> Any:
     right.bar(["key + value"], [m["payload_bytes_per_message"]], color="#55a868")
     right.set_ylabel("marker bytes per message")
     right.set_title(f"markers topic ({m['markers_per_message']:.2f} markers per message)")
+    # Where each side's CPU went: stacked by process, one bar per side.
+    sides = ("consumer", "kmq")
+    costs = result["cpu_bound"]["cpu_s_per_100k_records"]
+    bottom = [0.0, 0.0]
+    for role in sorted({role for side in sides for role in costs[side]}):
+        heights = [costs[side].get(role, 0.0) for side in sides]
+        middle.bar(["consumer group", "kmq"], heights, bottom=bottom, label=role)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    middle.set_ylabel("CPU seconds per 100k records")
+    allows = result["cpu_bound"]["ratio_the_cpu_allows"]
+    middle.set_title(f"CPU by process: the totals allow a ratio of {allows:.2f}")
+    middle.legend(fontsize="small")
     return fig
 
 

@@ -130,6 +130,16 @@ class RssSampler:
             totals[role] = round(totals.get(role, 0.0) + ticks / CLOCK_TICKS, 2)
         return totals
 
+    def cost_per_100k(self, before: dict[str, float], records: int) -> dict[str, float]:
+        """CPU seconds per 100k records by role since ``before`` (a ``cpu_seconds()`` reading)."""
+        time.sleep(0.5)  # a last reading of the processes that ran it
+        after = self.cpu_seconds()
+        return {
+            role: round((seconds - before.get(role, 0.0)) * 100_000 / records, 2)
+            for role, seconds in after.items()
+            if seconds > before.get(role, 0.0)
+        }
+
     @staticmethod
     def _processes() -> list[tuple[int, int, str, float, int]]:
         out = []
@@ -338,13 +348,7 @@ def main() -> int:
                         f"max.poll.records={poll_records}"
                     )
                     run = plain_loop_throughput(target, queue, records, marks, poll_records)
-                time.sleep(0.5)  # a last reading of the processes that ran it
-                after = rss.cpu_seconds()
-                run["cpu_s_per_100k_records"] = {
-                    role: round((seconds - before.get(role, 0.0)) * 100_000 / records, 2)
-                    for role, seconds in after.items()
-                    if seconds > before.get(role, 0.0)
-                }
+                run["cpu_s_per_100k_records"] = rss.cost_per_100k(before, records)
                 console.print(run)
                 return run
 
