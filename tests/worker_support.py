@@ -159,6 +159,7 @@ def make_queue(
     retry: dict[str, str] | None = None,
     access: dict[str, object] | None = None,
     memory_limit: str | None = None,
+    max_in_flight: int = 100,
 ) -> TestQueue:
     tag = uuid.uuid4().hex[:8]
     module = f"qp_handler_{tag}"
@@ -177,7 +178,7 @@ def make_queue(
                 "id": f"g-{tag}",
                 "lockDuration": lock,
                 "deliveryLimit": delivery_limit,
-                "maxInFlight": 100,
+                "maxInFlight": max_in_flight,
                 "ordering": ordering,
             },
             "processing": {
