@@ -6,6 +6,7 @@ manager makes every user an admin, so the REST API and the UI need no login form
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import parallel
 
 from queueplane.local.processes import free_port
 
@@ -31,6 +34,9 @@ class AirflowStack:
     port: int
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     token: str = ""
+    # From start to stop the stack holds the run's light lock (parallel.background_stack): its
+    # processes work between tests, and no heavy test may run beside them.
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
     def url(self) -> str:
@@ -77,6 +83,7 @@ class AirflowStack:
         )
 
     def start(self) -> None:
+        self.held.enter_context(parallel.background_stack())
         self.airflow("db", "migrate")
         for name in COMPONENTS:
             log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process in stop()
@@ -154,3 +161,4 @@ class AirflowStack:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        self.held.close()

@@ -145,6 +145,12 @@ class TestQueue:
         return sum(file.read_bytes().count(b"\n") for file in (self.folder / "events").glob("*.jsonl"))
 
 
+# Records in flight per partition for the fault tests' queues, against make_queue's usual 100: a
+# kmq worker's micro-batch is this many per partition (each gets its start marker at once), and
+# at 300 records a batch kmq finished a 20,000-record burst a minute or more after the other runtimes.
+FAULT_TESTS_IN_FLIGHT = 1000
+
+
 def make_queue(
     tmp_path: Path,
     kafka: KafkaTarget,

@@ -12,7 +12,6 @@ import shutil
 from collections.abc import Iterator
 from urllib.parse import unquote
 
-import parallel
 import pytest
 from airflow_stack import DAGS, AirflowStack
 from airflow_support import kafka_connection
@@ -53,13 +52,12 @@ def airflow(tmp_path_factory, kafka) -> Iterator[tuple[AirflowStack, str]]:
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         },
     )
-    with parallel.background_stack():
-        try:
-            stack.start()
-            stack.wait_for(lambda: stack.api("GET", f"/dags/{DAG_ID}")[0] == 200, f"the DAG {DAG_ID} to appear", 240)
-            yield stack, tag
-        finally:
-            stack.stop()
+    try:
+        stack.start()
+        stack.wait_for(lambda: stack.api("GET", f"/dags/{DAG_ID}")[0] == 200, f"the DAG {DAG_ID} to appear", 240)
+        yield stack, tag
+    finally:
+        stack.stop()
 
 
 def _topics(kafka) -> set[str]:

@@ -11,7 +11,16 @@ import threading
 import time
 
 import pytest
-from worker_support import SteadyLoad, Supervised, make_queue, order, produce, read_all, recovered_after
+from worker_support import (
+    FAULT_TESTS_IN_FLIGHT,
+    SteadyLoad,
+    Supervised,
+    make_queue,
+    order,
+    produce,
+    read_all,
+    recovered_after,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
 
@@ -20,10 +29,6 @@ START_OUTAGE_S = 30
 INITIAL = 20_000  # waiting before the workers start: in flight through both outages
 RATE = 30  # then arriving steadily, so the mid-run outage is mid-run for every worker
 AFTER_S = 10  # and for a while after it
-# Records in flight per partition: a kmq worker's micro-batch is this many per partition (each gets
-# its start marker at once). At the tests' usual 100 a restarted kmq worker took three minutes for
-# half of INITIAL, 300 records a batch.
-MAX_IN_FLIGHT = 1000
 HUNG = 5  # records whose first delivery runs past the lock: redelivered across the outages
 # A worker that handles nothing for this long has stopped: longer than a restart under a Supervised
 # worker takes on a busy machine (Spark up, the broker answering, the first batch planned).
@@ -51,7 +56,7 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
             concurrency=8,
             lock="4s",
             delivery_limit=5,
-            max_in_flight=MAX_IN_FLIGHT,
+            max_in_flight=FAULT_TESTS_IN_FLIGHT,
         )
         logs[runtime] = folder / "worker.log"
         produce(kafka, queues[runtime].topic, initial)

@@ -14,7 +14,16 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_support import SteadyLoad, Supervised, make_queue, order, produce, read_all, recovered_after
+from worker_support import (
+    FAULT_TESTS_IN_FLIGHT,
+    SteadyLoad,
+    Supervised,
+    make_queue,
+    order,
+    produce,
+    read_all,
+    recovered_after,
+)
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.fault_proxy import FaultProxy
@@ -29,10 +38,6 @@ RATE = 50  # records a second to each queue, arriving from before the faults unt
 BURST = 20_000
 BURST_FIRST_ID = 500_000  # apart from the steady load's ids
 AFTER_S = 5
-# Records in flight per partition. A kmq worker's micro-batch is this many per partition (each gets
-# its start marker at once): at the tests' usual 100, kmq took 87 batches over the burst, a
-# minute after the other runtimes had finished it.
-MAX_IN_FLIGHT = 1000
 # (toxic, attributes, seconds): ~400 ms more per response; every connection reset as it opens;
 # every connection stalled (no data either way, nothing closed) until healed.
 FAULTS = (
@@ -77,7 +82,7 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
             partitions=3,
             concurrency=8,
             lock="5s",
-            max_in_flight=MAX_IN_FLIGHT,
+            max_in_flight=FAULT_TESTS_IN_FLIGHT,
         )
         logs[runtime] = folder / "worker.log"
         workers[runtime] = Supervised(queues[runtime], behind, "--until-idle", "8s", log=logs[runtime])

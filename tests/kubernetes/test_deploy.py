@@ -17,7 +17,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 
-import parallel
 import pytest
 from airflow_stack import AirflowStack
 from airflow_support import kafka_connection
@@ -67,14 +66,13 @@ def airflow(tmp_path_factory, local_kubernetes, pod_kafka, kafka) -> Iterator[tu
             ),
         },
     )
-    with parallel.background_stack():
-        try:
-            stack.start()
-            for dag_id in QUEUES.values():
-                stack.wait_for(lambda d=dag_id: stack.api("GET", f"/dags/{d}")[0] == 200, f"the DAG {dag_id}", 240)
-            yield stack, queues
-        finally:
-            stack.stop()
+    try:
+        stack.start()
+        for dag_id in QUEUES.values():
+            stack.wait_for(lambda d=dag_id: stack.api("GET", f"/dags/{d}")[0] == 200, f"the DAG {dag_id}", 240)
+        yield stack, queues
+    finally:
+        stack.stop()
         for doc, _path in queues.values():
             namespace = doc["spec"]["deployment"]["namespace"]
             local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
