@@ -11,9 +11,9 @@ lock expiring, a Python worker not connecting back in time, executors due within
 decisions). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
 are not heavy although they run pods: their bounds are minutes, so they run beside the light
 tests, and their waits on pods and rollouts overlap the light tests' work. So does the soak
-test, which asserts memory and counts rather than time. A module fixture that keeps a stack
-working between its tests (Airflow) counts as light for its whole life, not only during its
-tests: started beside a heavy test, Airflow's processes took the CPU a Spark worker needed to
+test, which asserts memory and counts rather than time. A stack that keeps working between
+tests (Airflow, tests/airflow_stack.py) counts as light from its start to its stop, not only
+during its tests: started beside a heavy test, Airflow's processes took the CPU a Spark worker needed to
 connect back to its JVM in time.
 """
 
@@ -113,7 +113,7 @@ def heavy_tests_alone(item: pytest.Item) -> contextlib.AbstractContextManager[No
 
 
 def background_stack() -> contextlib.AbstractContextManager[None]:
-    """Held by a fixture for as long as it keeps a stack working between its tests (Airflow's
+    """Held by a stack from its start to its stop while it works between tests (Airflow's
     scheduler and DAG processor): that stack is load a heavy test must not have beside it, least of
     all while it starts. Its start waits for a running heavy test to end, and a heavy test waits
     for the stack to stop."""
