@@ -27,7 +27,8 @@ tracker, or the message would end twice (``crashed_deliveries``).
 
 A process that ends itself on purpose (the memory guard, queueplane.run.memory_guard) says
 why first, in a file beside its slots (``ending``); the records it blames carry that reason to
-the DLQ instead of ``WorkerDied``.
+the DLQ instead of ``WorkerDied``. One that ends because a Kafka client call never returned
+(queueplane.run.call_guard) removes its slots first (``disown``): none of its records is blamed.
 
 Consumer-group and kmq tasks run a suspect alone in their process. A share process cannot:
 every record it has acquired comes back a delivery later when it dies, in a call or not, so
@@ -177,6 +178,11 @@ class CrashJournal:
         partial = _reason_path(self.path).with_suffix(".partial")
         partial.write_text(json.dumps([reason.error_class, reason.message]))
         partial.replace(_reason_path(self.path))
+
+    def disown(self) -> None:
+        """This process is about to end for a cause none of its calls had (a Kafka client call that
+        never returned, queueplane.run.call_guard): the processes after it blame none of them."""
+        self.path.unlink(missing_ok=True)
 
     def crashed(self, partition: int, offset: int, reason: Failure | None) -> int:
         """The record's call killed a process this process watched (a share suspect's own child):

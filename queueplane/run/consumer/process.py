@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import fetch_committed
+from queueplane.run.call_guard import CallGuard
 from queueplane.run.crash_journal import CrashJournal, journal_folder
 from queueplane.run.handler import Handler, load_handler
 from queueplane.run.memory_guard import guard
@@ -29,6 +30,8 @@ from queueplane.run.settings import QueueSettings
 log = logging.getLogger("queueplane.worker")
 
 TXN_TIMEOUT_S = 60.0
+# A synchronous group commit takes no timeout: librdkafka gives its request socket.timeout.ms (60 s).
+GROUP_COMMIT_TIMEOUT_S = 60.0
 # How long at-least-once outputs wait to fill a batch. Every task's process has its own producer
 # at a fraction of the queue's rate: at 2 ms its batches were small enough that the broker and
 # every reader of the outputs paid twice as much a record (docs/design/consumer-throughput.md).
@@ -61,6 +64,7 @@ class WorkerProcess:
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
         self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
+        self.calls = CallGuard(self.journal.disown)
         # Callbacks for failed writes only: a task learns its outputs are durable from the
         # producer's count of unacknowledged records (PartitionTask.commit).
         self.delivery = ServedProducer(
@@ -78,7 +82,8 @@ class WorkerProcess:
         return fetch_committed(self.group, topic, [partition])[partition]
 
     def commit(self, topic: str, partition: int, offset: int) -> None:
-        self.group.commit(offsets=[TopicPartition(topic, partition, offset)], asynchronous=False)
+        with self.calls.bounded("commit (group offsets)", GROUP_COMMIT_TIMEOUT_S):
+            self.group.commit(offsets=[TopicPartition(topic, partition, offset)], asynchronous=False)
 
     def close(self) -> None:
         self.delivery.close()
@@ -87,7 +92,9 @@ class WorkerProcess:
             self.group.close()
 
 
-def transactional_producer(settings: ConsumerSettings, topic: str, partition: int) -> Producer:
+def transactional_producer(
+    settings: ConsumerSettings, topic: str, partition: int, calls: CallGuard | None = None
+) -> Producer:
     """The partition's transactional producer, initialised.
 
     init_transactions fences any earlier producer with this id and aborts its open
@@ -102,7 +109,8 @@ def transactional_producer(settings: ConsumerSettings, topic: str, partition: in
             "linger.ms": 5,
         },
     )
-    producer.init_transactions(TXN_TIMEOUT_S)
+    with calls.bounded("init_transactions", TXN_TIMEOUT_S) if calls else contextlib.nullcontext():
+        producer.init_transactions(TXN_TIMEOUT_S)
     return producer
 
 
@@ -111,24 +119,27 @@ class TransactionalWriter:
 
     def __init__(self, process: WorkerProcess, topic: str, partition: int):
         self.process = process
-        self.producer = transactional_producer(process.settings, topic, partition)
+        self.producer = transactional_producer(process.settings, topic, partition, process.calls)
 
     def commit(self, records: list[ProducedRecord], offset: TopicPartition) -> None:
+        bounded = self.process.calls.bounded
         for attempt in range(1, 4):
             try:
                 self.producer.begin_transaction()
                 for item in records:
                     produce(self.producer, item, serve=True)
-                self.producer.send_offsets_to_transaction(
-                    [offset], self.process.group.consumer_group_metadata(), TXN_TIMEOUT_S
-                )
-                self.producer.commit_transaction(TXN_TIMEOUT_S)
+                group = self.process.group.consumer_group_metadata()
+                with bounded("send_offsets_to_transaction", TXN_TIMEOUT_S):
+                    self.producer.send_offsets_to_transaction([offset], group, TXN_TIMEOUT_S)
+                with bounded("commit_transaction", TXN_TIMEOUT_S):
+                    self.producer.commit_transaction(TXN_TIMEOUT_S)
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
                 if error.txn_requires_abort() and attempt < 3:
                     log.warning("transaction for %s aborted, trying again: %s", offset, error)
-                    self.producer.abort_transaction(TXN_TIMEOUT_S)
+                    with bounded("abort_transaction", TXN_TIMEOUT_S):
+                        self.producer.abort_transaction(TXN_TIMEOUT_S)
                     continue
                 raise
 

@@ -13,6 +13,7 @@ from typing import Protocol
 from confluent_kafka import AcknowledgeType, KafkaException, Message
 
 from queueplane.kafka import clients
+from queueplane.run.call_guard import CallGuard
 from queueplane.run.crash_journal import CrashJournal, worker_died
 from queueplane.run.dead_letters import Failure, failure_of_headers
 from queueplane.run.handler import Record
@@ -52,16 +53,20 @@ RESERVE_FAILURE = Failure(
     "DeliveryLimitReached", "its last allowed delivery ended without an outcome (worker stopped or lock ran out)"
 )
 PARK_PAUSE_S = 1.0  # a fetcher's pause after parking: the DLQ refuses writes, retrying at once would spin
+COMMIT_TIMEOUT_S = 60.0  # commit_sync's own default, stated: the call guard bounds the call by it
+# close() takes no timeout: librdkafka bounds its last commit and the group's leave by socket.timeout.ms.
+CLOSE_TIMEOUT_S = 60.0
 
 
 class FetcherHost(Protocol):
     """What a fetcher needs of its process: the settings, the pool, the crash journal, the outbox,
-    the lease, the producer."""
+    the call guard, the lease, the producer."""
 
     settings: ShareSettings
     pool: HandlerPool
     journal: CrashJournal
     outbox: Outbox
+    calls: CallGuard
 
     def leased(self) -> bool: ...
 
@@ -503,7 +508,8 @@ class ShareFetcher:
         """Commit the acknowledgements given: the (topic, partition)s whose acknowledgements the
         broker did not record (none, the common case), or None when the commit failed."""
         try:
-            results = self.consumer.commit_sync()
+            with self.runtime.calls.bounded("commit_sync (acknowledgements)", COMMIT_TIMEOUT_S):
+                results = self.consumer.commit_sync(COMMIT_TIMEOUT_S)
             failed = {tp: err for tp, err in (results or {}).items() if err is not None}
             if failed:
                 log.warning("acknowledgements not recorded for %s", failed)
@@ -520,7 +526,7 @@ class ShareFetcher:
         delivery, KAFKA-19972). The process's next task starts a new fetcher in this one's place."""
         if self.pending:
             self.pending = not self._commit()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), self.runtime.calls.bounded("close (share consumer)", CLOSE_TIMEOUT_S):
             self.consumer.close()
         self.left = True
         self._closed = True
@@ -543,7 +549,7 @@ class ShareFetcher:
         self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
         if self.pending:
             self.pending = not self._commit()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), self.runtime.calls.bounded("close (share consumer)", CLOSE_TIMEOUT_S):
             self.consumer.close()
 
 

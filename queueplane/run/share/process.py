@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from queueplane.run.call_guard import CallGuard
 from queueplane.run.crash_journal import CrashJournal, journal_folder
 from queueplane.run.handler import Handler, Output, Record, load_handler
 from queueplane.run.memory_guard import guard
@@ -59,6 +60,7 @@ class ProcessRuntime:
         # A call running past its deadline was given up before the process died: not blamed.
         self.journal = CrashJournal(folder, settings.lock_ms / 1000 * HANDLER_SHARE_OF_LOCK)
         self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
+        self.calls = CallGuard(self.journal.disown)
         self.isolated = IsolatedCalls(
             settings.handler, settings.search_paths, settings.output_topic, settings.memory_limit_mi
         )
