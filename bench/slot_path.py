@@ -1,0 +1,128 @@
+"""The consumer runtime's slot path alone: what it costs a record next to the plain loop with a worker's duties.
+
+Both designs of the consumer-group worker (Spark's Kafka source today, the group members of
+docs/design/consumer-throughput.md) hand records to a ``PartitionTask``: slot threads, retries in
+place, the crash journal, the offset tracker, outcome rows and commits. This benchmark feeds the
+records of one partition to one task in this process, with a trivial handler whose output goes to
+a real broker, and beside it runs the same records through the plain loop with a worker's duties
+(the handler's record, the call under a clock, its outputs produced through the runtimes' own
+``produce``, one flush at the end). No Spark, no consumer: the records are read into memory first.
+
+Each side's wall time and this process's CPU time per record, in alternating rounds; each side's
+best counts, and the ratio of their rates is what the slot path keeps of the loop.
+
+    .venv/bin/python bench/slot_path.py [--records 200000] [--rounds 3] [--ordering partition]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from common import apply_queue, bench_broker, console
+from consumer import HANDLERS
+
+from queueplane.kafka import clients
+from queueplane.provision import steps
+from queueplane.run.consumer.partition import PartitionTask
+from queueplane.run.consumer.process import WorkerProcess
+from queueplane.run.consumer.runtime import consumer_settings
+from queueplane.run.handler import MessageRecord, outputs_of
+from queueplane.run.outcomes import output_record, produce
+
+CHUNK = 2000  # records a feed hands over, as a consume() or an Arrow batch would
+
+
+def read_back(settings: dict[str, Any], topic: str, count: int) -> list[Any]:
+    consumer = clients.consumer(settings, {"group.id": f"bench-read-{time.time()}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    messages: list[Any] = []
+    while len(messages) < count:
+        messages += [m for m in consumer.consume(2000, 1.0) if m.error() is None]
+    consumer.close()
+    return messages
+
+
+def slot_side(process: WorkerProcess, topic: str, messages: list[Any]) -> tuple[float, float]:
+    records = MessageRecord.many(messages)
+    task = PartitionTask(process, topic, 0)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for start in range(0, len(records), CHUNK):
+        task.feed(records[start : start + CHUNK])
+        task.drain()
+    task.finish(records[-1].offset + 1)
+    task.drain()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def loop_side(process: WorkerProcess, output: str, messages: list[Any]) -> tuple[float, float]:
+    handler = process.handler
+    producer = process.producer
+    wall, cpu = time.perf_counter(), time.process_time()
+    accepted, failed, latency_s = 0, 0, 0.0  # counted as a worker counts them; not reported
+    for record in MessageRecord.many(messages):
+        started = time.monotonic()
+        try:
+            writes = [output_record(o, record, output) for o in outputs_of(handler(record))]
+            accepted += 1
+        except Exception:
+            writes = []
+            failed += 1
+        latency_s += time.monotonic() - started
+        for item in writes:
+            produce(producer, item, serve=True)
+    process.delivery.all_delivered(120)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ordering", default="partition", choices=("partition", "key"))
+    args = parser.parse_args()
+    with bench_broker("qp-bench-slots-") as (folder, target):
+        (folder / "bench_handlers.py").write_text(HANDLERS)
+        best: dict[str, float] = {}
+        for round_no in range(1, args.rounds + 1):
+            # A new queue (group, committed offsets) each round: a task skips what its group committed.
+            spec = apply_queue(
+                folder,
+                target,
+                {"type": "consumer", "lockDuration": "30s", "maxInFlight": 2000, "ordering": args.ordering},
+                with_output=True,
+                topic={"partitions": 1},
+                processing={"handler": "bench_handlers:echo", "concurrency": 8},
+            )
+            (queue,) = steps.validate([str(spec["path"])], target)
+            producer = clients.producer(target.settings, {"linger.ms": 5})
+            for i in range(args.records):
+                while True:
+                    try:
+                        producer.produce(spec["topic"], key=b"customer-%02d" % (i % 32), value=b'{"id": %d}' % i)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.flush(60)
+            messages = read_back(target.settings, spec["topic"], args.records)
+            process = WorkerProcess(consumer_settings(queue, target))
+            sides = ("slot_path", "loop_with_duties") if round_no % 2 else ("loop_with_duties", "slot_path")
+            for side in sides:
+                if side == "slot_path":
+                    wall, cpu = slot_side(process, spec["topic"], messages)
+                else:
+                    wall, cpu = loop_side(process, spec["output"], messages)
+                rate = args.records / wall
+                best[side] = max(best.get(side, 0.0), rate)
+                console.print(
+                    f"round {round_no} {side}: {rate:,.0f} records/s, {cpu / args.records * 1e6:.1f} CPU-µs a record"
+                    " in this process"
+                )
+            process.close()
+        console.print(best, f"ratio {best['slot_path'] / best['loop_with_duties']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
