@@ -37,6 +37,25 @@ BATCH = 2000
 WAIT_S = 0.2
 
 
+def with_duties(handler: Callable[[Any], Any], messages: list[Any], output: str, producer: Producer) -> tuple[int, int]:
+    """A worker's duties for each message, beside the loop's own work: the handler's record, the call
+    under a clock, its outputs through the runtimes' own ``produce``. Returns (accepted, failed), as a
+    worker counts them; the latency is summed as a worker's metrics would sum it, and not reported."""
+    accepted, failed, latency_s = 0, 0, 0.0
+    for record in MessageRecord.many(messages):
+        started = time.monotonic()
+        try:
+            writes = [output_record(o, record, output) for o in outputs_of(handler(record))]
+            accepted += 1
+        except Exception:
+            writes = []
+            failed += 1
+        latency_s += time.monotonic() - started
+        for item in writes:
+            produce(producer, item, serve=True)  # the runtimes' own call
+    return accepted, failed
+
+
 def echo_loop(
     settings: dict[str, Any],
     group: str,
@@ -52,7 +71,6 @@ def echo_loop(
     consumer = Consumer({**settings, "group.id": group, "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     producer = Producer({**settings, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
     handler = load_handler(*duties) if duties else None
-    accepted, failed, latency_s = 0, 0, 0.0  # counted as a worker counts them for its metrics; not reported
     consumer.subscribe([topic])
     try:
         while not stop.is_set():
@@ -69,17 +87,7 @@ def echo_loop(
                         except BufferError:
                             producer.poll(0.01)
             else:
-                for record in MessageRecord.many(batch):
-                    started = time.monotonic()
-                    try:
-                        writes = [output_record(o, record, output) for o in outputs_of(handler(record))]
-                        accepted += 1
-                    except Exception:
-                        writes = []
-                        failed += 1
-                    latency_s += time.monotonic() - started
-                    for item in writes:
-                        produce(producer, item, serve=True)  # the runtimes' own call
+                with_duties(handler, batch, output, producer)
             if producer.flush(60) != 0:
                 raise KafkaException("outputs not delivered within 60 s")
             consumer.commit(asynchronous=True)

@@ -22,14 +22,14 @@ from typing import Any
 
 from common import apply_queue, bench_broker, console
 from consumer import HANDLERS
+from plain_consumer_loop import with_duties
 
 from queueplane.kafka import clients
 from queueplane.provision import steps
 from queueplane.run.consumer.partition import PartitionTask
 from queueplane.run.consumer.process import WorkerProcess
 from queueplane.run.consumer.runtime import consumer_settings
-from queueplane.run.handler import MessageRecord, outputs_of
-from queueplane.run.outcomes import output_record, produce
+from queueplane.run.handler import MessageRecord
 
 CHUNK = 2000  # records a feed hands over, as a consume() or an Arrow batch would
 
@@ -57,21 +57,8 @@ def slot_side(process: WorkerProcess, topic: str, messages: list[Any]) -> tuple[
 
 
 def loop_side(process: WorkerProcess, output: str, messages: list[Any]) -> tuple[float, float]:
-    handler = process.handler
-    producer = process.producer
     wall, cpu = time.perf_counter(), time.process_time()
-    accepted, failed, latency_s = 0, 0, 0.0  # counted as a worker counts them; not reported
-    for record in MessageRecord.many(messages):
-        started = time.monotonic()
-        try:
-            writes = [output_record(o, record, output) for o in outputs_of(handler(record))]
-            accepted += 1
-        except Exception:
-            writes = []
-            failed += 1
-        latency_s += time.monotonic() - started
-        for item in writes:
-            produce(producer, item, serve=True)
+    with_duties(process.handler, messages, output, process.producer)
     process.delivery.all_delivered(120)
     return time.perf_counter() - wall, time.process_time() - cpu
 
