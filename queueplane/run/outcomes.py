@@ -19,7 +19,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from queueplane.run.dead_letters import HEADER_PARKED, Failure, dlq_headers
-from queueplane.run.handler import InvalidOutput, Output, Record
+from queueplane.run.handler import InvalidOutput, Record
 
 # Columns of one outcome row: the streaming query's output. Tasks hand Spark Arrow batches of
 # exactly this schema, so no per-row conversion runs in a Python worker beside the handlers.
@@ -198,20 +198,6 @@ def decoded_key(key: bytes | None) -> str | None:
 
 def error_text(failure: Failure | None) -> str | None:
     return f"{failure.error_class}: {failure.message}" if failure else None
-
-
-def output_record(output: Output, record: Record, default_topic: str | None) -> ProducedRecord:
-    """An output as a record to produce: the spec's output topic and the input's key unless it sets them."""
-    value, key, headers, topic = output
-    to = topic or default_topic
-    if to is None:
-        raise RuntimeError("the handler returned outputs but the spec names no processing.output.topic")
-    if topic is None and key is None and headers is None and type(value) is bytes:
-        # The usual output, bytes to the spec's topic under the input's key, has nothing to
-        # check or encode: encoded() would cost as much again as the rest of this record's duties.
-        return (to, record.key, value, [])
-    encoded_key, encoded_value, encoded_headers = output.encoded()
-    return (to, encoded_key if key is not None else record.key, encoded_value, encoded_headers)
 
 
 def dead_letter_record(

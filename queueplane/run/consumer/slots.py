@@ -19,8 +19,8 @@ from queueplane.run.outcomes import (
     ACCEPTED,
     RELEASED,
     ProducedRecord,
-    output_record,
 )
+from queueplane.run.outputs import output_record
 from queueplane.run.retry import retry_delay_ms
 
 log = logging.getLogger("queueplane.worker")

@@ -44,10 +44,10 @@ from queueplane.run.outcomes import (
     ProducedRecord,
     dead_letter_record,
     outcome_batch,
-    output_record,
     produce,
     refused_write,
 )
+from queueplane.run.outputs import output_record
 from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.retry import retry_delay_ms
 from queueplane.run.settings import QueueSettings

@@ -32,7 +32,7 @@ from queueplane.run.crash_journal import CrashJournal, worker_died
 from queueplane.run.dead_letters import Carried, Failure
 from queueplane.run.handler import Output, Record, Reject, load_handler, outputs_of
 from queueplane.run.memory_guard import guard
-from queueplane.run.outcomes import output_record
+from queueplane.run.outputs import output_record
 
 
 class ChildFailed(Carried, Exception):

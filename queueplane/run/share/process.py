@@ -28,9 +28,9 @@ from queueplane.run.outcomes import (
     DELIVERY_TIMEOUT_S,
     OutcomeColumns,
     ProducedRecord,
-    output_record,
     produce_and_wait,
 )
+from queueplane.run.outputs import output_record
 from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.share.fetcher import ShareFetcher
 from queueplane.run.share.isolated import IsolatedCalls
