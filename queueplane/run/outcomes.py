@@ -2,7 +2,9 @@
 
 The share and consumer runtimes produce the same outcome rows (the streaming query's
 output, read by the driver's sink) and the same output and DLQ records, so the columns,
-the outcome names and the way a record is made durable live here once.
+the outcome names and the way a record is made durable live here once. How a handler's
+output becomes a record to produce is in outputs.py, which a share suspect's child process
+imports without this module's pyarrow.
 """
 
 from __future__ import annotations
