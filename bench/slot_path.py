@@ -17,31 +17,25 @@ best counts, and the ratio of their rates is what the slot path keeps of the loo
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from common import apply_queue, bench_broker, console
-from consumer import HANDLERS
+from consumer import HANDLERS, fill
 from plain_consumer_loop import with_duties
 
-from queueplane.kafka import clients
 from queueplane.provision import steps
 from queueplane.run.consumer.partition import PartitionTask
 from queueplane.run.consumer.process import WorkerProcess
 from queueplane.run.consumer.runtime import consumer_settings
 from queueplane.run.handler import MessageRecord
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from worker_support import read_all
+
 CHUNK = 2000  # records a feed hands over, as a consume() or an Arrow batch would
-
-
-def read_back(settings: dict[str, Any], topic: str, count: int) -> list[Any]:
-    consumer = clients.consumer(settings, {"group.id": f"bench-read-{time.time()}", "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    messages: list[Any] = []
-    while len(messages) < count:
-        messages += [m for m in consumer.consume(2000, 1.0) if m.error() is None]
-    consumer.close()
-    return messages
 
 
 def slot_side(process: WorkerProcess, topic: str, messages: list[Any]) -> tuple[float, float]:
@@ -83,16 +77,8 @@ def main() -> int:
                 processing={"handler": "bench_handlers:echo", "concurrency": 8},
             )
             (queue,) = steps.validate([str(spec["path"])], target)
-            producer = clients.producer(target.settings, {"linger.ms": 5})
-            for i in range(args.records):
-                while True:
-                    try:
-                        producer.produce(spec["topic"], key=b"customer-%02d" % (i % 32), value=b'{"id": %d}' % i)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-            producer.flush(60)
-            messages = read_back(target.settings, spec["topic"], args.records)
+            fill(target, spec["topic"], [(0, b"customer-%02d" % (i % 32)) for i in range(args.records)])
+            messages = read_all(target, spec["topic"], expect_at_least=args.records, timeout_s=120)
             process = WorkerProcess(consumer_settings(queue, target))
             sides = ("slot_path", "loop_with_duties") if round_no % 2 else ("loop_with_duties", "slot_path")
             for side in sides:
