@@ -12,8 +12,8 @@ from queueplane.run.crash_journal import CrashJournal
 
 
 def _child(folder, timeout_s: float, call_s: float) -> tuple[int, float]:
-    """A process with a guard (0.3 s grace) whose record 1:5 is in a handler call on another thread
-    while a client call given ``timeout_s`` takes ``call_s``; its exit status and how long it lived."""
+    """A process with a guard (0.3 s grace) whose record 1:5 is in a handler call (its journal slot
+    taken) while a client call given ``timeout_s`` takes ``call_s``; its exit status and how long it lived."""
     began = time.monotonic()
     pid = os.fork()
     if pid == 0:

@@ -519,6 +519,12 @@ class ShareFetcher:
             log.warning("acknowledgement commit failed: %s", exc)
             return None
 
+    def _close_consumer(self) -> None:
+        """Commit what is left and leave the group; a close that fails changes nothing the broker
+        will not redo, and one that never returns ends the process (the call guard)."""
+        with contextlib.suppress(Exception), self.runtime.calls.bounded("close (share consumer)", CLOSE_TIMEOUT_S):
+            self.consumer.close()
+
     def _leave(self) -> None:
         """Drained: this consumer holds nothing unhandled (``_fetch_out``). Leave the group now,
         before another poll sends a fetch: records a consumer acquired and nobody polled come back
@@ -526,8 +532,7 @@ class ShareFetcher:
         delivery, KAFKA-19972). The process's next task starts a new fetcher in this one's place."""
         if self.pending:
             self.pending = not self._commit()
-        with contextlib.suppress(Exception), self.runtime.calls.bounded("close (share consumer)", CLOSE_TIMEOUT_S):
-            self.consumer.close()
+        self._close_consumer()
         self.left = True
         self._closed = True
 
@@ -549,8 +554,7 @@ class ShareFetcher:
         self._thread.join(self.runtime.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
         if self.pending:
             self.pending = not self._commit()
-        with contextlib.suppress(Exception), self.runtime.calls.bounded("close (share consumer)", CLOSE_TIMEOUT_S):
-            self.consumer.close()
+        self._close_consumer()
 
 
 # Share consumers leave the group cleanly when Spark stops the worker process.
