@@ -427,6 +427,19 @@ class Supervised:
             return True
         return code is None
 
+    def wait_for(self, what: str, check, timeout_s: float, every_s: float = 0.5):
+        """``check()``'s first truthy answer while a worker runs; an error with the log's tail if
+        one ends well first or ``timeout_s`` passes, so a worker that stalled says why."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = check()
+            if found:
+                return found
+            if not self.running():
+                raise AssertionError(f"the worker ended before {what}:\n{self.log.read_text()[-3000:]}")
+            time.sleep(every_s)
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}:\n{self.log.read_text()[-3000:]}")
+
     def summary(self, timeout: float = 600) -> dict:
         """The JSON summary of the first worker that ends well."""
         while self.process.wait(timeout) != 0:

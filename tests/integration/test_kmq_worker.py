@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_for
-from worker_support import kill_like_a_pod, make_queue, order, produce, read_all, start_worker
+from worker_support import Supervised, kill_like_a_pod, make_queue, order, produce, read_all, start_worker
 
 from queueplane.run import dead_letters as dlq
 from queueplane.run.kmq import markers as km
@@ -218,12 +218,14 @@ def test_kill_minus_9_between_start_and_end_markers_loses_nothing(kafka, tmp_pat
     hang_ids = set(range(5_000, total, total // hangs))
     produce(kafka, queue.topic, [order(i, mode="hang", hang_s=60) if i in hang_ids else order(i) for i in range(total)])
     args = ("--max-batch-records", "2000", "--checkpoint-dir", str(tmp_path / "ckpt"))
-    worker = start_worker(queue, kafka, "--until-idle", "5s", *args)
+    # Supervised, as its Deployment would: a worker that gives up on a starved machine (a Spark
+    # Python worker not connecting back in time) is started again, and its open deliveries count.
+    worker = Supervised(queue, kafka, "--until-idle", "5s", *args, log=tmp_path / "worker.log")
     try:
         # A hung handler has started: its start marker is durable, no end marker can have been written.
-        wait_for("a hung handler", lambda: any(e.get("result") == "started" for e in queue.events()), 300, every_s=0.5)
+        worker.wait_for("a hung handler", lambda: any(e.get("result") == "started" for e in queue.events()), 300)
     finally:
-        kill_like_a_pod(worker)
+        kill_like_a_pod(worker.process)
     killed_at = time.time()
     markers = _markers(kafka, f"{queue.topic}.markers")
     ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
@@ -253,13 +255,12 @@ def test_without_any_checkpoint_the_tracker_rebuilds_open_deliveries_from_the_ma
     total, hung = 300, 150
     queue = make_queue(tmp_path, kafka, group_type="kmq", lock="3s", partitions=2, delivery_limit=LIMIT)
     produce(kafka, queue.topic, [order(i, mode="hang", hang_s=60) if i == hung else order(i) for i in range(total)])
-    worker = start_worker(queue, kafka, "--until-idle", "30s", "--checkpoint-dir", str(tmp_path / "first"))
+    first = ("--until-idle", "30s", "--checkpoint-dir", str(tmp_path / "first"))
+    worker = Supervised(queue, kafka, *first, log=tmp_path / "worker.log")
     try:
-        wait_for(
-            "the hung handler", lambda: any(e.get("result") == "started" for e in queue.events()), 300, every_s=0.5
-        )
+        worker.wait_for("the hung handler", lambda: any(e.get("result") == "started" for e in queue.events()), 300)
     finally:
-        kill_like_a_pod(worker)
+        kill_like_a_pod(worker.process)
     markers = _markers(kafka, f"{queue.topic}.markers")
     ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
     open_at_kill = {(m.partition, m.offset) for m in markers if m.kind == km.START} - ended
