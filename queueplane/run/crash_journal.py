@@ -71,6 +71,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+# A thread's own slot: enter(partition, offset) before a call (False: use ``call``), leave() after.
+PlainCalls = tuple[Callable[[int, int], bool], Callable[[], None]]
+
+
 class Delivery(NamedTuple):
     """The delivery a call belongs to: where its copy is, and when the delivery began (ms)."""
 
@@ -279,6 +283,33 @@ class CrashJournal:
             pack(buffer, at, CALL, partition, offset)
 
         return calling, slot
+
+    def plain_calls(self) -> PlainCalls:
+        """For a thread whose calls are mostly of records no process died with: ``enter(partition,
+        offset)`` puts the record in this thread's slot with its start time, as ``begin`` does,
+        and ``leave()`` empties the slot, as ``end`` does, without ``begin``'s lookups a call.
+
+        ``enter`` is False, the slot empty, when the record must go through ``call`` instead: it
+        is a suspect, or a suspect runs alone in this process now.
+        """
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._local.slot = next(self._next_slot) % SLOTS
+        at, pack, buffer, clock = slot * SLOT.size, self._pack, self._map, time.time
+
+        def enter(partition: int, offset: int) -> bool:
+            if self.crashes and (partition, offset) in self.crashes:
+                return False
+            pack(buffer, at, CALL, partition, offset, int(clock() * 1000), *NO_DELIVERY)
+            if self._alone_slot is not None:
+                pack(buffer, at, *EMPTY)
+                return False
+            return True
+
+        def leave() -> None:
+            pack(buffer, at, *EMPTY)
+
+        return enter, leave
 
     def idle(self) -> None:
         """This thread is in no call (after ``thread_calls``)."""

@@ -83,16 +83,24 @@ class ServedProducer:
     """
 
     def __init__(
-        self, kafka: dict[str, Any], linger_ms: int, batch_bytes: int | None = None, errors_only: bool = False
+        self,
+        kafka: dict[str, Any],
+        linger_ms: int,
+        batch_bytes: int | None = None,
+        errors_only: bool = False,
+        on_failed: Callable[[Any, Any], None] | None = None,
     ):
         """``batch_bytes``: batches no larger than the topics take, so a refused batch is one record.
 
         ``errors_only``: callbacks only for writes that failed. A caller that learns durability
         another way (``all_delivered``) saves a Python call per record on this thread.
+        ``on_failed``: the callback of a write produced without its own (failed_writes.FailedWrites).
         """
         extra: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": linger_ms}
         if errors_only:
             extra["delivery.report.only.error"] = True
+        if on_failed is not None:
+            extra["on_delivery"] = on_failed
         if batch_bytes:
             extra["batch.size"] = min(batch_bytes, 1_000_000)
         self.producer = clients.producer(kafka, extra)

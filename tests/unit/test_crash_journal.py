@@ -159,3 +159,36 @@ def _hang(journal: CrashJournal) -> int:
     calling, slot = journal.thread_calls()
     calling(3, 3)
     return slot
+
+
+def test_a_plain_call_is_blamed_for_a_death_and_a_suspect_or_a_call_beside_one_goes_through_call(tmp_path):
+    pid = os.fork()
+    if pid == 0:
+        enter, leave = CrashJournal(tmp_path, alone_s=5).plain_calls()
+        ok = enter(0, 1)
+        leave()  # returned: not blamed
+        os._exit(0 if ok and enter(5, 50) else 3)  # died in the call of 5:50
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    journal = CrashJournal(tmp_path, alone_s=5)
+    assert journal.crashes == {(5, 50): 1}
+
+    enter, leave = journal.plain_calls()
+    assert enter(5, 50) is False, "a suspect runs alone, through call"
+    suspect_running, release = threading.Event(), threading.Event()
+
+    def suspect() -> None:
+        journal.call(5, 50, lambda _: (suspect_running.set(), release.wait(5)), None)
+
+    thread = threading.Thread(target=suspect)
+    thread.start()
+    suspect_running.wait(5)
+    try:
+        assert enter(0, 2) is False, "beside a suspect running alone, a call steps back through call"
+    finally:
+        release.set()
+        thread.join(5)
+    assert enter(0, 2) is True
+    leave()
+    # Nothing of this process's is in a call: a process after it that found it dead would blame none.
+    assert not any(used for used, *_ in SLOT.iter_unpack(journal.path.read_bytes()))

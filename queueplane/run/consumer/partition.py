@@ -32,6 +32,7 @@ from queueplane.run.consumer.ordering import ContiguousOffsets, key_slot
 from queueplane.run.consumer.process import ConsumerSettings, TransactionalWriter, WorkerProcess
 from queueplane.run.consumer.slots import Slot
 from queueplane.run.dead_letters import Failure
+from queueplane.run.failed_writes import fingerprints
 from queueplane.run.handler import InvalidOutput, Record
 from queueplane.run.kafka_input import input_records
 from queueplane.run.outcomes import (
@@ -68,9 +69,11 @@ class PartitionTask:
         self._pending: list[ProducedRecord] = []  # exactly-once: released outputs awaiting the next transaction
         self._refused: list[tuple[Record, Failure, float, int]] = []  # outputs refused: to the DLQ next
         # At-least-once: rows of records released from the tracker, shown once their writes are
-        # acknowledged; and records completed whose output the broker then refused, by offset.
+        # acknowledged; records whose outputs went to the producer, by offset, with the outputs'
+        # fingerprints, until their rows are committed (the broker may refuse one until then).
         self._awaiting: list[Outcome] = []
-        self._turned: dict[int, tuple[Record, Failure, float, int]] = {}
+        self._written: dict[int, tuple[Record, tuple[int, ...]]] = {}
+        self._write_errors = process.failed_writes.errors  # failures before this task are not its own
         self.writer = TransactionalWriter(process, topic, partition) if s.exactly_once else None
         self.committed = process.committed(topic, partition)  # after the writer fenced any predecessor
         self.last_commit = self.committed
@@ -176,8 +179,9 @@ class PartitionTask:
 
         exactlyOnce writes them in the next transaction. At-least-once hands them to the producer
         here, and ``commit`` waits until the producer has acknowledged everything before it
-        commits or shows the rows. The producer calls back only for a write that failed, not
-        once per record: that callback, on the delivery thread, cost more than a trivial handler.
+        commits or shows the rows. No write carries a callback of its own: the process's
+        producer reports the few that fail (failed_writes), and the record's fingerprints let
+        ``commit`` find its own among them.
 
         An output the broker refuses (InvalidOutput: too large, not writable) turns the record
         into a dead letter instead, written before its offset is committed. A refused dead
@@ -191,33 +195,33 @@ class PartitionTask:
         if not produced:
             self.tracker.complete(record.offset, row)
             return
-        refused = [False]  # one dead letter per record, however many of its outputs were refused
-
-        def turn_dead(why: InvalidOutput, sent: bool) -> None:
-            if outcome == DEAD_LETTERED:
-                self.fail(RuntimeError(f"DLQ write for {record.topic}[{record.partition}]@{record.offset}: {why}"))
-            elif not refused[0]:
-                refused[0] = True
-                with self._lock:
-                    if sent:  # completed already: commit turns it before its offset goes
-                        self._turned[record.offset] = (record, Failure.of(why), latency_ms, inflight)
-                    else:
-                        self._refused.append((record, Failure.of(why), latency_ms, inflight))
-
-        def failed(err: Any, _msg: Any) -> None:  # called for failed writes only
-            why = refused_write(err)
-            if why is None:
-                self.fail(RuntimeError(f"write for {record.topic}[{record.partition}]@{record.offset} failed: {err}"))
-            else:
-                turn_dead(why, sent=True)
-
+        if outcome == DEAD_LETTERED:
+            self._write_dead_letter(record, produced[0])
+            self.tracker.complete(record.offset, row)
+            return
         try:
             for item in produced:
-                produce(self.process.producer, item, failed)
+                produce(self.process.producer, item)
         except InvalidOutput as exc:  # refused before it was sent: not complete until its dead letter is
-            turn_dead(exc, sent=False)
+            with self._lock:
+                self._refused.append((record, Failure.of(exc), latency_ms, inflight))
             return
+        # Before it completes: ``commit`` reads it once the tracker releases the row.
+        self._written[record.offset] = (record, fingerprints(produced))
         self.tracker.complete(record.offset, row)
+
+    def _write_dead_letter(self, record: Record, dead: ProducedRecord) -> None:
+        """A DLQ record, with a callback of its own (dead letters are few): a refused or failed
+        one fails the task, and the record comes again."""
+        where = f"{record.topic}[{record.partition}]@{record.offset}"
+
+        def failed(err: Any, _msg: Any) -> None:
+            self.fail(RuntimeError(f"DLQ write for {where}: {refused_write(err) or err}"))
+
+        try:
+            produce(self.process.producer, dead, failed)
+        except InvalidOutput as exc:
+            self.fail(RuntimeError(f"DLQ write for {where}: {exc}"))
 
     def _dead_letter_refused(self) -> None:
         """Records whose outputs the broker refused go to the DLQ (on the watcher's thread: never
@@ -235,30 +239,40 @@ class PartitionTask:
 
     def _turn_refused_outputs(self) -> bool:
         """Records among the awaiting rows whose output the broker refused go to the DLQ instead,
-        their rows with them; True when it wrote dead letters, which the commit waits for too."""
-        with self._lock:
-            turned = [self._turned.pop(row.offset) for row in self._awaiting if row.offset in self._turned]
-        if not turned:
+        their rows with them; True when it wrote dead letters, which the commit waits for too.
+
+        Called once the producer acknowledged every write so far, so every refusal of an
+        awaiting row's outputs has been reported (failed_writes)."""
+        failed, written = self.process.failed_writes, self._written
+        if not failed.refusals:  # the usual case: nothing of this process's was refused
+            for row in self._awaiting:
+                written.pop(row.offset, None)
             return False
-        gone = {record.offset for record, *_ in turned}
-        rows = [row for row in self._awaiting if row.offset not in gone]
+        rows: list[Outcome] = []
+        turned = 0
         now_ms = int(time.time() * 1000)
-        for record, failure, latency_ms, inflight in turned:
-            dead = dead_letter_record(
-                record, self.settings.dlq_topic, record.delivery_count, failure, now_ms - int(latency_ms), now_ms
-            )
-            where = f"{record.topic}[{record.partition}]@{record.offset}"
-
-            def failed(err: Any, _msg: Any, where: str = where) -> None:
-                self.fail(RuntimeError(f"DLQ write for {where}: {refused_write(err) or err}"))
-
-            try:
-                produce(self.process.producer, dead, failed)
-            except InvalidOutput as exc:
-                raise RuntimeError(f"DLQ write for {where}: {exc}") from None
-            rows.append(Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight))
+        for row in self._awaiting:
+            entry = written.pop(row.offset, None)
+            why = failed.claim(entry[1]) if entry is not None else None
+            if entry is None or why is None:
+                rows.append(row)
+                continue
+            record, failure = entry[0], Failure.of(why)
+            first_ms = now_ms - int(row.latency_ms)
+            dead = dead_letter_record(record, self.settings.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
+            self._write_dead_letter(record, dead)
+            rows.append(Outcome.of(record, DEAD_LETTERED, failure, row.latency_ms, row.inflight))
+            turned += 1
         self._awaiting = rows
-        return True
+        return turned > 0
+
+    def _raise_if_writes_failed(self) -> None:
+        """A write of this process failed since the task began (not a refusal): it may have been
+        one of this task's, so none of its offsets may be committed; the records come again."""
+        failed = self.process.failed_writes
+        if failed.errors != self._write_errors:
+            self.fail(RuntimeError(failed.last_error))
+            self.raise_if_failed()
 
     def drain(self) -> list[Outcome]:
         with self._lock:
@@ -325,6 +339,7 @@ class PartitionTask:
             delivery = self.process.delivery
             if not delivery.all_delivered(within_s):
                 return False
+            self._raise_if_writes_failed()
             self.raise_if_failed()
             if self._turn_refused_outputs() and not delivery.all_delivered(within_s):
                 return False  # the dead letters are not acknowledged yet: the next try commits

@@ -18,6 +18,7 @@ from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.call_guard import CallGuard
 from queueplane.run.crash_journal import CrashJournal, journal_folder
+from queueplane.run.failed_writes import FailedWrites
 from queueplane.run.handler import Handler, load_handler
 from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
@@ -65,10 +66,16 @@ class WorkerProcess:
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
         self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
         self.calls = CallGuard(self.journal.disown)
-        # Callbacks for failed writes only: a task learns its outputs are durable from the
-        # producer's count of unacknowledged records (PartitionTask.commit).
+        # Callbacks for failed writes only, one for the producer: a task learns its outputs are
+        # durable from the producer's count of unacknowledged records, and which failed from
+        # ``failed_writes`` (PartitionTask.commit).
+        self.failed_writes = FailedWrites()
         self.delivery = ServedProducer(
-            settings.kafka, linger_ms=OUTPUT_LINGER_MS, batch_bytes=settings.batch_bytes, errors_only=True
+            settings.kafka,
+            linger_ms=OUTPUT_LINGER_MS,
+            batch_bytes=settings.batch_bytes,
+            errors_only=True,
+            on_failed=self.failed_writes,
         )
         self.producer = self.delivery.producer
         # Never subscribes: it reads and commits the group's offsets, and lends its group metadata

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from queueplane.run.consumer.process import ConsumerSettings, WorkerProcess
-from queueplane.run.crash_journal import worker_died
+from queueplane.run.crash_journal import PlainCalls, worker_died
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Record, Reject, outputs_of
 from queueplane.run.outcomes import (
@@ -96,7 +96,8 @@ class Slot:
 
     def _loop(self, gen: int, resume: tuple[Record, int, int, float] | None) -> None:
         try:
-            if resume is not None and not self._handle(gen, *resume):
+            calls = self.task.process.journal.plain_calls()  # this thread's own journal slot
+            if resume is not None and not self._handle(gen, calls, *resume):
                 return
             backlog = self.backlog
             while True:
@@ -106,16 +107,17 @@ class Slot:
                         self.finished.set()
                         return
                     backlog.extend(chunk)
-                if not self._handle(gen, backlog.popleft(), 1, int(time.time() * 1000), 0.0):
+                if not self._handle(gen, calls, backlog.popleft(), 1, int(time.time() * 1000), 0.0):
                     return
         except BaseException as exc:  # a bug here must fail the task, not hang it
             self.task.fail(exc)
             self.finished.set()
 
-    def _handle(self, gen: int, record: Record, attempt: int, first_ms: int, wait_ms: float) -> bool:
+    def _handle(self, gen: int, calls: PlainCalls, record: Record, attempt: int, first_ms: int, wait_ms: float) -> bool:
         """Attempts of one record until it ends; False when the watchdog took this thread's place."""
         s = self.task.settings
         journal = self.task.process.journal
+        enter, leave = calls
         crashes = journal.crashes.get((record.partition, record.offset), 0)
         if crashes >= attempt:  # calls in processes that died with them count as deliveries
             if crashes >= s.delivery_limit:
@@ -130,18 +132,25 @@ class Slot:
                 time.sleep(wait_ms / 1000)
             delivery = record if record.delivery_count == attempt else replace(record, delivery_count=attempt)
             started = time.monotonic()
-            with self.lock:
-                if gen != self.generation:
-                    return False
-                self.current = Call(delivery, attempt, first_ms)
+            plain = enter(record.partition, record.offset)
+            # No lock: only a call can be given up, so no other thread writes ``current`` while it is
+            # None, and this thread cannot have been replaced (it checks after each call). A
+            # suspect's deadline counts once it may start (``_clock_starts``).
+            self.current = Call(delivery, attempt, first_ms, started if plain else math.inf)
             inflight = self.task.inflight(+1)
             final = False
             failure: Failure | None = None
             outputs: list[ProducedRecord] = []
             try:
-                result = journal.call(
-                    record.partition, record.offset, self.task.process.handler, delivery, self._clock_starts
-                )
+                if plain:
+                    try:
+                        result = self.task.process.handler(delivery)
+                    finally:
+                        leave()
+                else:
+                    result = journal.call(
+                        record.partition, record.offset, self.task.process.handler, delivery, self._clock_starts
+                    )
                 outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
             except Reject as exc:
                 failure, final = Failure.of(exc), True
