@@ -30,7 +30,7 @@ from queueplane.provision import steps
 from queueplane.run.consumer.partition import PartitionTask
 from queueplane.run.consumer.process import WorkerProcess
 from queueplane.run.consumer.runtime import consumer_settings
-from queueplane.run.handler import MessageRecord
+from queueplane.run.handler import Record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from worker_support import read_all
@@ -39,7 +39,11 @@ CHUNK = 2000  # records a feed hands over, as a consume() or an Arrow batch woul
 
 
 def slot_side(process: WorkerProcess, topic: str, messages: list[Any]) -> tuple[float, float]:
-    records = MessageRecord.many(messages)
+    # Plain records, as kafka_input.input_records makes them from Spark's Arrow batches.
+    records = [
+        Record.make(m.key(), m.value(), (), m.topic(), m.partition(), m.offset(), 1, m.timestamp()[1])
+        for m in messages
+    ]
     task = PartitionTask(process, topic, 0)
     wall, cpu = time.perf_counter(), time.process_time()
     for start in range(0, len(records), CHUNK):

@@ -25,7 +25,7 @@ class _Owner:
         self.rows: list[tuple[int, str, str | None]] = []
         self._lock = threading.Lock()
 
-    def inflight(self, step: int) -> int:
+    def calls_running(self) -> int:
         return 0
 
     def report(self, record, outcome, failure, latency_ms, inflight) -> None:

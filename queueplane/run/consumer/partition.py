@@ -64,7 +64,6 @@ class PartitionTask:
         self.tracker = ContiguousOffsets()
         self._outcomes: list[Outcome] = []
         self._lock = threading.Lock()
-        self._inflight = 0
         self._error: BaseException | None = None
         self._pending: list[ProducedRecord] = []  # exactly-once: released outputs awaiting the next transaction
         self._refused: list[tuple[Record, Failure, float, int]] = []  # outputs refused: to the DLQ next
@@ -156,10 +155,12 @@ class PartitionTask:
             self.writer.close()
 
     # -- outcomes ----------------------------------------------------------------------------
-    def inflight(self, step: int) -> int:
-        with self._lock:
-            self._inflight += step
-            return self._inflight
+    def calls_running(self) -> int:
+        """Handler calls of this task's slots now, for the rows' inflight (a call given up past its
+        deadline no longer counts). Read without a lock: a count of the moment, not a counter."""
+        if len(self.slots) == 1:
+            return 1  # asked by the one slot as it starts a call
+        return len(self.slots) - [slot.current for slot in self.slots].count(None)
 
     def report(self, record: Record, outcome: str, failure: Failure | None, latency_ms: float, inflight: int) -> None:
         row = Outcome.of(record, outcome, failure, latency_ms, inflight)

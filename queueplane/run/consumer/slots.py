@@ -32,7 +32,7 @@ class SlotOwner(Protocol):
     settings: ConsumerSettings
     process: WorkerProcess
 
-    def inflight(self, step: int) -> int: ...
+    def calls_running(self) -> int: ...
 
     def report(
         self, record: Record, outcome: str, failure: Failure | None, latency_ms: float, inflight: int
@@ -107,11 +107,58 @@ class Slot:
                         self.finished.set()
                         return
                     backlog.extend(chunk)
-                if not self._handle(gen, calls, backlog.popleft(), 1, int(time.time() * 1000), 0.0):
+                if not self._run(gen, calls, backlog):
                     return
         except BaseException as exc:  # a bug here must fail the task, not hang it
             self.task.fail(exc)
             self.finished.set()
+
+    def _run(self, gen: int, calls: PlainCalls, backlog: deque[Record]) -> bool:
+        """The backlog's records through their first attempts, on the quick path while they return.
+
+        A trivial handler's call cost less than the bookkeeping around it, so a first attempt of
+        a record no process died with does what a plain loop does and little more: the journal
+        slot, the deadline, the call, its row. A record that fails, or that the journal must run
+        alone, goes on in ``_handle``. False when the watchdog took this thread's place.
+        """
+        task, lock = self.task, self.lock
+        handler, settle, running, output_topic = (
+            task.process.handler,
+            task.settle,
+            task.calls_running,
+            task.settings.output_topic,
+        )
+        enter, leave = calls
+        clock, wall = time.monotonic, time.time
+        while backlog:
+            record = backlog.popleft()
+            first_ms = int(wall() * 1000)
+            if record.delivery_count != 1 or not enter(record.partition, record.offset):
+                if not self._handle(gen, calls, record, 1, first_ms, 0.0):
+                    return False
+                continue
+            started = clock()
+            self.current = Call(record, 1, first_ms, started)  # unlocked: see _handle
+            inflight = running()
+            try:
+                outputs = [output_record(o, record, output_topic) for o in outputs_of(handler(record))]
+            except BaseException as exc:  # Reject ends it; anything else is tried again, in _handle
+                leave()
+                with lock:
+                    if gen != self.generation:
+                        return False
+                    self.current = None
+                wait_ms = self._failed(record, 1, first_ms, exc, (clock() - started) * 1000, inflight)
+                if wait_ms is not None and not self._handle(gen, calls, record, 2, first_ms, wait_ms):
+                    return False
+                continue
+            leave()
+            with lock:
+                if gen != self.generation:
+                    return False  # the deadline passed; the watchdog already counted this attempt
+                self.current = None
+            settle(record, ACCEPTED, None, outputs, (clock() - started) * 1000, inflight)
+        return True
 
     def _handle(self, gen: int, calls: PlainCalls, record: Record, attempt: int, first_ms: int, wait_ms: float) -> bool:
         """Attempts of one record until it ends; False when the watchdog took this thread's place."""
@@ -137,9 +184,8 @@ class Slot:
             # None, and this thread cannot have been replaced (it checks after each call). A
             # suspect's deadline counts once it may start (``_clock_starts``).
             self.current = Call(delivery, attempt, first_ms, started if plain else math.inf)
-            inflight = self.task.inflight(+1)
-            final = False
-            failure: Failure | None = None
+            inflight = self.task.calls_running()
+            failure: BaseException | None = None
             outputs: list[ProducedRecord] = []
             try:
                 if plain:
@@ -152,12 +198,8 @@ class Slot:
                         record.partition, record.offset, self.task.process.handler, delivery, self._clock_starts
                     )
                 outputs = [output_record(o, delivery, s.output_topic) for o in outputs_of(result)]
-            except Reject as exc:
-                failure, final = Failure.of(exc), True
-            except BaseException as exc:  # Retry, any other exception, sys.exit(): another attempt, unless the last
-                failure = Failure.of(exc)
-            finally:
-                self.task.inflight(-1)
+            except BaseException as exc:
+                failure = exc
             with self.lock:
                 if gen != self.generation:
                     return False  # the deadline passed; the watchdog already counted this attempt
@@ -166,12 +208,23 @@ class Slot:
             if failure is None:
                 self.task.settle(delivery, ACCEPTED, None, outputs, latency_ms, inflight)
                 return True
-            if final or attempt >= s.delivery_limit:
-                self.task.dead_letter(delivery, failure, first_ms, latency_ms, inflight)
+            wait = self._failed(delivery, attempt, first_ms, failure, latency_ms, inflight)
+            if wait is None:
                 return True
-            self.task.report(delivery, RELEASED, failure, latency_ms, inflight)
-            attempt += 1
-            wait_ms = retry_delay_ms(attempt - 1, s.backoff_ms, s.max_backoff_ms)
+            attempt, wait_ms = attempt + 1, wait
+
+    def _failed(
+        self, delivery: Record, attempt: int, first_ms: int, exc: BaseException, latency_ms: float, inflight: int
+    ) -> float | None:
+        """An attempt that raised: a Reject (or the last attempt) ends in the DLQ, None; any other
+        exception (Retry, a bug, sys.exit()) is reported and the wait before the next attempt returned."""
+        s = self.task.settings
+        failure = Failure.of(exc)
+        if isinstance(exc, Reject) or attempt >= s.delivery_limit:
+            self.task.dead_letter(delivery, failure, first_ms, latency_ms, inflight)
+            return None
+        self.task.report(delivery, RELEASED, failure, latency_ms, inflight)
+        return retry_delay_ms(attempt, s.backoff_ms, s.max_backoff_ms)
 
     def _clock_starts(self) -> None:
         """The handler starts now: its deadline counts from here. No lock: a Call the watchdog
