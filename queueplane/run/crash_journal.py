@@ -57,6 +57,8 @@ from queueplane.run.dead_letters import Failure
 # the call belongs to: the copy's partition and offset, and when it began (ms; 0 when not known).
 SLOT = struct.Struct("<qqqqqqq")
 _PLACE = struct.Struct("<qqq")  # a slot's first fields: in use, partition, offset
+_TIMED = struct.Struct("<qqqq")  # and when the call started
+_USED = struct.Struct("<q")  # in use alone: 0 frees the slot, whatever the rest still says
 CALL, SUSPECT = 1, 2
 SLOTS = 4096  # threads a process may run calls on (pool threads, and replacements of stuck ones)
 SUFFIX = ".calls"
@@ -295,19 +297,21 @@ class CrashJournal:
         slot = getattr(self._local, "slot", None)
         if slot is None:
             slot = self._local.slot = next(self._next_slot) % SLOTS
-        at, pack, buffer, clock = slot * SLOT.size, self._pack, self._map, time.time
+        at, buffer, clock = slot * SLOT.size, self._map, time.time
+        self._pack(buffer, at, *EMPTY)  # its delivery fields stay NO_DELIVERY: enter writes the first four
+        timed, used = _TIMED.pack_into, _USED.pack_into
 
         def enter(partition: int, offset: int) -> bool:
             if self.crashes and (partition, offset) in self.crashes:
                 return False
-            pack(buffer, at, CALL, partition, offset, int(clock() * 1000), *NO_DELIVERY)
+            timed(buffer, at, CALL, partition, offset, int(clock() * 1000))
             if self._alone_slot is not None:
-                pack(buffer, at, *EMPTY)
+                used(buffer, at, 0)
                 return False
             return True
 
         def leave() -> None:
-            pack(buffer, at, *EMPTY)
+            used(buffer, at, 0)
 
         return enter, leave
 

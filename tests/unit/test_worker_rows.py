@@ -206,3 +206,10 @@ def test_the_daemon_preloads_without_starting_a_thread():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_an_accepted_row_made_the_short_way_is_the_row_made_the_general_way():
+    for key in (b"k-1", None, b"\xff\xfe"):
+        record = Record(key, b"v", (), "in", 3, 42, 2, 0)
+        quick = Outcome.accepted(record, 1.5, 4)
+        assert quick == Outcome.of(record, ACCEPTED, None, 1.5, 4) and type(quick) is Outcome

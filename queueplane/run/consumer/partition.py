@@ -36,6 +36,7 @@ from queueplane.run.failed_writes import fingerprints
 from queueplane.run.handler import InvalidOutput, Record
 from queueplane.run.kafka_input import input_records
 from queueplane.run.outcomes import (
+    ACCEPTED,
     DEAD_LETTERED,
     DELIVERY_TIMEOUT_S,
     SKIPPED,
@@ -192,7 +193,11 @@ class PartitionTask:
             self.report(record, outcome, failure, latency_ms, inflight)
             self.tracker.complete(record.offset, produced)
             return
-        row = Outcome.of(record, outcome, failure, latency_ms, inflight)
+        row = (
+            Outcome.accepted(record, latency_ms, inflight)
+            if outcome == ACCEPTED
+            else Outcome.of(record, outcome, failure, latency_ms, inflight)
+        )
         if not produced:
             self.tracker.complete(record.offset, row)
             return

@@ -55,7 +55,7 @@ class SlotOwner(Protocol):
     def fail(self, exc: BaseException) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     record: Record
     attempt: int
