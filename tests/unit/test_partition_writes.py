@@ -1,0 +1,134 @@
+"""A consumer task's writes without a callback each: what the process's producer reports decides
+what the task commits. No broker: the producer is a stand-in that keeps what it was given, and
+the failure reports are made as the real producer's callback makes them."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError
+
+from queueplane.run.consumer.partition import PartitionTask
+from queueplane.run.consumer.process import ConsumerSettings
+from queueplane.run.crash_journal import CrashJournal
+from queueplane.run.failed_writes import FailedWrites
+from queueplane.run.handler import Record
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED
+
+
+class Producer:
+    """Takes every record; the test says which failed."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, bytes | None, bytes | None]] = []
+        self.lock = threading.Lock()
+
+    def produce(self, topic, value=None, key=None, **extra) -> None:
+        with self.lock:
+            self.written.append((topic, key, value))
+
+    def __len__(self) -> int:
+        return 0
+
+
+class Reported:
+    def __init__(self, topic: str, key: bytes | None, value: bytes | None):
+        self._fields = (topic, key, value)
+
+    def topic(self):
+        return self._fields[0]
+
+    def key(self):
+        return self._fields[1]
+
+    def value(self):
+        return self._fields[2]
+
+
+def _process(tmp_path) -> SimpleNamespace:
+    settings = ConsumerSettings(
+        kafka={},
+        queue="q",
+        group_id="g",
+        dlq_topic="q.dlq",
+        output_topic="q.out",
+        lock_ms=5000,
+        delivery_limit=3,
+        handler="unused:unused",
+        ordering="partition",
+        slots=1,
+        slot_queue=100,
+        backoff_ms=1,
+        max_backoff_ms=1,
+        exactly_once=False,
+    )
+    producer = Producer()
+    commits: list[int] = []
+    return SimpleNamespace(
+        settings=settings,
+        handler=lambda record: record.value,  # echo
+        journal=CrashJournal(tmp_path, alone_s=5),
+        producer=producer,
+        delivery=SimpleNamespace(all_delivered=lambda within_s: True),
+        failed_writes=FailedWrites(),
+        committed=lambda topic, partition: None,
+        commit=lambda topic, partition, offset: commits.append(offset),
+        commits=commits,
+    )
+
+
+def _records(count: int) -> list[Record]:
+    return [Record(b"k", b"value-%d" % i, (), "q", 0, i, 1, 0) for i in range(count)]
+
+
+def _handled(task: PartitionTask, records: list[Record]) -> None:
+    """Feed the records and wait until every slot has handled them (not committed yet)."""
+    task.feed(records)
+    for slot in task.slots:
+        task._put(slot, None)
+        assert slot.finished.wait(10)
+
+
+def test_a_refused_output_turns_its_own_record_into_a_dead_letter_at_the_commit(tmp_path):
+    process = _process(tmp_path)
+    task = PartitionTask(process, "q", 0)
+    _handled(task, _records(5))
+    # The broker refused the output of offset 3, after it was sent.
+    process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"value-3"))
+    assert task.commit(5)
+    rows = {row.offset: row.outcome for row in task.drain()}
+    assert rows == {0: ACCEPTED, 1: ACCEPTED, 2: ACCEPTED, 3: DEAD_LETTERED, 4: ACCEPTED}
+    dead = [w for w in process.producer.written if w[0] == "q.dlq"]
+    assert [value for _, _, value in dead] == [b"value-3"], "the dead letter carries the record"
+    assert process.commits == [5]
+    assert process.failed_writes.refusals == 0, "claimed once"
+
+
+def test_another_tasks_refusal_is_left_for_it_and_costs_this_one_nothing(tmp_path):
+    process = _process(tmp_path)
+    task = PartitionTask(process, "q", 0)
+    _handled(task, _records(3))
+    process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"not-ours"))
+    assert task.commit(3)
+    assert {row.outcome for row in task.drain()} == {ACCEPTED}
+    assert process.failed_writes.refusals == 1 and process.commits == [3]
+
+
+def test_a_write_that_failed_otherwise_fails_the_task_before_it_commits(tmp_path):
+    process = _process(tmp_path)
+    task = PartitionTask(process, "q", 0)
+    _handled(task, _records(3))
+    process.failed_writes(KafkaError(KafkaError._MSG_TIMED_OUT), Reported("q.out", b"k", b"value-1"))
+    with pytest.raises(RuntimeError, match=r"a write to q\.out failed"):
+        task.commit(3)
+    assert process.commits == [] and task.drain() == [], "nothing committed, no row shown"
+
+
+def test_a_failure_reported_before_the_task_began_is_not_its_own(tmp_path):
+    process = _process(tmp_path)
+    process.failed_writes(KafkaError(KafkaError._MSG_TIMED_OUT), Reported("q.out", b"k", b"earlier"))
+    task = PartitionTask(process, "q", 0)
+    _handled(task, _records(2))
+    assert task.commit(2) and process.commits == [2]
