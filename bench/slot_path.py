@@ -41,8 +41,7 @@ CHUNK = 2000  # records a feed hands over, as a consume() or an Arrow batch woul
 def slot_side(process: WorkerProcess, topic: str, messages: list[Any]) -> tuple[float, float]:
     # Plain records, as kafka_input.input_records makes them from Spark's Arrow batches.
     records = [
-        Record.make(m.key(), m.value(), (), m.topic(), m.partition(), m.offset(), 1, m.timestamp()[1])
-        for m in messages
+        Record.make(m.key(), m.value(), (), m.topic(), m.partition(), m.offset(), 1, m.timestamp()[1]) for m in messages
     ]
     task = PartitionTask(process, topic, 0)
     wall, cpu = time.perf_counter(), time.process_time()
