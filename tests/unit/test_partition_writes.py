@@ -79,22 +79,19 @@ def _process(tmp_path) -> SimpleNamespace:
     )
 
 
-def _records(count: int) -> list[Record]:
-    return [Record(b"k", b"value-%d" % i, (), "q", 0, i, 1, 0) for i in range(count)]
-
-
-def _handled(task: PartitionTask, records: list[Record]) -> None:
-    """Feed the records and wait until every slot has handled them (not committed yet)."""
-    task.feed(records)
+def _task(process: SimpleNamespace, count: int) -> PartitionTask:
+    """A task of the process that has handled ``count`` records (echoed), none committed yet."""
+    task = PartitionTask(process, "q", 0)
+    task.feed([Record(b"k", b"value-%d" % i, (), "q", 0, i, 1, 0) for i in range(count)])
     for slot in task.slots:
         task._put(slot, None)
         assert slot.finished.wait(10)
+    return task
 
 
 def test_a_refused_output_turns_its_own_record_into_a_dead_letter_at_the_commit(tmp_path):
     process = _process(tmp_path)
-    task = PartitionTask(process, "q", 0)
-    _handled(task, _records(5))
+    task = _task(process, 5)
     # The broker refused the output of offset 3, after it was sent.
     process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"value-3"))
     assert task.commit(5)
@@ -108,8 +105,7 @@ def test_a_refused_output_turns_its_own_record_into_a_dead_letter_at_the_commit(
 
 def test_another_tasks_refusal_is_left_for_it_and_costs_this_one_nothing(tmp_path):
     process = _process(tmp_path)
-    task = PartitionTask(process, "q", 0)
-    _handled(task, _records(3))
+    task = _task(process, 3)
     process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"not-ours"))
     assert task.commit(3)
     assert {row.outcome for row in task.drain()} == {ACCEPTED}
@@ -118,8 +114,7 @@ def test_another_tasks_refusal_is_left_for_it_and_costs_this_one_nothing(tmp_pat
 
 def test_a_write_that_failed_otherwise_fails_the_task_before_it_commits(tmp_path):
     process = _process(tmp_path)
-    task = PartitionTask(process, "q", 0)
-    _handled(task, _records(3))
+    task = _task(process, 3)
     process.failed_writes(KafkaError(KafkaError._MSG_TIMED_OUT), Reported("q.out", b"k", b"value-1"))
     with pytest.raises(RuntimeError, match=r"a write to q\.out failed"):
         task.commit(3)
@@ -129,6 +124,5 @@ def test_a_write_that_failed_otherwise_fails_the_task_before_it_commits(tmp_path
 def test_a_failure_reported_before_the_task_began_is_not_its_own(tmp_path):
     process = _process(tmp_path)
     process.failed_writes(KafkaError(KafkaError._MSG_TIMED_OUT), Reported("q.out", b"k", b"earlier"))
-    task = PartitionTask(process, "q", 0)
-    _handled(task, _records(2))
+    task = _task(process, 2)
     assert task.commit(2) and process.commits == [2]
