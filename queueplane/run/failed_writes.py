@@ -37,8 +37,8 @@ def fingerprint(topic: str, key: bytes | None, value: bytes | None) -> int:
 def fingerprints(produced: list[ProducedRecord]) -> tuple[int, ...]:
     if len(produced) == 1:  # the usual record: one output, without a list to build
         topic, key, value, _ = produced[0]
-        return (hash((topic, key, value)),)
-    return tuple([hash((topic, key, value)) for topic, key, value, _ in produced])
+        return (fingerprint(topic, key, value),)
+    return tuple([fingerprint(topic, key, value) for topic, key, value, _ in produced])
 
 
 class FailedWrites:
