@@ -72,15 +72,14 @@ class Outcome(NamedTuple):
     @classmethod
     def accepted(cls, record: Record, latency_ms: float, inflight: int) -> Outcome:
         """``of`` for the usual row: every accepted record makes one, on the slot's hot path, so
-        it is built in one step, without ``of``'s calls for the key, the error and the tuple."""
-        key = record.key
+        it is built in one step, without ``of``'s calls for the error and the named tuple."""
         return _new_row(
             cls,
             (
                 record.topic,
                 record.partition,
                 record.offset,
-                None if key is None else key.decode("utf-8", "replace"),
+                decoded_key(record.key),
                 record.delivery_count,
                 ACCEPTED,
                 None,

@@ -29,9 +29,6 @@ class Producer:
         with self.lock:
             self.written.append((topic, key, value))
 
-    def __len__(self) -> int:
-        return 0
-
 
 class Reported:
     def __init__(self, topic: str, key: bytes | None, value: bytes | None):

@@ -140,24 +140,23 @@ class Slot:
             started = clock()
             self.current = Call(record, 1, first_ms, started)  # unlocked: see _handle
             inflight = running()
+            failure: BaseException | None = None
             try:
                 outputs = [output_record(o, record, output_topic) for o in outputs_of(handler(record))]
             except BaseException as exc:  # Reject ends it; anything else is tried again, in _handle
-                leave()
-                with lock:
-                    if gen != self.generation:
-                        return False
-                    self.current = None
-                wait_ms = self._failed(record, 1, first_ms, exc, (clock() - started) * 1000, inflight)
-                if wait_ms is not None and not self._handle(gen, calls, record, 2, first_ms, wait_ms):
-                    return False
-                continue
+                failure = exc
             leave()
             with lock:
                 if gen != self.generation:
                     return False  # the deadline passed; the watchdog already counted this attempt
                 self.current = None
-            settle(record, ACCEPTED, None, outputs, (clock() - started) * 1000, inflight)
+            latency_ms = (clock() - started) * 1000
+            if failure is None:
+                settle(record, ACCEPTED, None, outputs, latency_ms, inflight)
+                continue
+            wait_ms = self._failed(record, 1, first_ms, failure, latency_ms, inflight)
+            if wait_ms is not None and not self._handle(gen, calls, record, 2, first_ms, wait_ms):
+                return False
         return True
 
     def _handle(self, gen: int, calls: PlainCalls, record: Record, attempt: int, first_ms: int, wait_ms: float) -> bool:
