@@ -33,6 +33,10 @@ the DLQ instead of ``WorkerDied``. One that ends because a Kafka client call nev
 Consumer-group and kmq tasks run a suspect alone in their process. A share process cannot:
 every record it has acquired comes back a delivery later when it dies, in a call or not, so
 its suspects run in a child process each (queueplane.run.share.isolated) and only the child dies.
+A share record whose last allowed delivery was lost that way comes once more, on a reserve
+delivery, with no call left: the journal keeps which records a process died with as its only
+call (``alone``), so that one is dead-lettered as ``WorkerDied`` and one that only died beside
+others' calls is not blamed for a death that may be another record's.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -87,6 +92,20 @@ class Delivery(NamedTuple):
 
 NO_DELIVERY = Delivery(-1, -1, 0)
 EMPTY = (0, 0, 0, 0, *NO_DELIVERY)  # a free slot
+
+
+@dataclass
+class Kept:
+    """What ``crashes.json`` holds for the queue's processes on this machine."""
+
+    crashes: dict[tuple[int, int], int] = field(default_factory=dict)  # deaths per record
+    # (copy partition, copy offset) → when the delivery a process died in began (ms)
+    deliveries: dict[tuple[int, int], int] = field(default_factory=dict)
+    # Why the last process that died with the record in a call ended, when it said so.
+    reasons: dict[tuple[int, int], Failure] = field(default_factory=dict)
+    # Records a process died with as its only call (a share suspect's child, or a process that
+    # ran one call): that death is theirs. One that only died beside others' calls may be innocent.
+    alone: set[tuple[int, int]] = field(default_factory=set)
 
 
 def worker_died(crashes: int, reason: Failure | None = None) -> Failure:
@@ -135,11 +154,11 @@ class CrashJournal:
         self._next_slot = itertools.count()
         self._pack = SLOT.pack_into
         self._local = threading.local()
-        self.crashes: dict[tuple[int, int], int] = {}
-        # Why the last process that died with the record in a call ended, when it said so.
-        self.reasons: dict[tuple[int, int], Failure] = {}
-        # (copy partition, copy offset) → when the delivery a process died in began (ms)
-        self.crashed_deliveries: dict[tuple[int, int], int] = {}
+        kept = Kept()
+        self.crashes = kept.crashes
+        self.reasons = kept.reasons
+        self.crashed_deliveries = kept.deliveries
+        self.alone = kept.alone
         self._alone = threading.Condition(threading.Lock())
         self._alone_slot: int | None = None  # the slot of the suspect running alone
         self._alone_until = 0.0  # when the others go on regardless (monotonic)
@@ -156,28 +175,29 @@ class CrashJournal:
         if self._seen is not None and self._seen == file_stamp(self.folder / CRASHES) and not self._dead():
             return
         with folder_lock(self.folder):
-            crashes, deliveries, reasons = self._read()
+            kept = self._read()
             dead = self._dead()
             for path in dead:
                 reason = _reason(_reason_path(path))
-                for key, delivery in _blamed(path.read_bytes(), self.alone_s):
-                    if crashes.get(key, 0) < DEAD:
-                        crashes[key] = crashes.get(key, 0) + 1
+                blamed = list(_blamed(path.read_bytes(), self.alone_s))
+                for key, delivery in blamed:
+                    if kept.crashes.get(key, 0) < DEAD:
+                        kept.crashes[key] = kept.crashes.get(key, 0) + 1
                     if reason is not None:
-                        reasons[key] = reason
+                        kept.reasons[key] = reason
                     else:
-                        reasons.pop(key, None)
+                        kept.reasons.pop(key, None)
                     if delivery.began_ms:
-                        deliveries[(delivery.partition, delivery.offset)] = delivery.began_ms
+                        kept.deliveries[(delivery.partition, delivery.offset)] = delivery.began_ms
+                if len(blamed) == 1:
+                    kept.alone.add(blamed[0][0])
             if dead:
-                self._write(crashes, deliveries, reasons)  # first, then the files: no death goes uncounted
+                self._write(kept)  # first, then the files: no death goes uncounted
                 for path in dead:
                     path.unlink(missing_ok=True)
                     _reason_path(path).unlink(missing_ok=True)
             self._seen = file_stamp(self.folder / CRASHES)
-        self.crashes = crashes
-        self.crashed_deliveries = deliveries
-        self.reasons = reasons
+        self._hold(kept)
 
     def ending(self, reason: Failure) -> None:
         """This process is about to end itself (the memory guard): say why, for the records in its calls."""
@@ -195,15 +215,15 @@ class CrashJournal:
         one more crash, with the reason the child gave; the count."""
         key = (partition, offset)
         with folder_lock(self.folder):
-            crashes, deliveries, reasons = self._read()
-            crashes[key] = count = min(crashes.get(key, 0), DEAD - 1) + 1
+            kept = self._read()
+            kept.crashes[key] = count = min(kept.crashes.get(key, 0), DEAD - 1) + 1
             if reason is None:
-                reasons.pop(key, None)
+                kept.reasons.pop(key, None)
             else:
-                reasons[key] = reason
-            self._write(crashes, deliveries, reasons)
-        self.crashes = crashes
-        self.reasons = reasons
+                kept.reasons[key] = reason
+            kept.alone.add(key)
+            self._write(kept)
+        self._hold(kept)
         return count
 
     def cleared(self, partition: int, offset: int) -> None:
@@ -219,16 +239,18 @@ class CrashJournal:
         if key not in self.crashes and count is None:
             return
         with folder_lock(self.folder):
-            crashes, deliveries, reasons = self._read()
+            kept = self._read()
             if count is None:
-                crashes.pop(key, None)
-                reasons.pop(key, None)
+                kept.crashes.pop(key, None)
+                kept.reasons.pop(key, None)
+                kept.alone.discard(key)
             else:
-                crashes[key] = count
-            self._write(crashes, deliveries, reasons)
+                kept.crashes[key] = count
+            self._write(kept)
         if count is None:
             self.crashes.pop(key, None)
             self.reasons.pop(key, None)
+            self.alone.discard(key)
         else:
             self.crashes[key] = count
 
@@ -380,33 +402,36 @@ class CrashJournal:
             time.sleep(ALONE_POLL_S)
 
     # -- files ----------------------------------------------------------------------------------
-    def _read(
-        self,
-    ) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], dict[tuple[int, int], Failure]]:
-        """The crashes per message, the deliveries that crashed (remembered DELIVERY_MEMORY_S), and
-        the reasons the dead processes gave."""
-        try:
-            kept = json.loads((self.folder / CRASHES).read_text())
-            crashes = {(int(p), int(o)): int(n) for p, o, n in kept["crashes"]}
-            deliveries = {(int(p), int(o)): int(ms) for p, o, ms in kept["deliveries"]}
-            reasons = {(int(p), int(o)): Failure(str(c), str(m)) for p, o, c, m in kept.get("reasons", [])}
-        except (OSError, ValueError, KeyError, TypeError):
-            return {}, {}, {}
-        oldest_ms = (time.time() - DELIVERY_MEMORY_S) * 1000
-        return crashes, {key: ms for key, ms in deliveries.items() if ms >= oldest_ms}, reasons
+    def _hold(self, kept: Kept) -> None:
+        self.crashes = kept.crashes
+        self.crashed_deliveries = kept.deliveries
+        self.reasons = kept.reasons
+        self.alone = kept.alone
 
-    def _write(
-        self,
-        crashes: dict[tuple[int, int], int],
-        deliveries: dict[tuple[int, int], int],
-        reasons: dict[tuple[int, int], Failure],
-    ) -> None:
-        kept = {
-            "crashes": [[p, o, n] for (p, o), n in sorted(crashes.items())],
-            "deliveries": [[p, o, ms] for (p, o), ms in sorted(deliveries.items())],
-            "reasons": [[p, o, r.error_class, r.message] for (p, o), r in sorted(reasons.items())],
+    def _read(self) -> Kept:
+        """What ``crashes.json`` holds, its deliveries remembered DELIVERY_MEMORY_S."""
+        try:
+            raw = json.loads((self.folder / CRASHES).read_text())
+            kept = Kept(
+                crashes={(int(p), int(o)): int(n) for p, o, n in raw["crashes"]},
+                deliveries={(int(p), int(o)): int(ms) for p, o, ms in raw["deliveries"]},
+                reasons={(int(p), int(o)): Failure(str(c), str(m)) for p, o, c, m in raw.get("reasons", [])},
+                alone={(int(p), int(o)) for p, o in raw.get("alone", [])},
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return Kept()
+        oldest_ms = (time.time() - DELIVERY_MEMORY_S) * 1000
+        kept.deliveries = {key: ms for key, ms in kept.deliveries.items() if ms >= oldest_ms}
+        return kept
+
+    def _write(self, kept: Kept) -> None:
+        raw = {
+            "crashes": [[p, o, n] for (p, o), n in sorted(kept.crashes.items())],
+            "deliveries": [[p, o, ms] for (p, o), ms in sorted(kept.deliveries.items())],
+            "reasons": [[p, o, r.error_class, r.message] for (p, o), r in sorted(kept.reasons.items())],
+            "alone": [[p, o] for p, o in sorted(kept.alone & kept.crashes.keys())],
         }
-        replace_whole(self.folder / CRASHES, json.dumps(kept).encode())
+        replace_whole(self.folder / CRASHES, json.dumps(raw).encode())
 
     def _dead(self) -> list[Path]:
         """The call files of this queue's processes on this machine that are gone."""

@@ -192,3 +192,31 @@ def test_a_plain_call_is_blamed_for_a_death_and_a_suspect_or_a_call_beside_one_g
     leave()
     # Nothing of this process's is in a call: a process after it that found it dead would blame none.
     assert not any(used for used, *_ in SLOT.iter_unpack(journal.path.read_bytes()))
+
+
+def _dead_process_with_calls(folder: Path, tag: str, *calls: tuple[int, int]) -> None:
+    """The slots a process left when it died in ``calls`` (no such process runs: its tag's pid is unused)."""
+    now_ms = int(time.time() * 1000)
+    slots = bytearray(SLOT.size * SLOTS)
+    for i, (partition, offset) in enumerate(calls):
+        SLOT.pack_into(slots, i * SLOT.size, 1, partition, offset, now_ms, *NO_DELIVERY)
+    (folder / f"{tag}{SUFFIX}").write_bytes(bytes(slots))
+
+
+def test_a_death_is_a_records_own_only_when_it_was_the_processes_only_call(tmp_path):
+    """A share record's reserve delivery is dead-lettered as WorkerDied only for a death that was its own."""
+    _dead_process_with_calls(tmp_path, "999999991-0", (0, 1), (0, 2))  # two calls: either may have killed it
+    journal = CrashJournal(tmp_path, alone_s=5)
+    assert journal.crashes == {(0, 1): 1, (0, 2): 1}
+    assert journal.alone == set()
+
+    _dead_process_with_calls(tmp_path, "999999992-0", (0, 2))  # run alone, and it died again
+    journal.collect()
+    assert journal.crashes == {(0, 1): 1, (0, 2): 2}
+    assert journal.alone == {(0, 2)}
+    journal.crashed(0, 3, None)  # a share suspect's child died in it
+    assert journal.alone == {(0, 2), (0, 3)}
+    assert CrashJournal(tmp_path, alone_s=5).alone == {(0, 2), (0, 3)}, "kept for the next process"
+
+    journal.cleared(0, 3)
+    assert CrashJournal(tmp_path, alone_s=5).alone == {(0, 2)}, "a call that returned clears it"

@@ -58,6 +58,25 @@ COMMIT_TIMEOUT_S = 60.0  # commit_sync's own default, stated: the call guard bou
 CLOSE_TIMEOUT_S = 60.0
 
 
+def reserve_failure(partition: int, offset: int, headers: list, journal: CrashJournal) -> Failure:
+    """The DLQ's error for a record on a reserve delivery; a parked one keeps its own."""
+    if is_parked(headers):
+        return failure_of_headers(headers)
+    key = (partition, offset)
+    crashes = journal.crashes.get(key)
+    if crashes is None:
+        return RESERVE_FAILURE
+    if key in journal.alone:
+        return worker_died(crashes, journal.reasons.get(key))
+    # Its process died with other calls running, and it never ran alone after: the death may
+    # be another record's, so its class says only that its deliveries ran out.
+    return Failure(
+        RESERVE_FAILURE.error_class,
+        f"its last allowed delivery ended without an outcome: its process died {crashes} time(s) "
+        "while this record was in a call beside others",
+    )
+
+
 class FetcherHost(Protocol):
     """What a fetcher needs of its process: the settings, the pool, the crash journal, the outbox,
     the call guard, the lease, the producer."""
@@ -243,9 +262,10 @@ class ShareFetcher:
 
         A record past deliveryLimit is on one of the broker's reserve deliveries: its last allowed
         delivery ended without an outcome (the worker was killed, its lock ran out), and the
-        handler had its deliveries, so it goes to the DLQ (``WorkerDied`` when processes died
-        with it in a call). A parked record is a dead letter already: it goes to the DLQ as it is.
-        A record delivered again may have been in a call when a process died: the journal is
+        handler had its deliveries, so it goes to the DLQ (``WorkerDied`` when a process died with
+        it as its only call, as a suspect's child does; a record that only died beside others' calls
+        may be innocent). A parked record is a dead letter already: it goes to the DLQ as it is. A
+        record delivered again may have been in a call when a process died: the journal is
         read again then (a process of the queue may have died since this one last looked). It
         may also be one a dead process accepted and counted (``_counted_already``): it is
         accepted again without a call and without a row, whatever its delivery count.
@@ -264,8 +284,9 @@ class ShareFetcher:
             i for i, m in enumerate(messages) if (counts[i] > limit or is_parked(m.headers())) and i not in counted
         ]
         for i in decided:
-            headers = messages[i].headers() or []
-            poll.results[i] = (DEAD_LETTERED, self._reserve_failure(messages[i], headers, crashes), 0.0)
+            message = messages[i]
+            failure = reserve_failure(message.partition(), message.offset(), message.headers() or [], journal)
+            poll.results[i] = (DEAD_LETTERED, failure, 0.0)
         if decided or counted:
             skipped = counted.union(decided)
             poll.finished(len(skipped))
@@ -298,14 +319,6 @@ class ShareFetcher:
                 len(found),
             )
         return {again[i] for i in found}
-
-    def _reserve_failure(self, message: Message, headers: list, crashes: dict[tuple[int, int], int]) -> Failure:
-        if is_parked(headers):
-            return failure_of_headers(headers)
-        key = (message.partition(), message.offset())
-        if key in crashes:
-            return worker_died(crashes[key], self.runtime.journal.reasons.get(key))
-        return RESERVE_FAILURE
 
     def _acknowledge(
         self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], in_order: InOrder
