@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -39,8 +40,14 @@ class Standalone:
     rest_port: int | None = None  # the REST submission server (cluster deploy mode's status and kill)
 
     def state(self) -> dict:
+        """The master's state; ConnectionError (an OSError, as when it is down) while its UI is
+        starting: it answered ``/json/`` with its HTML page once, before the JSON page was attached."""
         with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
-            return json.loads(response.read())
+            body = response.read()
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise ConnectionError(f"the master's UI answered /json/ with {body[:40]!r}") from None
 
     def cores_used(self) -> int:
         return int(self.state().get("coresused", 0))
@@ -101,12 +108,13 @@ def start_standalone(work: Path, cores: int, memory: str, rest: bool = False) ->
     )
     cluster.processes.append(worker)
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if cluster.state().get("aliveworkers", 0) >= 1:
-                return cluster
-        except OSError:
-            pass
-        time.sleep(0.5)
-    cluster.stop()
-    raise RuntimeError(f"the standalone cluster did not come up; see {logs}")
+    try:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if cluster.state().get("aliveworkers", 0) >= 1:
+                    return cluster
+            time.sleep(0.5)
+        raise RuntimeError(f"the standalone cluster did not come up; see {logs}")
+    except BaseException:
+        cluster.stop()  # not left running past the test that could not use it
+        raise

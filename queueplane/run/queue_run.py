@@ -82,10 +82,22 @@ class DrainRequests:
     each asks under its own reason, so one finishing does not cancel the other's drain.
     """
 
-    def __init__(self, path: Path, settle_s: float = 0.0):
+    def __init__(
+        self,
+        path: Path,
+        settle_s: float = 0.0,
+        wait_s: float = 0.0,
+        members: Callable[[], int | None] = lambda: None,
+    ):
         self.path = path
         self.settle_s = settle_s  # how long after the request the processes without a task have let go
+        self.wait_s = wait_s  # the longest a scale-down waits for the group's consumers to leave
+        self._members = members
         self._reasons: set[str] = set()
+
+    def members(self) -> int | None:
+        """Consumers still in the queue's group; None when not known (the broker away)."""
+        return _quietly(self._members)
 
     def request(self, reason: str) -> None:
         self._reasons.add(reason)
@@ -146,7 +158,11 @@ class QueueRun:
             ship_handler_modules(spark, queue)
         # Runtimes that drain: once it exists, the next micro-batch settles and reports what executors hold.
         self.drain = DrainRequests(
-            Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain", runtime.drain_settle_s
+            Path(tempfile.mkdtemp(prefix=f"queueplane-{queue.name}-")) / "drain",
+            runtime.drain_settle_s,
+            # A draining process may still be handling its last poll's records: they have the lock's time.
+            wait_s=runtime.drain_settle_s + queue.group.lock_duration_ms / 1000,
+            members=runtime.group_members,
         )
         runtime.temporary.append(self.drain.path.parent)
         self.controller = ExecutorController(

@@ -41,6 +41,11 @@ class QueueRuntime(ABC):
         self.queue, self.target, self.options = queue, target, options
         self.temporary: list[Path] = []  # folders this run made for itself
 
+    def group_members(self) -> int | None:
+        """How many consumers are members of the queue's group now, for a scale-down that waits
+        until a drain has emptied it; None where no consumer holds records between batches."""
+        return None
+
     @staticmethod
     def executor_cap(queue: QueueSpec) -> int | None:
         """The most executors that can get work (None: any number); autoscaling stays below it."""

@@ -34,10 +34,15 @@ class _Spark:
 
 
 class _Drain:
-    def __init__(self, settle_s: float = 0.0) -> None:
+    def __init__(self, settle_s: float = 0.0, wait_s: float = 0.0) -> None:
         self.settle_s = settle_s
+        self.wait_s = wait_s
+        self.in_group: int | None = 0  # the group's members, as the broker would describe them
         self.requested: list[str] = []
         self.released: list[str] = []
+
+    def members(self) -> int | None:
+        return self.in_group
 
     def request(self, reason: str) -> None:
         self.requested.append(reason)
@@ -113,3 +118,32 @@ def test_a_standalone_master_s_extra_executors_are_trimmed_to_the_sum_of_the_min
     pool.join("mail", 2, None)
     pool.batch_ran("orders")
     assert spark.calls == [("kill", ("4", "5")), ("total", 3)]
+
+
+def test_a_scale_down_waits_for_the_groups_consumers_to_leave_and_not_past_its_bound(monkeypatch, caplog) -> None:
+    now = [100.0]
+    monkeypatch.setattr(pool_module.time, "monotonic", lambda: now[0])
+    spark, drain = _Spark(["1", "2", "3"]), _Drain(settle_s=7.0, wait_s=30.0)
+    pool = ExecutorPool(spark)
+    pool.join("mail", 3, drain)
+    pool.batch_ran("mail")
+    drain.in_group = 1  # a process that ran no draining task is still closing its consumer
+    pool.set_demand("mail", 2, ["1", "2", "3"])
+    pool.batch_ran("mail")
+    now[0] += 8.0  # past the settle time
+    pool.batch_ran("mail")
+    assert ("kill", ("3",)) not in spark.calls, "a consumer still in the group holds what it acquired"
+    drain.in_group = 0
+    pool.batch_ran("mail")
+    assert spark.calls[-2:] == [("kill", ("3",)), ("total", 2)]
+
+    drain.in_group = 1  # this time it never leaves
+    pool.set_demand("mail", 1, ["1", "2"])
+    pool.batch_ran("mail")
+    now[0] += 29.0
+    pool.batch_ran("mail")
+    assert ("kill", ("2",)) not in spark.calls
+    now[0] += 1.5
+    pool.batch_ran("mail")
+    assert spark.calls[-2:] == [("kill", ("2",)), ("total", 1)], "the drain ends by its bound"
+    assert "consumers are still in their groups (mail: 1)" in caplog.text

@@ -13,7 +13,11 @@ every queue whose runtime drains has run a draining micro-batch (every process h
 consumers acquired, settles, reports and leaves the group). The queue that asked waits for its next
 batch; any other draining queue may be in the middle of a batch that began before the request,
 so it waits for the batch after that one; and a kill waits the drains' ``settle_s`` too, the
-time after which processes that had no task in a draining batch have let go as well. Queues
+time after which processes that had no task in a draining batch have let go as well. That time
+is an estimate (a process's lease, its idle wait, its last poll and its close, on a busy
+machine), so a kill then waits, up to each drain's ``wait_s``, until the broker shows no
+consumer of the queue's group left: a consumer still a member when its executor goes hands
+what it acquired back one delivery higher. Queues
 that do not drain (consumer, kmq) lose the tasks running on a removed executor, which Spark
 runs again: their offsets commit only after a batch.
 
@@ -35,9 +39,13 @@ DRAIN_REASON = "scale-down"
 
 class Drain(Protocol):
     settle_s: float  # after the request, how long until processes that ran no draining task let go
+    wait_s: float  # after the request, the longest a kill waits for the group's consumers to leave
 
     def request(self, reason: str) -> None: ...
     def release(self, reason: str) -> None: ...
+    def members(self) -> int | None:
+        """Consumers still in the queue's group (None: not known)."""
+        ...
 
 
 class ExecutorPool:
@@ -52,6 +60,8 @@ class ExecutorPool:
         self._after_drain: list[Callable[[], None]] = []  # kills waiting for the draining batches
         self._waiting: dict[str, int] = {}  # draining batches each queue must still run before them
         self._kill_not_before = 0.0  # monotonic: and not before the drains have settled
+        self._kill_by = 0.0  # monotonic: and then once the groups are empty, or by this time
+        self._told_waiting = False
 
     def join(self, name: str, minimum: int, drain: Drain | None) -> None:
         """A queue of the application. It starts at its minimum: Spark starts the sum of the
@@ -88,7 +98,19 @@ class ExecutorPool:
             if name in self._waiting:
                 self._waiting[name] -= 1
                 if all(left <= 0 for left in self._waiting.values()) and time.monotonic() >= self._kill_not_before:
-                    self._kill_drained()
+                    members = self._members_left()
+                    held = ", ".join(f"{queue}: {n}" for queue, n in sorted(members.items()))
+                    if not members or time.monotonic() >= self._kill_by:
+                        if members:
+                            log.warning(
+                                "removing executor(s) while consumers are still in their groups (%s): "
+                                "what they acquired comes back one delivery higher",
+                                held,
+                            )
+                        self._kill_drained()
+                    elif not self._told_waiting:
+                        self._told_waiting = True
+                        log.info("waiting for the consumers still in their groups to leave (%s)", held)
             if not self.synced:
                 ids = self.executor_ids()
                 if ids:
@@ -134,9 +156,22 @@ class ExecutorPool:
         log.info("draining before removing executor(s) %s", ", ".join(ids))
         self._after_drain.append(kill)
         self._waiting = {name: 1 if name == caller else 2 for name in self.drains}
-        self._kill_not_before = time.monotonic() + max(drain.settle_s for drain in self.drains.values())
+        now = time.monotonic()
+        self._kill_not_before = now + max(drain.settle_s for drain in self.drains.values())
+        self._kill_by = now + max(drain.wait_s for drain in self.drains.values())
+        self._told_waiting = False
         for drain in self.drains.values():
             drain.request(DRAIN_REASON)
+
+    def _members_left(self) -> dict[str, int]:
+        """The draining queues whose groups still have consumers; a queue whose group cannot be
+        read now (the broker away) is not waited for: its settle time has passed."""
+        left = {}
+        for name, drain in self.drains.items():
+            members = drain.members()
+            if members:
+                left[name] = members
+        return left
 
     def _kill_drained(self) -> None:
         """Every draining queue ran a batch that drained its processes: the executors hold nothing now."""

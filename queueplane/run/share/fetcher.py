@@ -193,11 +193,18 @@ class ShareFetcher:
         while not self._closed:
             if not self.runtime.enter_cycle(self):
                 if self.runtime.unleased_long() and not self.draining:
+                    log.info("share fetcher %d: no task came for this process; leaving the group", self.index)
                     self.drain()  # no batch came for this process: let go of the group
                 continue
             outcomes: list[OutcomeColumns] = []
             try:
                 if self.draining and (not self._fetch_out or time.monotonic() >= self._drain_until):
+                    if self._fetch_out:
+                        log.info(
+                            "share fetcher %d: leaving the group after %.1f s of empty polls, a fetch still out",
+                            self.index,
+                            DRAIN_POLL_S,
+                        )
                     self._leave()
                 elif self.runtime.leased() or self.draining:
                     self._cycle(outcomes)

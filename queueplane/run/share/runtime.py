@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from queueplane.kafka.protocol import describe_share_group
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
 from queueplane.run.share.settings import DRAIN_SETTLE_S, POLL_ROUNDS, SLICE_MS, ShareSettings
@@ -35,6 +36,11 @@ class ShareRuntime(QueueRuntime):
             max_poll_records=max(1, min(queue.group.max_in_flight, POLL_ROUNDS * slots)),
             batch_ms=self.options.batch_ms or SLICE_MS,
         )
+
+    def group_members(self) -> int | None:
+        """Members of the share group (ShareGroupDescribe): none once a drain has closed every fetcher."""
+        group = describe_share_group(self.target.settings, self.queue.group.id, self.queue.topic.name)
+        return len(group.members)
 
     def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
         from queueplane.run.share.source import register_source
