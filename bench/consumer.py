@@ -260,7 +260,9 @@ def main() -> int:
         help="comma-separated trivial sides to run, skipping the 10 ms scenarios; prints the rates, saves nothing",
     )
     parser.add_argument(
-        "--profile", action="store_true", help="one more trivial run of the worker and of the plain loop under py-spy"
+        "--profile",
+        action="store_true",
+        help="after the rounds, one more trivial run of each worker side and of the plain loop under py-spy",
     )
     args = parser.parse_args()
     result: dict = {
@@ -321,6 +323,17 @@ def main() -> int:
             for side in order:
                 runs[side].append(trivial_run(side, f"round {round_no}", trivial_layout))
         best = {side: max(r["steady"] for r in runs[side]) for side in sides}
+        if args.profile:  # after the rounds, not counted: py-spy's sampling takes a share of the cores
+            for side in [s for s in ("worker_partition", "worker_key", "plain_loop") if s in sides]:
+                ordering, exactly_once = sides[side]
+                spec = apply_consumer_queue(folder, target, "echo", ordering, exactly_once)
+                fill(target, spec["topic"], trivial_layout)
+                console.print(f"profiled: trivial handler, {side}")
+                with profiled(f"consumer-{side}"):
+                    if side == "plain_loop":
+                        run_plain_loop(spec, target, len(trivial_layout))
+                    else:
+                        run_worker(spec, target, len(trivial_layout))
         if args.only:
             console.print(best)
             return 0
@@ -363,13 +376,6 @@ def main() -> int:
             goal("consumer worker, exactlyOnce / at-least-once", best["exactly_once"], best["worker_key"], 0.8),
         ]
         console.print(result["trivial"])
-        if args.profile:
-            for side, run in (("worker_key", run_worker), ("plain_loop", run_plain_loop)):
-                spec = apply_consumer_queue(folder, target, "echo", "key")
-                fill(target, spec["topic"], trivial_layout)
-                console.print(f"profiled: trivial handler, {side}")
-                with profiled(f"consumer-{side}"):
-                    run(spec, target, len(trivial_layout))
     save("consumer", result, plot(result))
     return 0
 

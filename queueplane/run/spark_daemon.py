@@ -1,6 +1,6 @@
 """Spark's Python daemon (``spark.python.daemon.module``), with pyspark imported once, compiled.
 
-Spark starts one daemon per executor and forks a Python worker from it per task slot. Two
+Spark starts one daemon per executor and forks a Python worker from it per task slot. Three
 costs came from how the daemon finds pyspark; profiling a trivial handler showed them
 taking more of a worker's first seconds than the records did:
 
@@ -9,12 +9,18 @@ taking more of a worker's first seconds than the records did:
   pyspark modules it needed from source, and every task's ``importlib.invalidate_caches()``
   re-read the zip's directory of some 1,400 entries.
 - The worker module (``pyspark.worker``) is imported after the fork, in every worker.
+- Every task calls ``importlib.invalidate_caches()``, which has each importer in
+  ``sys.path_importer_cache`` re-read its archive's directory. Spark also puts spark-core's jar
+  (some 5,000 entries) on the path, and the importers Python made for these archives stay in
+  that cache after they leave the path: re-reading them took 190 ms a task, 16% of a busy
+  consumer worker's Python time.
 
 Where the same pyspark is installed as a package (pip, as in queueplane's images and local
-runs), the daemon drops Spark's zips from ``sys.path`` so the package's cached bytecode is
-used, and imports the pure-Python modules every worker needs before it forks. It imports
-nothing that starts threads (pyarrow, numpy): forking a process with threads is unsafe,
-which is why pyspark imports the worker module after the fork in the first place.
+runs), the daemon drops Spark's zips and jar from ``sys.path``, with the importers and
+namespace packages made from them, so the package's cached bytecode is used, and imports the
+pure-Python modules every worker needs before it forks. It imports nothing that starts threads
+(pyarrow, numpy): forking a process with threads is unsafe, which is why pyspark imports the
+worker module after the fork in the first place.
 
 What it imported is then frozen out of the garbage collector's sight (``gc.freeze``): the
 forked workers share those objects and never need to look at them again, and pyspark's
@@ -58,7 +64,9 @@ def installed_package(name: str, path: list[str]) -> Path | None:
 
 
 def drop_spark_zips() -> bool:
-    """Remove Spark's zips from ``sys.path`` when the same pyspark version (and py4j) is installed beside them."""
+    """Remove Spark's zips from ``sys.path`` when the same pyspark version (and py4j) is installed
+    beside them, with the jar Spark puts there too (spark-core's, which carries pyspark's sources),
+    and forget the importers Python made for them."""
     zips = [p for p in sys.path if p.endswith(".zip") and Path(p).name.startswith(SPARK_ZIPS)]
     pyspark_zip = next((p for p in zips if Path(p).name == "pyspark.zip"), None)
     if pyspark_zip is None:
@@ -74,7 +82,21 @@ def drop_spark_zips() -> bool:
         return False
     if zipped is None or zipped != _version_in((package / "version.py").read_text()):
         return False
-    sys.path[:] = [p for p in sys.path if p not in zips]
+    dropped = [*zips, *(p for p in sys.path if p.endswith(".jar"))]
+
+    def inside(path: str) -> bool:
+        return any(path == archive or path.startswith(f"{archive}/") for archive in dropped)
+
+    sys.path[:] = [p for p in sys.path if p not in dropped]
+    for key in list(sys.path_importer_cache):  # an archive's importers: its own, and its folders'
+        if inside(key):
+            del sys.path_importer_cache[key]
+    # Namespace packages found only in them: the standard library's ``copy`` tries Jython's
+    # ``org.python.core``, which made the jar's ``org`` folder a package with an importer of its own.
+    for name, module in list(sys.modules.items()):
+        paths = list(getattr(module, "__path__", None) or ())
+        if paths and getattr(module, "__file__", None) is None and all(inside(p) for p in paths):
+            del sys.modules[name]
     return True
 
 

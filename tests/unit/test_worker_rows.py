@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import types
 import zipfile
 from pathlib import Path
 
@@ -191,9 +192,19 @@ def test_the_daemon_drops_sparks_zip_only_when_the_same_pyspark_is_installed(tmp
     import pyspark
 
     same = _pyspark_zip(tmp_path / "same", pyspark.__version__)
-    monkeypatch.setattr(sys, "path", [same, *sys.path])
+    jar = str(tmp_path / "jars" / "spark-core_2.13-4.2.0.jar")  # Spark puts it on the path too
+    monkeypatch.setattr(sys, "path", [same, *sys.path, jar])
+    # What a worker had made of them by then: importers (re-read by every task's
+    # importlib.invalidate_caches()) and a namespace package from the jar's org/ folder.
+    for key in (same, jar, f"{jar}/org"):
+        monkeypatch.setitem(sys.path_importer_cache, key, None)
+    namespace = types.ModuleType("org")
+    namespace.__path__ = [f"{jar}/org"]
+    monkeypatch.setitem(sys.modules, "org", namespace)
     assert spark_daemon.drop_spark_zips() is True
-    assert same not in sys.path
+    assert same not in sys.path and jar not in sys.path
+    assert not {same, jar, f"{jar}/org"} & set(sys.path_importer_cache)
+    assert "org" not in sys.modules
 
     other = _pyspark_zip(tmp_path / "other", "0.0.1")
     monkeypatch.setattr(sys, "path", [other, *sys.path])
