@@ -9,11 +9,10 @@ taking more of a worker's first seconds than the records did:
   pyspark modules it needed from source, and every task's ``importlib.invalidate_caches()``
   re-read the zip's directory of some 1,400 entries.
 - The worker module (``pyspark.worker``) is imported after the fork, in every worker.
-- Every task calls ``importlib.invalidate_caches()``, which has each importer in
-  ``sys.path_importer_cache`` re-read its archive's directory. Spark also puts spark-core's jar
-  (some 5,000 entries) on the path, and the importers Python made for these archives stay in
-  that cache after they leave the path: re-reading them took 190 ms a task, 16% of a busy
-  consumer worker's Python time.
+- Taking the zip off the path was not enough for the tasks' ``invalidate_caches()``: the
+  importers Python made for Spark's archives stay in ``sys.path_importer_cache``, and Spark puts
+  spark-core's jar (some 5,800 entries) on the path too. Re-reading them took 190 ms a task,
+  16% of a busy consumer worker's Python time.
 
 Where the same pyspark is installed as a package (pip, as in queueplane's images and local
 runs), the daemon drops Spark's zips and jar from ``sys.path``, with the importers and
