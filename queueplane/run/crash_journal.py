@@ -35,8 +35,8 @@ every record it has acquired comes back a delivery later when it dies, in a call
 its suspects run in a child process each (queueplane.run.share.isolated) and only the child dies.
 A share record whose last allowed delivery was lost that way comes once more, on a reserve
 delivery, with no call left: the journal keeps which records a process died with as its only
-call (``alone``), so that one is dead-lettered as ``WorkerDied`` and one that only died beside
-others' calls is not blamed for a death that may be another record's.
+call (``died_alone``), so that one is dead-lettered as ``WorkerDied`` and one that only died
+beside others' calls is not blamed for a death that may be another record's.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Kept:
     reasons: dict[tuple[int, int], Failure] = field(default_factory=dict)
     # Records a process died with as its only call (a share suspect's child, or a process that
     # ran one call): that death is theirs. One that only died beside others' calls may be innocent.
-    alone: set[tuple[int, int]] = field(default_factory=set)
+    died_alone: set[tuple[int, int]] = field(default_factory=set)
 
 
 def worker_died(crashes: int, reason: Failure | None = None) -> Failure:
@@ -154,11 +154,7 @@ class CrashJournal:
         self._next_slot = itertools.count()
         self._pack = SLOT.pack_into
         self._local = threading.local()
-        kept = Kept()
-        self.crashes = kept.crashes
-        self.reasons = kept.reasons
-        self.crashed_deliveries = kept.deliveries
-        self.alone = kept.alone
+        self._hold(Kept())
         self._alone = threading.Condition(threading.Lock())
         self._alone_slot: int | None = None  # the slot of the suspect running alone
         self._alone_until = 0.0  # when the others go on regardless (monotonic)
@@ -190,7 +186,7 @@ class CrashJournal:
                     if delivery.began_ms:
                         kept.deliveries[(delivery.partition, delivery.offset)] = delivery.began_ms
                 if len(blamed) == 1:
-                    kept.alone.add(blamed[0][0])
+                    kept.died_alone.add(blamed[0][0])
             if dead:
                 self._write(kept)  # first, then the files: no death goes uncounted
                 for path in dead:
@@ -221,7 +217,7 @@ class CrashJournal:
                 kept.reasons.pop(key, None)
             else:
                 kept.reasons[key] = reason
-            kept.alone.add(key)
+            kept.died_alone.add(key)
             self._write(kept)
         self._hold(kept)
         return count
@@ -243,14 +239,14 @@ class CrashJournal:
             if count is None:
                 kept.crashes.pop(key, None)
                 kept.reasons.pop(key, None)
-                kept.alone.discard(key)
+                kept.died_alone.discard(key)
             else:
                 kept.crashes[key] = count
             self._write(kept)
         if count is None:
             self.crashes.pop(key, None)
             self.reasons.pop(key, None)
-            self.alone.discard(key)
+            self.died_alone.discard(key)
         else:
             self.crashes[key] = count
 
@@ -403,10 +399,11 @@ class CrashJournal:
 
     # -- files ----------------------------------------------------------------------------------
     def _hold(self, kept: Kept) -> None:
+        """What this process last read of ``crashes.json``, as the attributes its callers read."""
         self.crashes = kept.crashes
         self.crashed_deliveries = kept.deliveries
         self.reasons = kept.reasons
-        self.alone = kept.alone
+        self.died_alone = kept.died_alone
 
     def _read(self) -> Kept:
         """What ``crashes.json`` holds, its deliveries remembered DELIVERY_MEMORY_S."""
@@ -416,7 +413,7 @@ class CrashJournal:
                 crashes={(int(p), int(o)): int(n) for p, o, n in raw["crashes"]},
                 deliveries={(int(p), int(o)): int(ms) for p, o, ms in raw["deliveries"]},
                 reasons={(int(p), int(o)): Failure(str(c), str(m)) for p, o, c, m in raw.get("reasons", [])},
-                alone={(int(p), int(o)) for p, o in raw.get("alone", [])},
+                died_alone={(int(p), int(o)) for p, o in raw.get("died_alone", [])},
             )
         except (OSError, ValueError, KeyError, TypeError):
             return Kept()
@@ -429,7 +426,7 @@ class CrashJournal:
             "crashes": [[p, o, n] for (p, o), n in sorted(kept.crashes.items())],
             "deliveries": [[p, o, ms] for (p, o), ms in sorted(kept.deliveries.items())],
             "reasons": [[p, o, r.error_class, r.message] for (p, o), r in sorted(kept.reasons.items())],
-            "alone": [[p, o] for p, o in sorted(kept.alone & kept.crashes.keys())],
+            "died_alone": [[p, o] for p, o in sorted(kept.died_alone)],
         }
         replace_whole(self.folder / CRASHES, json.dumps(raw).encode())
 

@@ -62,7 +62,7 @@ def installed_package(name: str, path: list[str]) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def drop_spark_zips() -> bool:
+def drop_spark_archives() -> bool:
     """Remove Spark's zips from ``sys.path`` when the same pyspark version (and py4j) is installed
     beside them, with the jar Spark puts there too (spark-core's, which carries pyspark's sources),
     and forget the importers Python made for them."""
@@ -108,7 +108,7 @@ def preload() -> None:
 
 
 def main() -> None:
-    drop_spark_zips()
+    drop_spark_archives()
     preload()
     from pyspark.daemon import manager
 

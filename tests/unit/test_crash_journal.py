@@ -208,15 +208,15 @@ def test_a_death_is_a_records_own_only_when_it_was_the_processes_only_call(tmp_p
     _dead_process_with_calls(tmp_path, "999999991-0", (0, 1), (0, 2))  # two calls: either may have killed it
     journal = CrashJournal(tmp_path, alone_s=5)
     assert journal.crashes == {(0, 1): 1, (0, 2): 1}
-    assert journal.alone == set()
+    assert journal.died_alone == set()
 
     _dead_process_with_calls(tmp_path, "999999992-0", (0, 2))  # run alone, and it died again
     journal.collect()
     assert journal.crashes == {(0, 1): 1, (0, 2): 2}
-    assert journal.alone == {(0, 2)}
+    assert journal.died_alone == {(0, 2)}
     journal.crashed(0, 3, None)  # a share suspect's child died in it
-    assert journal.alone == {(0, 2), (0, 3)}
-    assert CrashJournal(tmp_path, alone_s=5).alone == {(0, 2), (0, 3)}, "kept for the next process"
+    assert journal.died_alone == {(0, 2), (0, 3)}
+    assert CrashJournal(tmp_path, alone_s=5).died_alone == {(0, 2), (0, 3)}, "kept for the next process"
 
     journal.cleared(0, 3)
-    assert CrashJournal(tmp_path, alone_s=5).alone == {(0, 2)}, "a call that returned clears it"
+    assert CrashJournal(tmp_path, alone_s=5).died_alone == {(0, 2)}, "a call that returned clears it"

@@ -201,14 +201,14 @@ def test_the_daemon_drops_sparks_zip_only_when_the_same_pyspark_is_installed(tmp
     namespace = types.ModuleType("org")
     namespace.__path__ = [f"{jar}/org"]
     monkeypatch.setitem(sys.modules, "org", namespace)
-    assert spark_daemon.drop_spark_zips() is True
+    assert spark_daemon.drop_spark_archives() is True
     assert same not in sys.path and jar not in sys.path
     assert not {same, jar, f"{jar}/org"} & set(sys.path_importer_cache)
     assert "org" not in sys.modules
 
     other = _pyspark_zip(tmp_path / "other", "0.0.1")
     monkeypatch.setattr(sys, "path", [other, *sys.path])
-    assert spark_daemon.drop_spark_zips() is False
+    assert spark_daemon.drop_spark_archives() is False
     assert sys.path[0] == other
 
 

@@ -66,7 +66,7 @@ def reserve_failure(partition: int, offset: int, headers: list, journal: CrashJo
     crashes = journal.crashes.get(key)
     if crashes is None:
         return RESERVE_FAILURE
-    if key in journal.alone:
+    if key in journal.died_alone:
         return worker_died(crashes, journal.reasons.get(key))
     # Its process died with other calls running, and it never ran alone after: the death may
     # be another record's, so its class says only that its deliveries ran out.
