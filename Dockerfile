@@ -36,7 +36,7 @@ COPY docker/entrypoint.sh /opt/entrypoint.sh
 RUN echo 'spark:x:185:0:spark:/tmp:/usr/sbin/nologin' >> /etc/passwd
 ENV PATH=/opt/queueplane/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     SPARK_HOME=/opt/spark \
-    PYSPARK_PYTHON=python3 \
+    PYSPARK_PYTHON=queueplane-python \
     PYTHONPATH=/opt/queueplane/handlers \
     HOME=/tmp
 USER 185

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +32,7 @@ from typing import Any
 from queueplane.errors import DeployError, UsageError
 from queueplane.kafka.target import ENV_BOOTSTRAP, ENV_KAFKA_CONFIG, KafkaTarget
 from queueplane.paths import shipped_file
+from queueplane.run.spark_python import launcher
 from queueplane.spec.model import QueueSpec
 
 PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
@@ -128,7 +128,7 @@ def _pyspark_home() -> Path:
 def submission(queue: QueueSpec, kafka: KafkaTarget, settings: SubmitSettings) -> Submission:
     """The submission of ``queue``'s worker with the platform's ``settings``."""
     cores = int(queue.executor.get("cores", 1))
-    python = settings.conf.get("spark.pyspark.python", sys.executable)
+    python = settings.conf.get("spark.pyspark.python") or launcher()
     conf = {
         # The worker's own controller asks the master for executors (requestExecutors), between
         # minExecutors and maxExecutors: Spark's dynamic allocation would fight it.

@@ -26,6 +26,7 @@ from pathlib import Path
 from queueplane.errors import LocalStackError
 from queueplane.local.processes import wait_gone
 from queueplane.paths import cache_dir
+from queueplane.run.spark_python import launcher
 
 DUMP_TIMEOUT_S = 600.0
 QUIET = "-Xlog:cds*=off"
@@ -125,7 +126,7 @@ def build_archive() -> str:
         env = {
             **os.environ,
             "SPARK_SUBMIT_OPTS": f"-XX:ArchiveClassesAtExit={partial} {QUIET}",
-            "PYSPARK_PYTHON": sys.executable,  # the Python workers need this venv, as a worker's do
+            "PYSPARK_PYTHON": launcher(),  # the Python workers need this venv, as a worker's do
         }
         job = subprocess.run(
             [sys.executable, "-c", _JOB], env=env, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from queueplane.kafka import oauth
 from queueplane.run.runtime import QueueRuntime
+from queueplane.run.spark_python import launcher
 from queueplane.spec.model import QueueSpec
 
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
@@ -38,7 +38,7 @@ def spark_session(runtimes: list[QueueRuntime], app_name: str) -> Any:
     attempts = max(task_attempts(queue) for queue in queues)
     if options.local:
         # Executors' Python workers must run this interpreter, with the specs' folders importable.
-        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_PYTHON"] = launcher()
         spec_dirs = dict.fromkeys(str(Path(queue.source).resolve().parent) for queue in queues)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (*spec_dirs, os.environ.get("PYTHONPATH")) if p)
         master = f"local[{sum(runtime.local_threads() for runtime in runtimes)},{attempts}]"

@@ -29,12 +29,12 @@ worker loop runs a full collection after every task, which otherwise walks all o
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import os
 import sys
 import threading
-import zipfile
 from pathlib import Path
+
+from queueplane.run.spark_python import redundant_archives
 
 # Imported before the fork: pure Python, no threads at import (checked below, not assumed).
 PRELOAD = (
@@ -44,44 +44,16 @@ PRELOAD = (
     "queueplane.run.dead_letters",
     "queueplane.run.settings",
 )
-SPARK_ZIPS = ("pyspark.zip", "py4j-")
-
-
-def _version_in(text: str) -> str | None:
-    for line in text.splitlines():
-        if line.startswith("__version__"):
-            return line.split("=", 1)[1].strip().strip("\"'")
-    return None
-
-
-def installed_package(name: str, path: list[str]) -> Path | None:
-    """The directory of package ``name`` found on ``path``, if any."""
-    spec = importlib.machinery.PathFinder.find_spec(name, path)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def drop_spark_archives() -> bool:
-    """Remove Spark's zips from ``sys.path`` when the same pyspark version (and py4j) is installed
-    beside them, with the jar Spark puts there too (spark-core's, which carries pyspark's sources),
-    and forget the importers Python made for them."""
-    zips = [p for p in sys.path if p.endswith(".zip") and Path(p).name.startswith(SPARK_ZIPS)]
-    pyspark_zip = next((p for p in zips if Path(p).name == "pyspark.zip"), None)
-    if pyspark_zip is None:
+    """Remove Spark's archives from ``sys.path`` when the same pyspark is installed beside them
+    (``redundant_archives``), and forget the importers Python made for them. Nothing is left to
+    drop when Spark started the daemon through queueplane's launcher (spark_python.py); this
+    covers a ``spark.pyspark.python`` that names an interpreter."""
+    dropped = redundant_archives(sys.path)
+    if not dropped:
         return False
-    rest = [p for p in sys.path if p not in zips]
-    package = installed_package("pyspark", rest)
-    if package is None or installed_package("py4j", rest) is None or not (package / "version.py").is_file():
-        return False
-    try:
-        with zipfile.ZipFile(pyspark_zip) as archive:
-            zipped = _version_in(archive.read("pyspark/version.py").decode())
-    except (OSError, KeyError, zipfile.BadZipFile):
-        return False
-    if zipped is None or zipped != _version_in((package / "version.py").read_text()):
-        return False
-    dropped = [*zips, *(p for p in sys.path if p.endswith(".jar"))]
 
     def inside(path: str) -> bool:
         return any(path == archive or path.startswith(f"{archive}/") for archive in dropped)

@@ -25,6 +25,7 @@ from worker_support import make_queue, order, produce, read_all
 
 from queueplane.deploy.render import render
 from queueplane.provision import steps
+from queueplane.run.spark_python import LAUNCHER, launcher
 
 pytestmark = pytest.mark.kafka
 
@@ -97,7 +98,7 @@ def test_the_rendered_driver_command_consumes_and_processes_a_load(kafka, tmp_pa
             env[item["name"]] = FIELD_VALUES[item["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
             value = _kubelet_expand(item["value"], env)
-            env[item["name"]] = sys.executable if value == "python3" else local(value)
+            env[item["name"]] = {"python3": sys.executable, LAUNCHER: launcher()}.get(value) or local(value)
     master = "'k8s://https://kubernetes.default.svc'"
     assert master in env["PYSPARK_SUBMIT_ARGS"] and env["PYSPARK_SUBMIT_ARGS"].endswith(" pyspark-shell")
     env["PYSPARK_SUBMIT_ARGS"] = env["PYSPARK_SUBMIT_ARGS"].replace(master, "'local[2]'")

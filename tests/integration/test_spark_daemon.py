@@ -1,14 +1,18 @@
-"""Spark forks its Python workers from queueplane's daemon, and they run pyspark from the package."""
+"""Spark's Python workers run pyspark from the installed package: forked from queueplane's daemon,
+or started on their own (a stateful query's schema check), through queueplane's launcher."""
 
 from __future__ import annotations
 
 import os
-import sys
+
+import pytest
 
 from queueplane.run.session import DAEMON_MODULE
+from queueplane.run.spark_python import launcher
 
 
-def test_python_workers_fork_from_the_daemon_and_import_the_installed_pyspark():
+@pytest.mark.parametrize("use_daemon", [True, False], ids=["forked", "started-alone"])
+def test_python_workers_import_the_installed_pyspark(use_daemon, monkeypatch):
     from pyspark.sql import SparkSession
 
     def worker_view(_rows):  # runs in a Spark Python worker (a nested function travels by value)
@@ -19,14 +23,16 @@ def test_python_workers_fork_from_the_daemon_and_import_the_installed_pyspark():
 
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
             parent = b" ".join(handle.read().split(b"\0")).decode()
-        zips = [p for p in sys.path if p.endswith("pyspark.zip") or os.path.basename(p).startswith("py4j-")]
-        yield (pyspark.__file__, ";".join(zips), parent)
+        spark_archive = ("pyspark.zip", ".jar")
+        archives = [p for p in sys.path if p.endswith(spark_archive) or os.path.basename(p).startswith("py4j-")]
+        yield (pyspark.__file__, ";".join(archives), parent)
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    monkeypatch.setitem(os.environ, "PYSPARK_PYTHON", launcher())
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("daemon-test")
         .config("spark.ui.enabled", "false")
+        .config("spark.python.use.daemon", str(use_daemon).lower())
         .config("spark.python.daemon.module", DAEMON_MODULE)
         .getOrCreate()
     )
@@ -37,7 +43,7 @@ def test_python_workers_fork_from_the_daemon_and_import_the_installed_pyspark():
     import pyspark
 
     assert len(seen) == 2
-    for pyspark_file, zips, parent in seen:
+    for pyspark_file, archives, parent in seen:
         assert pyspark_file == pyspark.__file__, "workers import the installed package, not Spark's zip"
-        assert zips == "", "Spark's zips are off the workers' path"
-        assert f"-m {DAEMON_MODULE}" in parent, "the worker was forked by queueplane's daemon"
+        assert archives == "", "Spark's zips and jar are off the workers' path"
+        assert (f"-m {DAEMON_MODULE}" in parent) == use_daemon, "forked by queueplane's daemon, or by nothing of Python"

@@ -5,9 +5,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-import types
-import zipfile
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,7 +12,6 @@ from confluent_kafka import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueplane.run import spark_daemon
 from queueplane.run.handler import MessageRecord, Record
 from queueplane.run.kafka_input import input_records
 from queueplane.run.outcomes import (
@@ -178,45 +174,6 @@ def test_input_records_keep_headers_where_there_are_some_and_read_delivery_count
     assert [r.offset for r in input_records(batch.slice(0, 2))] == [10, 11]
     counted = input_records(batch, lambda headers: int(headers[0][1]) if headers else 1)
     assert [r.delivery_count for r in counted] == [1, 1, 4]
-
-
-def _pyspark_zip(folder: Path, version: str) -> str:
-    path = folder / "python" / "lib" / "pyspark.zip"
-    path.parent.mkdir(parents=True)
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("pyspark/version.py", f'__version__: str = "{version}"\n')
-    return str(path)
-
-
-def test_the_daemon_drops_sparks_zip_only_when_the_same_pyspark_is_installed(tmp_path, monkeypatch):
-    import pyspark
-
-    same = _pyspark_zip(tmp_path / "same", pyspark.__version__)
-    jar = str(tmp_path / "jars" / "spark-core_2.13-4.2.0.jar")  # Spark puts it on the path too
-    monkeypatch.setattr(sys, "path", [same, *sys.path, jar])
-    # What a worker had made of them by then: importers (re-read by every task's
-    # importlib.invalidate_caches()) and a namespace package from the jar's org/ folder.
-    for key in (same, jar, f"{jar}/org"):
-        monkeypatch.setitem(sys.path_importer_cache, key, None)
-    namespace = types.ModuleType("org")
-    namespace.__path__ = [f"{jar}/org"]
-    monkeypatch.setitem(sys.modules, "org", namespace)
-    assert spark_daemon.drop_spark_archives() is True
-    assert same not in sys.path and jar not in sys.path
-    assert not {same, jar, f"{jar}/org"} & set(sys.path_importer_cache)
-    assert "org" not in sys.modules
-
-    other = _pyspark_zip(tmp_path / "other", "0.0.1")
-    monkeypatch.setattr(sys, "path", [other, *sys.path])
-    assert spark_daemon.drop_spark_archives() is False
-    assert sys.path[0] == other
-
-
-def test_the_daemon_preloads_without_starting_a_thread():
-    code = "from queueplane.run.spark_daemon import preload; preload(); print('ok')"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
 
 
 def test_an_accepted_row_made_the_short_way_is_the_row_made_the_general_way():

@@ -29,6 +29,7 @@ from queueplane.errors import LocalStackError
 from queueplane.local.kubernetes.build import binary
 from queueplane.local.kubernetes.layout import SANDBOX_IMAGE
 from queueplane.paths import cache_dir, shipped_file
+from queueplane.run.spark_python import LAUNCHER
 
 DEBIAN_SUITE = "bookworm"
 WORKER_REPOSITORY = "localhost/queueplane/worker"
@@ -43,7 +44,7 @@ WORKER_ENTRYPOINT = ["/usr/bin/tini", "--", "/opt/entrypoint.sh"]
 WORKER_ENV = {
     "PATH": f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "SPARK_HOME": SPARK_HOME,
-    "PYSPARK_PYTHON": "python3",
+    "PYSPARK_PYTHON": LAUNCHER,  # on PATH, from the venv
     "PYTHONPATH": HANDLERS,
     "HOME": "/tmp",
 }
