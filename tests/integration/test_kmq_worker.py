@@ -16,7 +16,7 @@ from worker_support import Supervised, kill_like_a_pod, make_queue, order, produ
 
 from queueplane.run import dead_letters as dlq
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq.tracker import tracker_interval_ms
+from queueplane.run.kmq.tracker import CHECKPOINT_DIR, tracker_interval_ms
 
 pytestmark = pytest.mark.kafka
 LOCK_MS = 3000
@@ -125,7 +125,7 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     # worker would stop before the records under test arrive.
     log = tmp_path / "worker.log"
     worker = start_worker(queue, kafka, "--checkpoint-dir", str(tmp_path / "ckpt"), log=log)
-    checkpoint = tmp_path / "ckpt" / "tracker"
+    checkpoint = tmp_path / "ckpt" / CHECKPOINT_DIR
     hang, fail = warmup, warmup + 1
     try:
         # Both queries are up and through their first batches before the records under test arrive.

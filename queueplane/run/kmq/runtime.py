@@ -32,6 +32,7 @@ from queueplane.run.kmq import markers as km
 from queueplane.run.kmq import resume
 from queueplane.run.kmq.tasks import KmqSettings, run_range
 from queueplane.run.kmq.tracker import (
+    CHECKPOINT_DIR,
     GIVE_UP,
     STATE_STORE_PROVIDER,
     Expired,
@@ -170,7 +171,7 @@ class KmqRuntime(QueueRuntime):
         self.tracker = (
             tracker_stream(spark, self.queue, self.target)
             .writeStream.foreachBatch(self._tracker_batch)
-            .option("checkpointLocation", str(self.root / "tracker"))
+            .option("checkpointLocation", str(self.root / CHECKPOINT_DIR))
             .trigger(processingTime=f"{interval_ms} milliseconds")
             .queryName(f"{self.queue.name}-tracker")
             .start()

@@ -1,12 +1,18 @@
 """The kmq redelivery tracker: a stateful streaming query over the markers topic.
 
-State is one row per open delivery, keyed by the queue record's ``partition:offset``,
-with a processing-time timer at its deadline (start + lockDuration, or retry + backoff).
-An ``end`` marker closes it; a timer that fires first emits the delivery, and the driver's
-sink (``Redeliverer``) produces the message again with its delivery count raised (or to
-the DLQ once deliveryLimit deliveries were made), then writes the ``end`` marker of the
-timed-out delivery. State and the markers' offsets live in the query's checkpoint (RocksDB),
-so a restarted worker keeps the deliveries it was watching.
+State is kept per partition of the queue topic: a map from a record's offset to its open
+delivery (count, start, deadline), and one processing-time timer at the earliest deadline in
+the map. A batch folds its markers in Python (``fold_markers``): a delivery that starts and
+ends within one batch, the usual case, never touches the state store. Only the deliveries a
+batch leaves open, or closes after an earlier batch left them open, are written. Keyed by
+message instead, every marker cost several round trips between Spark's JVM and the Python
+worker (the key, its state, its timer), which made the tracker the largest part of kmq's cost.
+
+An ``end`` marker closes a delivery; a deadline that passes first emits it, and the driver's
+sink (``Redeliverer``) produces the message again with its delivery count raised (or to the
+DLQ once deliveryLimit deliveries were made), then writes the ``end`` marker of the timed-out
+delivery. State and the markers' offsets live in the query's checkpoint (RocksDB), so a
+restarted worker keeps the deliveries it was watching.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -37,13 +43,37 @@ log = logging.getLogger("queueplane.worker")
 STATE_STORE_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 REDELIVER, GIVE_UP = "redeliver", "dlq"
 EXPIRED_SCHEMA = "id string, delivery_count int, started_ms long, due_ms long, action string"
+OPEN_KEY_SCHEMA = "offset long"
 OPEN_SCHEMA = "delivery_count int, started_ms long, due_ms long"
+# The query's checkpoint folder. Its state is keyed by the queue's partition; a checkpoint of
+# the tracker keyed by message ("tracker") cannot be read by it, so a worker upgraded from one
+# starts this afresh and rebuilds the open deliveries from the retained markers.
+CHECKPOINT_DIR = "tracker-by-partition"
+
+Open = tuple[int, int, int]  # an open delivery: its count, when it started, when it is due (epoch ms)
 FETCH_TIMEOUT_S = 30.0
 
 
 def tracker_interval_ms(lock_ms: int) -> int:
     """How often the tracker looks for deadlines passed: a fifth of lockDuration, within 1s..10s."""
     return max(1000, min(10_000, lock_ms // 5))
+
+
+def fold_markers(rows: Iterable[Any], before: Mapping[int, Open], lock_ms: int) -> dict[int, Open | None]:
+    """What one batch's markers of a partition, in marker order, make of each delivery they name:
+    open (as of its last marker) or ended (None). ``before`` is what earlier batches left open: a
+    retry marker keeps the start of the delivery it follows."""
+    after: dict[int, Open | None] = {}
+    for row in rows:
+        offset = row.queue_offset
+        if row.kind == km.END:
+            after[offset] = None
+        elif row.kind == km.START:
+            after[offset] = (row.delivery_count, row.at_ms, row.at_ms + lock_ms)
+        elif row.kind == km.RETRY:
+            state = after[offset] if offset in after else before.get(offset)
+            after[offset] = (row.delivery_count, state[1] if state else row.at_ms, row.at_ms + row.delay_ms)
+    return after
 
 
 def tracker_processor(lock_ms: int, delivery_limit: int) -> Any:
@@ -54,40 +84,57 @@ def tracker_processor(lock_ms: int, delivery_limit: int) -> Any:
     class DeliveryTracker(StatefulProcessor):
         def init(self, handle: Any) -> None:
             self.handle = handle
-            self.open = handle.getValueState("open", OPEN_SCHEMA)
+            self.open = handle.getMapState("open", OPEN_KEY_SCHEMA, OPEN_SCHEMA)
+
+        def _before(self) -> dict[int, Open]:
+            """The partition's open deliveries: few (those in flight at a batch's end), read at once."""
+            return {key[0]: tuple(value) for key, value in self.open.iterator()}
+
+        def _timer_at(self, due_ms: int | None) -> None:
+            """One timer per partition, at its earliest deadline; none while nothing is open."""
+            timers = list(self.handle.listTimers())
+            for timer in timers:
+                if timer != due_ms:
+                    self.handle.deleteTimer(timer)
+            if due_ms is not None and due_ms not in timers:
+                self.handle.registerTimer(due_ms)
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-            # Each state call is a round trip to the JVM; most messages start and end within one
-            # tracker batch and cost one get(). In marker order: a restart may start a delivery
-            # again after its earlier end.
-            before = self.open.get()
-            state = before
-            for row in sorted(rows, key=lambda r: (r.marker_partition, r.marker_offset)):
-                if row.kind == km.END:
-                    state = None
-                elif row.kind == km.START:
-                    state = (row.delivery_count, row.at_ms, row.at_ms + lock_ms)
-                elif row.kind == km.RETRY:
-                    state = (row.delivery_count, state[1] if state else row.at_ms, row.at_ms + row.delay_ms)
-            if before is not None and (state is None or state[2] != before[2]):
-                self.handle.deleteTimer(before[2])
-            if state is None:
-                if before is not None:
-                    self.open.clear()
-            elif state != before:
-                self.open.update(state)
-                if before is None or state[2] != before[2]:
-                    self.handle.registerTimer(state[2])
+            # In marker order: a restart may start a delivery again after its earlier end.
+            ordered = sorted(rows, key=lambda r: (r.marker_partition, r.marker_offset))
+            before = self._before()
+            after = fold_markers(ordered, before, lock_ms)
+            for offset, state in after.items():
+                old = before.get(offset)
+                if state is None:
+                    if old is not None:
+                        self.open.removeKey((offset,))
+                elif state != old:
+                    self.open.updateValue((offset,), state)
+            still_open = {**before, **after}
+            self._timer_at(min((s[2] for s in still_open.values() if s is not None), default=None))
             return iter([])
 
         def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
-            state = self.open.get()
-            if state is None:
-                return
-            count, started_ms, due_ms = state
-            self.open.clear()
-            action = GIVE_UP if count >= delivery_limit else REDELIVER
-            yield Row(id=key[0], delivery_count=count, started_ms=started_ms, due_ms=due_ms, action=action)
+            # pyspark deletes the timer that fired once this returns; the next one is later than it.
+            now_ms = timerValues.getCurrentProcessingTimeInMs()
+            partition = key[0]
+            later: list[int] = []
+            for offset, (count, started_ms, due_ms) in self._before().items():
+                if due_ms > now_ms:
+                    later.append(due_ms)
+                    continue
+                self.open.removeKey((offset,))
+                action = GIVE_UP if count >= delivery_limit else REDELIVER
+                yield Row(
+                    id=km.message_id(partition, offset),
+                    delivery_count=count,
+                    started_ms=started_ms,
+                    due_ms=due_ms,
+                    action=action,
+                )
+            if later:
+                self.handle.registerTimer(min(later))
 
         def close(self) -> None:
             pass
@@ -107,8 +154,13 @@ def tracker_stream(spark: Any, queue: QueueSpec, target: KafkaTarget) -> Any:
         .selectExpr(*km.SQL_FIELDS)
         # A tick has done its work once it is read: the batch runs, and the timers due fire.
         .where(f"id != '{km.TICK}'")
+        .selectExpr(
+            "*",
+            "CAST(substring_index(id, ':', 1) AS INT) AS queue_partition",
+            "CAST(substring_index(id, ':', -1) AS BIGINT) AS queue_offset",
+        )
     )
-    return markers.groupBy("id").transformWithState(
+    return markers.groupBy("queue_partition").transformWithState(
         tracker_processor(queue.group.lock_duration_ms, queue.group.delivery_limit),
         EXPIRED_SCHEMA,
         "Append",
