@@ -147,3 +147,27 @@ def test_a_scale_down_waits_for_the_groups_consumers_to_leave_and_not_past_its_b
     pool.batch_ran("mail")
     assert spark.calls[-2:] == [("kill", ("2",)), ("total", 1)], "the drain ends by its bound"
     assert "consumers are still in their groups (mail: 1)" in caplog.text
+
+
+def test_demand_that_rises_while_a_removal_drains_cancels_it() -> None:
+    pool, spark, drain = _pool(["1", "2", "3"])
+    pool.set_demand("mail", 1, ["1", "2", "3"])  # the share queue wants one executor less
+    assert drain.requested == [DRAIN_REASON]
+    pool.set_demand("mail", 2, ["1", "2", "3"])  # and, before its drain, one more again
+    assert spark.calls == [("total", 3)] and drain.released == [DRAIN_REASON], "the drain is over"
+    for _ in range(3):
+        pool.batch_ran("mail")
+        pool.batch_ran("orders")
+    assert not [call for call in spark.calls if call[0] == "kill"], "the executor stays: it is wanted"
+    assert spark.executors == ["1", "2", "3"]
+
+
+def test_an_executor_once_removed_is_not_chosen_again_while_spark_still_lists_it() -> None:
+    spark = _Spark(["1", "2", "3"])
+    pool = ExecutorPool(spark)
+    pool.join("orders", 3, None)
+    pool.batch_ran("orders")
+    pool.set_demand("orders", 2, ["1", "2", "3"])
+    pool.set_demand("orders", 3, ["1", "2", "3"])  # Spark starts "4" for it and still lists "3"
+    pool.set_demand("orders", 2, ["1", "2", "3", "4"])
+    assert spark.calls == [("kill", ("3",)), ("total", 2), ("total", 3), ("kill", ("4",)), ("total", 2)]

@@ -21,6 +21,12 @@ what it acquired back one delivery higher. Queues
 that do not drain (consumer, kmq) lose the tasks running on a removed executor, which Spark
 runs again: their offsets commit only after a batch.
 
+Demand that rises again while a removal waits for its drain cancels the removal: removed after
+all, the executor would be replaced at once by the higher target, and a removal planned then
+would find the replacement beside an executor already gone (the pool stayed one executor over
+its target in a load that rose and fell every few seconds). Executors once removed are not
+chosen again while Spark still lists them.
+
 The queues' stream threads call in concurrently, so every method holds the pool's lock.
 """
 
@@ -62,6 +68,7 @@ class ExecutorPool:
         self._kill_not_before = 0.0  # monotonic: and not before the drains have settled
         self._kill_by = 0.0  # monotonic: and then once the groups are empty, or by this time
         self._told_waiting = False
+        self._removed: set[str] = set()  # executor ids killed; Spark lists them until they are gone
 
     def join(self, name: str, minimum: int, drain: Drain | None) -> None:
         """A queue of the application. It starts at its minimum: Spark starts the sum of the
@@ -123,13 +130,15 @@ class ExecutorPool:
             self.demands[name] = desired
             total = self.requested
             if total > previous:
+                self._cancel_kills()
                 self._request_total(total)
             elif total < previous:
                 # Requested executors that never started are only cancelled; running ones beyond the
                 # new count are drained and removed (the newest first).
-                surplus = len(ids) - total
+                running = [i for i in ids if i not in self._removed]
+                surplus = len(running) - total
                 if surplus > 0:
-                    self._kill(name, sorted(ids, key=_executor_order)[-surplus:])
+                    self._kill(name, sorted(running, key=_executor_order)[-surplus:])
                 else:
                     self._request_total(total)
 
@@ -147,6 +156,7 @@ class ExecutorPool:
         to the requested total (each kill lowers Spark's target by one)."""
 
         def kill() -> None:
+            self._removed.update(ids)
             self.jsc.killExecutors(self.sc._jvm.PythonUtils.toSeq(ids))
             self._request_total(self.requested)
 
@@ -162,6 +172,15 @@ class ExecutorPool:
         self._told_waiting = False
         for drain in self.drains.values():
             drain.request(DRAIN_REASON)
+
+    def _cancel_kills(self) -> None:
+        """Removals still waiting for their drain are dropped, and the draining queues go on as before."""
+        if not self._after_drain:
+            return
+        log.info("demand rose again: the executor(s) waiting to be removed stay")
+        self._after_drain, self._waiting = [], {}
+        for drain in self.drains.values():
+            drain.release(DRAIN_REASON)
 
     def _members_left(self) -> dict[str, int]:
         """The draining queues whose groups still have consumers; a queue whose group cannot be
