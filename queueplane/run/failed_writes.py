@@ -48,12 +48,16 @@ class FailedWrites:
         self._lock = threading.Lock()
         self.errors = 0  # failures that were not refusals, since the process started
         self.last_error = ""
+        self.failures = 0  # every failure, refusals too, for a writer that fails on any
+        self.last_failure = ""
         self._refused: dict[int, list[InvalidOutput]] = {}
 
     def __call__(self, err: Any, msg: Any) -> None:
         """On the producer's delivery thread, once for each write that failed."""
         why = refused_write(err)
         with self._lock:
+            self.failures += 1
+            self.last_failure = f"a write to {msg.topic()} failed: {why or err}"
             if why is None:
                 self.errors += 1
                 self.last_error = f"a write to {msg.topic()} failed: {err}"

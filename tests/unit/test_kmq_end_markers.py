@@ -7,8 +7,10 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 from confluent_kafka import KafkaError
 
+from queueplane.run.failed_writes import FailedWrites
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.tasks import KmqTask
 
@@ -47,7 +49,9 @@ class _Delivery:
         return self.idle
 
 
-def _task(records: int = 2) -> tuple[KmqTask, _Producer, _Delivery, queue.SimpleQueue]:
+def _task(
+    records: int = 2, failed_writes: FailedWrites | None = None
+) -> tuple[KmqTask, _Producer, _Delivery, queue.SimpleQueue]:
     producer = _Producer()
     holder: list[KmqTask] = []
     delivery = _Delivery(lambda: holder[0])
@@ -56,7 +60,11 @@ def _task(records: int = 2) -> tuple[KmqTask, _Producer, _Delivery, queue.Simple
         lock_ms=LOCK_MS, markers_topic=MARKERS, dlq_topic=DLQ, backoff_ms=100, max_backoff_ms=100, delivery_limit=3
     )
     process = SimpleNamespace(
-        settings=settings, producer=producer, delivery=delivery, threads=SimpleNamespace(jobs=jobs)
+        settings=settings,
+        producer=producer,
+        delivery=delivery,
+        threads=SimpleNamespace(jobs=jobs),
+        failed_writes=failed_writes or FailedWrites(),
     )
     rows = [SimpleNamespace(partition=0, offset=offset, delivery_count=1) for offset in range(records)]
     task = KmqTask(process, rows)
@@ -126,3 +134,34 @@ def test_a_failed_dead_letter_write_fails_the_task_and_writes_no_marker():
     task._end_round(0.0)
     assert _markers(producer) == []
     assert task._error is not None and "0:0" in task._error
+
+
+class _Failed:
+    """A write as the producer's callback reports it."""
+
+    def __init__(self, topic: str, key: bytes):
+        self._topic, self._key = topic, key
+
+    def topic(self) -> str:
+        return self._topic
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes:
+        return b""
+
+
+@pytest.mark.parametrize("code", [KafkaError._MSG_TIMED_OUT, KafkaError.MSG_SIZE_TOO_LARGE], ids=["lost", "refused"])
+def test_a_marker_that_failed_after_the_task_began_fails_it_and_one_before_does_not(code):
+    failed = FailedWrites()
+    failed(KafkaError(KafkaError._MSG_TIMED_OUT), _Failed(MARKERS, b"0:99"))  # an earlier task's
+    task, producer, delivery, _ = _task(records=1, failed_writes=failed)
+    delivery.idle = True
+    task._write_durably([km.Marker(0, 0, km.START, 1, 0)])  # no failure since it began: it goes on
+    assert [topic for topic, _, callback in producer.produced] == [MARKERS]
+    assert producer.produced[0][2] is None, "a marker carries no callback of its own"
+
+    failed(KafkaError(code), _Failed(MARKERS, b"0:0"))
+    with pytest.raises(RuntimeError, match=f"a write to {MARKERS} failed"):
+        task._write_durably([])

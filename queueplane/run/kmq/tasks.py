@@ -22,12 +22,12 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pyarrow as pa
 
 from queueplane.run.crash_journal import DEAD, CrashJournal, Delivery, journal_folder, worker_died
 from queueplane.run.dead_letters import Failure
+from queueplane.run.failed_writes import FailedWrites
 from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
 from queueplane.run.kafka_input import input_records
 from queueplane.run.kmq import markers as km
@@ -124,8 +124,16 @@ class KmqProcess:
         self.settings = settings
         self.resume = ResumePoint.from_json_fields(settings.resume_floor, settings.resume_started)
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
-        # Durability is learnt in rounds (``ServedProducer.all_delivered``), not per record.
-        self.delivery = ServedProducer(settings.kafka, linger_ms=2, batch_bytes=settings.batch_bytes, errors_only=True)
+        # Durability is learnt in rounds (``ServedProducer.all_delivered``), not per record, and
+        # markers carry no callback of their own: a failed one is counted here (failed_writes).
+        self.failed_writes = FailedWrites()
+        self.delivery = ServedProducer(
+            settings.kafka,
+            linger_ms=2,
+            batch_bytes=settings.batch_bytes,
+            errors_only=True,
+            on_failed=self.failed_writes,
+        )
         self.producer = self.delivery.producer
         self.threads = HandlerThreads(settings.threads)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
@@ -156,6 +164,7 @@ class KmqTask:
         self._hold_after_s = self.settings.lock_ms / 1000 * HOLD_AFTER_LOCK_SHARE
         self._outcomes: list[Outcome] = []
         self._error: str | None = None
+        self._write_failures = process.failed_writes.failures  # failures before this task are not its own
         self._refused: dict[int, Failure] = {}  # records whose outputs the broker refused: to the DLQ next
         self._turned: set[int] = set()  # records turned into dead letters that way (once each)
         self.deadline = 0.0
@@ -378,19 +387,18 @@ class KmqTask:
             self._unsettled -= settled
 
     def _produce_marker(self, marker: km.Marker) -> None:
-        """Into its record's partition of the markers topic; only a failure calls back."""
+        """Into its record's partition of the markers topic, without a callback of its own: the
+        process's producer counts a failed one (``_markers_failed``)."""
         key, value = marker.encode()
-        produce(
-            self.process.producer,
-            (self.settings.markers_topic, key, value, []),
-            self._marker_failed,
-            partition=marker.partition,
-        )
+        produce(self.process.producer, (self.settings.markers_topic, key, value, []), partition=marker.partition)
 
-    def _marker_failed(self, err: object, msg: Any) -> None:
-        with self._lock:
-            if self._error is None:
-                self._error = f"marker {msg.key()!r}: {err}"
+    def _markers_failed(self) -> str | None:
+        """Why a write of this process failed since the task began, if one did. Outputs and dead
+        letters call back for themselves, so it was a marker, this task's or another's: either
+        way this task fails, and its records come again (a duplicate at worst, never a loss).
+        Read once the producer acknowledged everything, so every failure so far is counted."""
+        failed = self.process.failed_writes
+        return failed.last_failure if failed.failures != self._write_failures else None
 
     def _write_durably(self, markers: list[km.Marker]) -> None:
         """The start markers, acknowledged before any handler runs; only this task produces now."""
@@ -399,8 +407,9 @@ class KmqTask:
         if not self.process.delivery.all_delivered(DELIVERY_TIMEOUT_S):
             raise RuntimeError(f"start markers not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
         with self._lock:
-            if self._error is not None:
-                raise RuntimeError(self._error)
+            error = self._error or self._markers_failed()
+        if error is not None:
+            raise RuntimeError(error)
 
     def _give_up(self, index: int, latency_ms: float, why: str) -> None:
         """Caller holds the lock. No marker: the tracker sees a start without end and redelivers."""
@@ -430,7 +439,7 @@ class KmqTask:
         self._settle(deadline, WAIT_STEP_S)
         markers_durable = self.process.delivery.all_delivered(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            error = self._error
+            error = self._error or (self._markers_failed() if markers_durable else None)
             if error is None and self._unsettled > 0:
                 error = f"{self._unsettled} writes not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s"
             if error is None and not markers_durable:
