@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 from queueplane.run.crash_journal import CrashJournal, Delivery
+from queueplane.run.failed_writes import FailedWrites
 from queueplane.run.handler import Record
 from queueplane.run.kmq.tasks import TRACKER_MARGIN_MS, KmqTask
 
@@ -32,6 +33,6 @@ def test_a_retry_leaves_to_the_tracker_only_the_copies_whose_crashed_delivery_is
     journal = _died_in(tmp_path / "late", Delivery(0, 10, now_ms - LOCK_MS))  # its lock ran out just now
     journal.crashed_deliveries[(0, 11)] = now_ms - LOCK_MS + TRACKER_MARGIN_MS + 500  # 1.5 s to go: ours
     journal.crashed_deliveries[(0, 12)] = now_ms - LOCK_MS + TRACKER_MARGIN_MS - 1  # too close: the tracker's
-    process = SimpleNamespace(journal=journal, settings=SimpleNamespace(lock_ms=LOCK_MS))
+    process = SimpleNamespace(journal=journal, settings=SimpleNamespace(lock_ms=LOCK_MS), failed_writes=FailedWrites())
     task = KmqTask(process, [_record(offset) for offset in (9, 10, 11, 12)])  # 9 never crashed
     assert task._taken_by_tracker(now_ms) == {1, 3}

@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -89,11 +90,18 @@ class _Ending:
 
 
 class HandlerThreads:
-    """The process's handler threads. A call given up keeps its thread; a new one takes its place."""
+    """The process's handler threads. A call given up keeps its thread; a new one takes its place.
+
+    A job is one record of a task, or (index None) a turn at the task's queue of records: the
+    thread takes records from it until none are left. A task hands out one turn per thread, not
+    one job per record: waking a thread through the job queue for each record cost more than a
+    trivial handler's call, and a thread stuck in a call holds only that record, since the
+    others keep taking from the same queue.
+    """
 
     def __init__(self, size: int):
         self.size = size
-        self.jobs: queue.SimpleQueue[tuple[KmqTask, int]] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[tuple[KmqTask, int | None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._alive = 0
         self.add(size)
@@ -108,7 +116,10 @@ class HandlerThreads:
         while True:
             task, index = self.jobs.get()
             try:
-                task.run(index)
+                if index is None:
+                    task.run_queued()
+                else:
+                    task.run(index)
             except BaseException:  # a bug must not cost the process a handler thread
                 log.exception("a kmq handler thread failed a record; continuing")
             with self._lock:
@@ -165,6 +176,7 @@ class KmqTask:
         self._outcomes: list[Outcome] = []
         self._error: str | None = None
         self._write_failures = process.failed_writes.failures  # failures before this task are not its own
+        self._queued: deque[int] = deque()  # records not yet taken by a handler thread, in call order
         self._refused: dict[int, Failure] = {}  # records whose outputs the broker refused: to the DLQ next
         self._turned: set[int] = set()  # records turned into dead letters that way (once each)
         self.deadline = 0.0
@@ -185,9 +197,10 @@ class KmqTask:
         with self._lock:
             for index in taken:
                 self._give_up(index, 0.0, "its process died in the call, and its lock ran out before the retry")
-        for index in self._call_order():
-            if index not in taken:
-                self.process.threads.jobs.put((self, index))
+        self._queued.extend(index for index in self._call_order() if index not in taken)
+        threads = self.process.threads
+        for _ in range(min(threads.size, len(self._queued))):
+            threads.jobs.put((self, None))
 
     def _taken_by_tracker(self, now_ms: int) -> set[int]:
         """Copies this task's last attempt died in, whose lock has run out since: the tracker's.
@@ -225,6 +238,16 @@ class KmqTask:
         return sorted(range(len(self.records)), key=suspicion)
 
     # -- handler threads -----------------------------------------------------------------------
+    def run_queued(self) -> None:
+        """Records from the task's queue until it is empty (deque.popleft is atomic)."""
+        queued = self._queued
+        while True:
+            try:
+                index = queued.popleft()
+            except IndexError:
+                return
+            self.run(index)
+
     def run(self, index: int) -> None:
         record = self.records[index]
         with self._lock:
