@@ -106,6 +106,10 @@ class Kept:
     # Records a process died with as its only call (a share suspect's child, or a process that
     # ran one call): that death is theirs. One that only died beside others' calls may be innocent.
     died_alone: set[tuple[int, int]] = field(default_factory=set)
+    # Records dead-lettered for their crashes → the copy (partition, offset) that went to the DLQ:
+    # a retry of its task meets that copy again and must end it the same way (its row died with
+    # the process); any other copy of the record is a duplicate.
+    dead_at: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
 def worker_died(crashes: int, reason: Failure | None = None) -> Failure:
@@ -226,11 +230,12 @@ class CrashJournal:
         """The record's call returned: it is no suspect any more."""
         self._set(partition, offset, None)
 
-    def dead_lettered(self, partition: int, offset: int) -> None:
-        """The record went to the DLQ for its crashes: a copy of it that comes later (kmq) is not called."""
-        self._set(partition, offset, DEAD)
+    def dead_lettered(self, partition: int, offset: int, copy: tuple[int, int]) -> None:
+        """The record went to the DLQ for its crashes, as ``copy`` (where that copy was read): a
+        copy of it that comes later (kmq) is not called."""
+        self._set(partition, offset, DEAD, copy)
 
-    def _set(self, partition: int, offset: int, count: int | None) -> None:
+    def _set(self, partition: int, offset: int, count: int | None, dead_at: tuple[int, int] | None = None) -> None:
         key = (partition, offset)
         if key not in self.crashes and count is None:
             return
@@ -240,15 +245,21 @@ class CrashJournal:
                 kept.crashes.pop(key, None)
                 kept.reasons.pop(key, None)
                 kept.died_alone.discard(key)
+                kept.dead_at.pop(key, None)
             else:
                 kept.crashes[key] = count
+                if dead_at is not None:
+                    kept.dead_at[key] = dead_at
             self._write(kept)
         if count is None:
             self.crashes.pop(key, None)
             self.reasons.pop(key, None)
             self.died_alone.discard(key)
+            self.dead_at.pop(key, None)
         else:
             self.crashes[key] = count
+            if dead_at is not None:
+                self.dead_at[key] = dead_at
 
     # -- this process's calls -----------------------------------------------------------------
     def begin(self, partition: int, offset: int, delivery: Delivery = NO_DELIVERY) -> int:
@@ -404,6 +415,7 @@ class CrashJournal:
         self.crashed_deliveries = kept.deliveries
         self.reasons = kept.reasons
         self.died_alone = kept.died_alone
+        self.dead_at = kept.dead_at
 
     def _read(self) -> Kept:
         """What ``crashes.json`` holds, its deliveries remembered DELIVERY_MEMORY_S."""
@@ -414,6 +426,7 @@ class CrashJournal:
                 deliveries={(int(p), int(o)): int(ms) for p, o, ms in raw["deliveries"]},
                 reasons={(int(p), int(o)): Failure(str(c), str(m)) for p, o, c, m in raw.get("reasons", [])},
                 died_alone={(int(p), int(o)) for p, o in raw.get("died_alone", [])},
+                dead_at={(int(p), int(o)): (int(cp), int(co)) for p, o, cp, co in raw.get("dead_at", [])},
             )
         except (OSError, ValueError, KeyError, TypeError):
             return Kept()
@@ -427,6 +440,7 @@ class CrashJournal:
             "deliveries": [[p, o, ms] for (p, o), ms in sorted(kept.deliveries.items())],
             "reasons": [[p, o, r.error_class, r.message] for (p, o), r in sorted(kept.reasons.items())],
             "died_alone": [[p, o] for p, o in sorted(kept.died_alone)],
+            "dead_at": [[p, o, cp, co] for (p, o), (cp, co) in sorted(kept.dead_at.items())],
         }
         replace_whole(self.folder / CRASHES, json.dumps(raw).encode())
 

@@ -31,8 +31,12 @@ def test_the_record_a_process_died_in_is_counted_once_per_death_and_only_it(tmp_
 
     journal.cleared(2, 40)
     assert CrashJournal(tmp_path, alone_s=5).crashes == {}
-    journal.dead_lettered(3, 7)
-    assert CrashJournal(tmp_path, alone_s=5).crashes == {(3, 7): DEAD}
+    journal.dead_lettered(3, 7, (5, 70))  # a copy of (3, 7), read at (5, 70), went to the DLQ
+    later = CrashJournal(tmp_path, alone_s=5)
+    assert later.crashes == {(3, 7): DEAD}
+    assert later.dead_at == {(3, 7): (5, 70)}, "the next process knows which copy went"
+    journal.cleared(3, 7)
+    assert CrashJournal(tmp_path, alone_s=5).dead_at == {}
 
 
 def test_a_process_that_died_but_is_not_yet_reaped_counts_as_dead(tmp_path):

@@ -6,12 +6,18 @@ import os
 import time
 from types import SimpleNamespace
 
+import pytest
+from kmq_fakes import DLQ, kmq_process
+
 from queueplane.run.crash_journal import CrashJournal, Delivery
 from queueplane.run.failed_writes import FailedWrites
 from queueplane.run.handler import Record
+from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.tasks import TRACKER_MARGIN_MS, KmqTask
+from queueplane.run.outcomes import DEAD_LETTERED, DUPLICATE
 
 LOCK_MS = 5_000
+LIMIT = 3
 
 
 def _record(offset: int) -> Record:
@@ -36,3 +42,24 @@ def test_a_retry_leaves_to_the_tracker_only_the_copies_whose_crashed_delivery_is
     process = SimpleNamespace(journal=journal, settings=SimpleNamespace(lock_ms=LOCK_MS), failed_writes=FailedWrites())
     task = KmqTask(process, [_record(offset) for offset in (9, 10, 11, 12)])  # 9 never crashed
     assert task._taken_by_tracker(now_ms) == {1, 3}
+
+
+def test_a_retry_dead_letters_again_the_copy_that_went_to_the_dlq_and_a_later_copy_is_a_duplicate(tmp_path):
+    """The copy at (0, 10) killed its processes and went to the DLQ; then the process that wrote
+    it died too, with the row. The task's retry meets (0, 10) again: counted and in the DLQ once
+    more. The tracker's copy of the same message at (0, 50) only ends."""
+    process = kmq_process(tmp_path, handler=lambda record: pytest.fail("a dead-lettered message is not called"))
+    for _ in range(LIMIT):
+        _died_in(tmp_path, Delivery(0, 10, int(time.time() * 1000)))
+    process.journal = CrashJournal(tmp_path, alone_s=LOCK_MS / 1000)
+    process.journal.dead_lettered(0, 10, (0, 10))
+    original = _record(10)
+    where = km.origin((), "q", 0, 10)
+    copy = Record(b"k", b"v", tuple(km.redelivery_headers((), where, 2, 1)), "q", 0, 50, 2, 0)
+    task = KmqTask(process, [original, copy])
+    task.start()
+    task.wait()
+    rows = {row.offset: row for row in task.drain()}
+    assert (rows[10].outcome, rows[10].delivery_count) == (DEAD_LETTERED, LIMIT)
+    assert rows[50].outcome == DUPLICATE
+    assert [key for _, key, _ in process.producer.to(DLQ)] == [b"k"], "the one DLQ write is the retry's"

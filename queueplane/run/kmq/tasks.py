@@ -308,20 +308,26 @@ class KmqTask:
 
     def _ended_by_crashes(self, index: int, crashes: int, where: km.Origin) -> None:
         """A message whose calls killed ``deliveryLimit`` processes: to the DLQ once, without another call;
-        a copy of it the tracker produced meanwhile just ends, a duplicate, not a second end of the message."""
+        a copy of it the tracker produced meanwhile just ends, a duplicate, not a second end of the message.
+
+        The copy that went to the DLQ comes again in a retry of its task, whose rows died with
+        its process (and its DLQ write may have): it is dead-lettered again, at least once as
+        any write, so it is counted and in the DLQ."""
         with self._lock:
             if self._claimed[index]:
                 return
             self._claimed[index] = True
         record = self.records[index]
+        journal, key, copy = self.process.journal, (where.partition, where.offset), (record.partition, record.offset)
         if crashes >= DEAD:
-            self._report(record, DUPLICATE, None, 0.0)
-            self._write_then_end(index, [], km.END)
-            return
+            if journal.dead_at.get(key) != copy:
+                self._report(record, DUPLICATE, None, 0.0)
+                self._write_then_end(index, [], km.END)
+                return
+            crashes = self.settings.delivery_limit  # its count went when it was dead-lettered
         self.records[index] = replace(record, delivery_count=crashes)
-        reason = self.process.journal.reasons.get((where.partition, where.offset))
-        self._dead_letter(index, worker_died(crashes, reason), 0.0)
-        self.process.journal.dead_lettered(where.partition, where.offset)
+        self._dead_letter(index, worker_died(crashes, journal.reasons.get(key)), 0.0)
+        journal.dead_lettered(where.partition, where.offset, copy)
 
     def _dead_letter(self, index: int, failure: Failure, latency_ms: float) -> None:
         """The record's DLQ record, durable, then its end marker. A record whose outputs the broker
