@@ -5,8 +5,9 @@ delivery (count, start, deadline), and one processing-time timer at the earliest
 the map. A batch folds its markers in Python (``fold_markers``): a delivery that starts and
 ends within one batch, the usual case, never touches the state store. Only the deliveries a
 batch leaves open, or closes after an earlier batch left them open, are written. Keyed by
-message instead, every marker cost several round trips between Spark's JVM and the Python
-worker (the key, its state, its timer), which made the tracker the largest part of kmq's cost.
+message instead, every message cost at least two round trips between Spark's JVM and the
+Python worker (its key, its state) and two more for its timer when it stayed open; how much
+that weighs end to end is in docs/benchmarks.md (kmq worker).
 
 An ``end`` marker closes a delivery; a deadline that passes first emits it, and the driver's
 sink (``Redeliverer``) produces the message again with its delivery count raised (or to the
