@@ -93,10 +93,10 @@ class HandlerThreads:
     """The process's handler threads. A call given up keeps its thread; a new one takes its place.
 
     A job is one record of a task, or (index None) a turn at the task's queue of records: the
-    thread takes records from it until none are left. A task hands out one turn per thread, not
-    one job per record: waking a thread through the job queue for each record cost more than a
-    trivial handler's call, and a thread stuck in a call holds only that record, since the
-    others keep taking from the same queue.
+    thread takes records from it until none are left. A task hands out one turn per thread
+    rather than one job per record, so a record costs a ``popleft`` instead of a put and a get
+    on the shared job queue (its lock and condition), and a thread stuck in a call holds only
+    that record, since the others keep taking from the same queue.
     """
 
     def __init__(self, size: int):
