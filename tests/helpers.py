@@ -77,3 +77,19 @@ def wait_for(what: str, check, timeout_s: float, every_s: float = 2.0):
             return found
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+class Reported:
+    """What the delivery callback is given for a failed write: the record as it was produced."""
+
+    def __init__(self, topic: str, key: bytes | None, value: bytes | None):
+        self._topic, self._key, self._value = topic, key, value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value

@@ -24,9 +24,6 @@ class KeptProducer:
     def produce(self, topic, value=None, key=None, headers=None, on_delivery=None, partition=None) -> None:
         self.produced.append((topic, key, value))
 
-    def __len__(self) -> int:
-        return 0
-
     def to(self, topic: str) -> list[tuple[str, bytes | None, bytes | None]]:
         return [item for item in self.produced if item[0] == topic]
 

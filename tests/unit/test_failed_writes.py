@@ -3,26 +3,10 @@
 from __future__ import annotations
 
 from confluent_kafka import KafkaError
+from helpers import Reported
 
 from queueplane.run.failed_writes import FailedWrites, fingerprints
 from queueplane.run.handler import InvalidOutput
-
-
-class Reported:
-    """What the delivery callback is given for a failed write: the record as it was produced."""
-
-    def __init__(self, topic: str, key: bytes | None, value: bytes | None):
-        self._topic, self._key, self._value = topic, key, value
-
-    def topic(self) -> str:
-        return self._topic
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
 
 TOO_LARGE = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError
+from helpers import Reported
 
 from queueplane.run.failed_writes import FailedWrites
 from queueplane.run.kmq import markers as km
@@ -136,32 +137,16 @@ def test_a_failed_dead_letter_write_fails_the_task_and_writes_no_marker():
     assert task._error is not None and "0:0" in task._error
 
 
-class _Failed:
-    """A write as the producer's callback reports it."""
-
-    def __init__(self, topic: str, key: bytes):
-        self._topic, self._key = topic, key
-
-    def topic(self) -> str:
-        return self._topic
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes:
-        return b""
-
-
 @pytest.mark.parametrize("code", [KafkaError._MSG_TIMED_OUT, KafkaError.MSG_SIZE_TOO_LARGE], ids=["lost", "refused"])
 def test_a_marker_that_failed_after_the_task_began_fails_it_and_one_before_does_not(code):
     failed = FailedWrites()
-    failed(KafkaError(KafkaError._MSG_TIMED_OUT), _Failed(MARKERS, b"0:99"))  # an earlier task's
+    failed(KafkaError(KafkaError._MSG_TIMED_OUT), Reported(MARKERS, b"0:99", b""))  # an earlier task's
     task, producer, delivery, _ = _task(records=1, failed_writes=failed)
     delivery.idle = True
     task._write_durably([km.Marker(0, 0, km.START, 1, 0)])  # no failure since it began: it goes on
     assert [topic for topic, _, callback in producer.produced] == [MARKERS]
     assert producer.produced[0][2] is None, "a marker carries no callback of its own"
 
-    failed(KafkaError(code), _Failed(MARKERS, b"0:0"))
+    failed(KafkaError(code), Reported(MARKERS, b"0:0", b""))
     with pytest.raises(RuntimeError, match=f"a write to {MARKERS} failed"):
         task._write_durably([])

@@ -48,10 +48,9 @@ def test_a_retry_dead_letters_again_the_copy_that_went_to_the_dlq_and_a_later_co
     """The copy at (0, 10) killed its processes and went to the DLQ; then the process that wrote
     it died too, with the row. The task's retry meets (0, 10) again: counted and in the DLQ once
     more. The tracker's copy of the same message at (0, 50) only ends."""
-    process = kmq_process(tmp_path, handler=lambda record: pytest.fail("a dead-lettered message is not called"))
     for _ in range(LIMIT):
         _died_in(tmp_path, Delivery(0, 10, int(time.time() * 1000)))
-    process.journal = CrashJournal(tmp_path, alone_s=LOCK_MS / 1000)
+    process = kmq_process(tmp_path, handler=lambda record: pytest.fail("a dead-lettered message is not called"))
     process.journal.dead_lettered(0, 10, (0, 10))
     original = _record(10)
     where = km.origin((), "q", 0, 10)

@@ -31,8 +31,6 @@ def _pyspark_zip(folder: Path, version: str) -> str:
 
 
 def test_the_daemon_drops_sparks_zip_only_when_the_same_pyspark_is_installed(tmp_path, monkeypatch):
-    import pyspark
-
     same = _pyspark_zip(tmp_path / "same", pyspark.__version__)
     jar = str(tmp_path / "jars" / "spark-core_2.13-4.2.0.jar")  # Spark puts it on the path too
     monkeypatch.setattr(sys, "path", [same, *sys.path, jar])
