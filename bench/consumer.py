@@ -16,6 +16,9 @@ over the partitions), a handler sleeping 10 ms, 20k records.
    at-least-once), and Spark's pass-through without Python for reference. Beside them, the plain
    loop doing each record's share of any worker's work (the handler's record, the call under a
    clock, its outputs, the outcome counted): no worker design passes its rate on this machine.
+   And the same duties inside Spark's Python step (``python_duties``: the handler's record from
+   the Arrow batch, the call under a clock, its outputs back to Spark's Kafka sink, no slots,
+   deadlines, retries or commits): what a worker on Spark's Kafka source can reach at most.
 
 Throughput comes from when each output record becomes visible to a read_committed reader that
 reads the output topic during the run, the same way for the worker and every baseline (an
@@ -34,6 +37,7 @@ broker and Spark JVM compile each side's paths as it first runs), then alternate
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -68,6 +72,7 @@ TRIVIAL_SIDES = {
     "loop_with_duties": ("key", False),
     "pass_through": ("key", False),
     "python_pass_through": ("key", False),
+    "python_duties": ("key", False),
 }
 
 HANDLERS = """
@@ -202,16 +207,65 @@ def python_identity(batches: Iterator[Any]) -> Iterator[Any]:
     yield from batches
 
 
-def pass_through(target: KafkaTarget, spec: dict, records: int, python: bool = False) -> list[float]:
+def with_duties(search_path: str, batches: Iterator[Any]) -> Iterator[Any]:
+    """The Python step doing a worker's per-record duties: the handler's record from the Arrow
+    batch (the runtime's own ``input_records``), the call under a clock, its outputs as records;
+    their keys and values go back to Spark, whose sink writes them."""
+    import pyarrow as pa
+
+    from queueplane.run.handler import load_handler, outputs_of
+    from queueplane.run.kafka_input import input_records
+    from queueplane.run.outputs import output_record
+
+    handler = load_handler("bench_handlers:echo", [search_path])
+    clock = time.monotonic
+    for batch in batches:
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        latency_s = 0.0
+        for record in input_records(batch):
+            started = clock()
+            for _topic, key, value, _headers in [output_record(o, record, "") for o in outputs_of(handler(record))]:
+                keys.append(key)
+                values.append(value)
+            latency_s += clock() - started
+        yield pa.RecordBatch.from_arrays([binary_column(keys), binary_column(values)], names=["key", "value"])
+
+
+def binary_column(values: list[bytes | None]) -> Any:
+    """Bytes as an Arrow array from its buffers: ``pa.array`` would import pandas in every worker."""
+    from array import array
+    from itertools import accumulate
+
+    import pyarrow as pa
+
+    validity = None
+    if None in values:
+        bits = bytearray((len(values) + 7) // 8)
+        for i, value in enumerate(values):
+            if value is not None:
+                bits[i >> 3] |= 1 << (i & 7)
+        validity = pa.py_buffer(bits)
+    present = [v or b"" for v in values]
+    offsets = array("i", [0])
+    offsets.extend(accumulate(map(len, present)))
+    buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(present))]
+    return pa.Array.from_buffers(pa.binary(), len(values), buffers)
+
+
+def pass_through(
+    target: KafkaTarget, spec: dict, records: int, python: bool = False, duties: str | None = None
+) -> list[float]:
     """The baseline: Spark's Kafka source straight into Spark's Kafka sink, no Python in between.
 
     ``python``: the records cross into a Python worker and back unchanged (``mapInArrow``), the
     least any Spark job with a Python step per record pays; reported beside, not the goal's baseline.
+    ``duties``: the Python step does a worker's duties instead (``with_duties``, the handler's folder).
     """
     from pyspark.sql import SparkSession
 
     from queueplane.run.consumer.runtime import DEFAULT_BATCH_RECORDS
-    from queueplane.run.kafka_input import kafka_options, kafka_source, with_kafka_connector
+    from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_options, kafka_source, with_kafka_connector
     from queueplane.run.session import DAEMON_MODULE, SPARK_LOG4J
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -224,13 +278,17 @@ def pass_through(target: KafkaTarget, spec: dict, records: int, python: bool = F
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .getOrCreate()
     )
-    frame = (
+    source = (
         kafka_source(spark, target, spec["topic"], spec["group"])
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(DEFAULT_BATCH_RECORDS))
-        .load()
-        .selectExpr("key", "value")
     )
+    if duties:  # the worker's own input: its columns, headers included
+        step = functools.partial(with_duties, duties)
+        frame = source.option("includeHeaders", "true").load().selectExpr(*INPUT_COLUMNS)
+        frame = frame.mapInArrow(step, "key binary, value binary")
+    else:
+        frame = source.load().selectExpr("key", "value")
     if python:
         frame = frame.mapInArrow(python_identity, "key binary, value binary")
     visible = Visible(target, spec["output"])
@@ -304,6 +362,8 @@ def main() -> int:
                 stamps = run_plain_loop(spec, target, len(layout))
             elif side == "loop_with_duties":
                 stamps = run_plain_loop(spec, target, len(layout), ("bench_handlers:echo", [str(folder)]))
+            elif side == "python_duties":
+                stamps = pass_through(target, spec, len(layout), duties=str(folder))
             elif side.endswith("pass_through"):
                 stamps = pass_through(target, spec, len(layout), side == "python_pass_through")
             else:
@@ -345,6 +405,8 @@ def main() -> int:
         }
         # Not a goal: what no worker design can pass here, the plain loop doing a worker's per-record duties.
         result["trivial"]["duties_bound"] = round(best["loop_with_duties"] / best["plain_loop"], 3)
+        # Nor this: what a worker on Spark's Kafka source reaches at most, beside the goal's baseline.
+        result["trivial"]["spark_duties_bound"] = round(best["python_duties"] / best["python_pass_through"], 3)
         result["goals"] = [
             *(
                 goal(
@@ -402,11 +464,12 @@ def plot(result: dict) -> Any:
         "loop_with_duties": "plain loop with\na worker's duties",
         "pass_through": "Spark\npass-through",
         "python_pass_through": "Spark pass-\nthrough via Python",
+        "python_duties": "the same with\na worker's duties",
         "worker_key": "worker\nordering=key",
         "worker_partition": "worker\nordering=partition",
         "exactly_once": "worker\nexactlyOnce",
     }
-    colors = ["#8172b3", "#937860", "#c44e52", "#dd8452", "#4c72b0", "#64b5cd", "#55a868"]
+    colors = ["#8172b3", "#937860", "#c44e52", "#dd8452", "#da8bc3", "#4c72b0", "#64b5cd", "#55a868"]
     right.bar(list(bars.values()), [rates[side] for side in bars], color=colors)
     right.set_ylabel("records/s (steady, visible to read_committed readers)")
     trivial_goals = result["goals"][2:]
