@@ -27,6 +27,19 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
 # gets it back sooner (the tail latency of a 10 ms handler fell, docs/benchmarks.md), at the cost
 # of more frequent switches, which I/O-bound pools barely notice.
 GIL_SWITCH_INTERVAL_S = 0.001
+# CPython collects its youngest generation every 700 net allocations of container objects, and
+# a worker makes about ten a record (the record, its call, its outputs, its row): a collection
+# every 70 records, and a full one, walking every object the task holds, every 7,000. At 10,000
+# the consumer slot path cost 1-1.5 CPU-µs a record less (docs/design/consumer-throughput.md).
+# Cyclic garbage waits longer for its collection, and no longer than the task: pyspark's worker
+# runs a full collection after every task.
+GC_THRESHOLDS = (10_000, 10, 10)
+
+
+def tune_interpreter() -> None:
+    """The interpreter settings of a process that runs a queue's handlers (above)."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def freeze_what_lives() -> None:
@@ -65,7 +78,7 @@ class PerProcess(Generic[T]):
         with self._lock:
             made = self._made.get(settings_json)
             if made is None:
-                sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+                tune_interpreter()
                 made = self._made[settings_json] = self._make(settings_json)
                 freeze_what_lives()
             return made

@@ -28,6 +28,13 @@ class _Owner:
     def calls_running(self) -> int:
         return 0
 
+    def quick_produce(self, record, outputs, latency_ms, inflight) -> bool:
+        return True  # no outputs to write here
+
+    def settled(self, done) -> None:
+        for record, _outputs, latency_ms, inflight in done:
+            self.report(record, ACCEPTED, None, latency_ms, inflight)
+
     def report(self, record, outcome, failure, latency_ms, inflight) -> None:
         with self._lock:
             self.rows.append((record.offset, outcome, failure and failure.error_class))
@@ -71,6 +78,37 @@ def test_a_suspect_waiting_to_run_alone_is_not_timed_out_by_the_wait(tmp_path):
             slot.watch(now)  # the task's watchdog, as PartitionTask runs it
         time.sleep(0.01)
     assert sorted(owner.rows) == [(1, ACCEPTED, None), (2, ACCEPTED, None), (3, ACCEPTED, None)]
+
+
+def test_records_accepted_before_a_call_that_hangs_are_settled_when_it_is_given_up(tmp_path):
+    """The quick path settles accepted records in runs; a hung call must not hold back the ones
+    accepted before it in its run, since its thread may never come back. The hung record is the
+    chunk's last: the thread that takes over retries it and finds nothing more to run."""
+    journal = CrashJournal(tmp_path, alone_s=LOCK_S)
+    release = threading.Event()
+
+    def handler(record: Record) -> None:
+        if record.offset == 4 and record.delivery_count == 1:
+            release.wait(30)  # hangs past its deadline, long after the test has looked
+
+    owner = _Owner(journal, handler)
+    slot = Slot(owner, 0)
+    slot.queue.put([_record(offset) for offset in range(5)])
+    slot.queue.put(None)
+    deadline = time.monotonic() + 5
+    while not slot.finished.is_set():
+        assert time.monotonic() < deadline, owner.rows
+        slot.watch(time.monotonic())
+        time.sleep(0.01)
+    release.set()
+    assert sorted(owner.rows) == [
+        (0, ACCEPTED, None),
+        (1, ACCEPTED, None),
+        (2, ACCEPTED, None),
+        (3, ACCEPTED, None),
+        (4, ACCEPTED, None),
+        (4, RELEASED, "Timeout"),
+    ]
 
 
 def test_a_call_past_its_deadline_is_still_given_up(tmp_path):

@@ -54,6 +54,11 @@ class ContiguousOffsets:
         with self._lock:
             self._done[offset] = payload
 
+    def complete_many(self, offsets: list[int], payloads: list[Any]) -> None:
+        """``complete`` for many offsets under one lock."""
+        with self._lock:
+            self._done.update(zip(offsets, payloads, strict=True))
+
     def advance(self, end: int | None = None) -> list[Any]:
         """Move the watermark over the completed prefix; ``end`` is where it lands once all is done."""
         released = []

@@ -69,12 +69,15 @@ class PartitionTask:
         self._pending: list[ProducedRecord] = []  # exactly-once: released outputs awaiting the next transaction
         self._refused: list[tuple[Record, Failure, float, int]] = []  # outputs refused: to the DLQ next
         # At-least-once: rows of records released from the tracker, shown once their writes are
-        # acknowledged; records whose outputs went to the producer, by offset, with the outputs'
-        # fingerprints, until their rows are committed (the broker may refuse one until then).
+        # acknowledged; records whose outputs went to the producer, by offset, with the outputs,
+        # until their rows are committed (the broker may refuse one until then).
         self._awaiting: list[Outcome] = []
-        self._written: dict[int, tuple[Record, tuple[int, ...]]] = {}
+        self._written: dict[int, tuple[Record, list[ProducedRecord]]] = {}
         self._write_errors = process.failed_writes.errors  # failures before this task are not its own
         self.writer = TransactionalWriter(process, topic, partition) if s.exactly_once else None
+        # At-least-once: a slot's quick path hands outputs to the producer itself (``quick_produce``)
+        # and settles its accepted records in runs (``settled``).
+        self.quick_produce = self._quick_produce if self.writer is None else None
         self.committed = process.committed(topic, partition)  # after the writer fenced any predecessor
         self.last_commit = self.committed
         count = 1 if s.ordering == "partition" else s.slots
@@ -205,16 +208,35 @@ class PartitionTask:
             self._write_dead_letter(record, produced[0])
             self.tracker.complete(record.offset, row)
             return
-        try:
-            for item in produced:
-                produce(self.process.producer, item)
-        except InvalidOutput as exc:  # refused before it was sent: not complete until its dead letter is
-            with self._lock:
-                self._refused.append((record, Failure.of(exc), latency_ms, inflight))
+        if not self._quick_produce(record, produced, latency_ms, inflight):
             return
         # Before it completes: ``commit`` reads it once the tracker releases the row.
-        self._written[record.offset] = (record, fingerprints(produced))
+        self._written[record.offset] = (record, produced)
         self.tracker.complete(record.offset, row)
+
+    def _quick_produce(self, record: Record, produced: list[ProducedRecord], latency_ms: float, inflight: int) -> bool:
+        """An accepted record's outputs to the producer; False when one was refused before it was
+        sent: the record is then not complete until its dead letter is written."""
+        producer = self.process.producer
+        try:
+            for item in produced:
+                produce(producer, item)
+        except InvalidOutput as exc:
+            with self._lock:
+                self._refused.append((record, Failure.of(exc), latency_ms, inflight))
+            return False
+        return True
+
+    def settled(self, done: list[tuple[Record, list[ProducedRecord], float, int]]) -> None:
+        """Records a slot accepted on its quick path, their outputs with the producer: their rows,
+        the records kept until their rows are committed, their offsets complete, all at once."""
+        accepted = Outcome.accepted
+        rows = [accepted(record, latency_ms, inflight) for record, _, latency_ms, inflight in done]
+        written = self._written
+        for record, produced, _, _ in done:
+            if produced:
+                written[record.offset] = (record, produced)
+        self.tracker.complete_many([record.offset for record, _, _, _ in done], rows)
 
     def _write_dead_letter(self, record: Record, dead: ProducedRecord) -> None:
         """A DLQ record, with a callback of its own (dead letters are few): a refused or failed
@@ -259,7 +281,7 @@ class PartitionTask:
         now_ms = int(time.time() * 1000)
         for row in self._awaiting:
             entry = written.pop(row.offset, None)
-            why = failed.claim(entry[1]) if entry is not None else None
+            why = failed.claim(fingerprints(entry[1])) if entry is not None else None
             if entry is None or why is None:
                 rows.append(row)
                 continue

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -48,11 +49,20 @@ class SlotOwner(Protocol):
         inflight: int,
     ) -> None: ...
 
+    quick_produce: Callable[[Record, list[ProducedRecord], float, int], bool] | None
+
+    def settled(self, done: list[Done]) -> None: ...
+
     def dead_letter(
         self, record: Record, failure: Failure, first_ms: int, latency_ms: float, inflight: int
     ) -> None: ...
 
     def fail(self, exc: BaseException) -> None: ...
+
+
+# A record accepted on the quick path whose outputs the producer has: its latency and inflight.
+Done = tuple[Record, list[ProducedRecord], float, int]
+SETTLE_EVERY = 256  # quick-path records settled together: the tracker, the task's lock and rows once per run
 
 
 @dataclass(slots=True)
@@ -87,6 +97,9 @@ class Slot:
         self.lock = threading.Lock()
         self.generation = 0
         self.current: Call | None = None
+        # Accepted on the quick path, not yet settled with the task: settled in runs, or by the
+        # watchdog when it gives up the call after them (their thread may never come back).
+        self.done: list[Done] = []
         self.finished = threading.Event()
         self._start(None)
 
@@ -118,22 +131,21 @@ class Slot:
 
         A trivial handler's call cost less than the bookkeeping around it, so a first attempt of
         a record no process died with does what a plain loop does and little more: the journal
-        slot, the deadline, the call, its row. A record that fails, or that the journal must run
-        alone, goes on in ``_handle``. False when the watchdog took this thread's place.
+        slot, the deadline, the call, its outputs to the producer. Its row and its offset's
+        completion wait in ``done`` and go to the task in runs (``SETTLE_EVERY``), once per run
+        instead of once per record. A record that fails, or that the journal must run alone,
+        goes on in ``_handle``. False when the watchdog took this thread's place.
         """
         task, lock = self.task, self.lock
-        handler, settle, running, output_topic = (
-            task.process.handler,
-            task.settle,
-            task.calls_running,
-            task.settings.output_topic,
-        )
+        handler, running, output_topic = task.process.handler, task.calls_running, task.settings.output_topic
+        quick_produce = task.quick_produce
         enter, leave = calls
         clock, wall = time.monotonic, time.time
         while backlog:
             record = backlog.popleft()
             first_ms = int(wall() * 1000)
             if record.delivery_count != 1 or not enter(record.partition, record.offset):
+                self._settle_done()
                 if not self._handle(gen, calls, record, 1, first_ms, 0.0):
                     return False
                 continue
@@ -152,12 +164,26 @@ class Slot:
                 self.current = None
             latency_ms = (clock() - started) * 1000
             if failure is None:
-                settle(record, ACCEPTED, None, outputs, latency_ms, inflight)
+                if quick_produce is None:  # exactlyOnce: its outputs wait for the next transaction
+                    task.settle(record, ACCEPTED, None, outputs, latency_ms, inflight)
+                elif quick_produce(record, outputs, latency_ms, inflight):
+                    self.done.append((record, outputs, latency_ms, inflight))
+                    if len(self.done) >= SETTLE_EVERY:
+                        self._settle_done()
                 continue
+            self._settle_done()
             wait_ms = self._failed(record, 1, first_ms, failure, latency_ms, inflight)
             if wait_ms is not None and not self._handle(gen, calls, record, 2, first_ms, wait_ms):
                 return False
+        self._settle_done()
         return True
+
+    def _settle_done(self) -> None:
+        """Hand the quick path's accepted records to the task. Only this thread adds to ``done``,
+        and only between calls; the watchdog takes it only while a call runs, under the lock."""
+        if self.done:
+            done, self.done = self.done, []
+            self.task.settled(done)
 
     def _handle(self, gen: int, calls: PlainCalls, record: Record, attempt: int, first_ms: int, wait_ms: float) -> bool:
         """Attempts of one record until it ends; False when the watchdog took this thread's place."""
@@ -241,6 +267,9 @@ class Slot:
                 return
             self.generation += 1
             self.current = None
+            done, self.done = self.done, []
+        if done:
+            self.task.settled(done)  # accepted before the call that hangs: their thread may never return
         failure = Failure("Timeout", f"handler ran past its deadline of {s.lock_ms / 1000:g}s")
         latency_ms = (now - call.started) * 1000
         if call.attempt >= s.delivery_limit:
