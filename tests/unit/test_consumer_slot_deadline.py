@@ -111,6 +111,26 @@ def test_records_accepted_before_a_call_that_hangs_are_settled_when_it_is_given_
     ]
 
 
+def test_a_slow_handlers_accepted_records_are_settled_while_the_slot_works_on(tmp_path):
+    """Runs of accepted records end by time as well as by count: records of a slow handler reach
+    the task (and its next commit) while later records of the chunk still run."""
+    journal = CrashJournal(tmp_path, alone_s=LOCK_S)
+    owner = _Owner(journal, None)
+    settled_when_called: dict[int, int] = {}
+
+    def handler(record: Record) -> None:
+        settled_when_called[record.offset] = len(owner.rows)
+        time.sleep(0.03)
+
+    owner.process.handler = handler
+    slot = Slot(owner, 0)
+    slot.queue.put([_record(offset) for offset in range(8)])
+    slot.queue.put(None)
+    assert slot.finished.wait(10)
+    assert settled_when_called[7] >= 4, settled_when_called  # runs of two or three 30 ms records
+    assert sorted(owner.rows) == [(offset, ACCEPTED, None) for offset in range(8)]
+
+
 def test_a_call_past_its_deadline_is_still_given_up(tmp_path):
     """The other side of the same clock: a handler that hangs is timed out and retried."""
     journal = CrashJournal(tmp_path, alone_s=LOCK_S)

@@ -62,7 +62,11 @@ class SlotOwner(Protocol):
 
 # A record accepted on the quick path whose outputs the producer has: its latency and inflight.
 Done = tuple[Record, list[ProducedRecord], float, int]
-SETTLE_EVERY = 256  # quick-path records settled together: the tracker, the task's lock and rows once per run
+# Quick-path records settled together (the tracker, the task's lock and rows once a run): a run
+# ends at this many records, or once its first record was accepted this long ago, so a slow
+# handler's records are not held back from the next commit.
+SETTLE_EVERY = 256
+SETTLE_WITHIN_S = 0.05
 
 
 @dataclass(slots=True)
@@ -132,15 +136,17 @@ class Slot:
         A trivial handler's call cost less than the bookkeeping around it, so a first attempt of
         a record no process died with does what a plain loop does and little more: the journal
         slot, the deadline, the call, its outputs to the producer. Its row and its offset's
-        completion wait in ``done`` and go to the task in runs (``SETTLE_EVERY``), once per run
-        instead of once per record. A record that fails, or that the journal must run alone,
-        goes on in ``_handle``. False when the watchdog took this thread's place.
+        completion wait in ``done`` and go to the task in runs (``SETTLE_EVERY``,
+        ``SETTLE_WITHIN_S``), once per run instead of once per record. A record that fails, or
+        that the journal must run alone, goes on in ``_handle``. False when the watchdog took
+        this thread's place.
         """
         task, lock = self.task, self.lock
         handler, running, output_topic = task.process.handler, task.calls_running, task.settings.output_topic
         quick_produce = task.quick_produce
         enter, leave = calls
         clock, wall = time.monotonic, time.time
+        run_began = 0.0  # when the first record of the run in ``done`` was accepted
         while backlog:
             record = backlog.popleft()
             first_ms = int(wall() * 1000)
@@ -162,13 +168,17 @@ class Slot:
                 if gen != self.generation:
                     return False  # the deadline passed; the watchdog already counted this attempt
                 self.current = None
-            latency_ms = (clock() - started) * 1000
+            ended = clock()
+            latency_ms = (ended - started) * 1000
             if failure is None:
                 if quick_produce is None:  # exactlyOnce: its outputs wait for the next transaction
                     task.settle(record, ACCEPTED, None, outputs, latency_ms, inflight)
                 elif quick_produce(record, outputs, latency_ms, inflight):
-                    self.done.append((record, outputs, latency_ms, inflight))
-                    if len(self.done) >= SETTLE_EVERY:
+                    done = self.done
+                    if not done:
+                        run_began = ended
+                    done.append((record, outputs, latency_ms, inflight))
+                    if len(done) >= SETTLE_EVERY or ended - run_began >= SETTLE_WITHIN_S:
                         self._settle_done()
                 continue
             self._settle_done()
