@@ -53,6 +53,17 @@ def _record(offset: int) -> Record:
     return Record(None, b"v", (), "in", 0, offset, 1, 0)
 
 
+def _watch_until_finished(slots: list[Slot], owner: _Owner, within_s: float) -> None:
+    """The task's watchdog over the slots, as PartitionTask runs it, until every slot has finished."""
+    deadline = time.monotonic() + within_s
+    while not all(slot.finished.is_set() for slot in slots):
+        assert time.monotonic() < deadline, owner.rows
+        now = time.monotonic()
+        for slot in slots:
+            slot.watch(now)
+        time.sleep(0.01)
+
+
 def test_a_suspect_waiting_to_run_alone_is_not_timed_out_by_the_wait(tmp_path):
     """An ordinary call runs; a suspect waits for it, then runs alone; a second suspect waits for
     both. Every call ends within the deadline, while the second suspect's wait and call together
@@ -70,13 +81,7 @@ def test_a_suspect_waiting_to_run_alone_is_not_timed_out_by_the_wait(tmp_path):
         slot.queue.put([_record(offset)])
         slot.queue.put(None)
         time.sleep(0.05 * LOCK_S)  # in this order
-    deadline = time.monotonic() + 10 * LOCK_S
-    while not all(slot.finished.is_set() for slot in slots):
-        assert time.monotonic() < deadline, owner.rows
-        now = time.monotonic()
-        for slot in slots:
-            slot.watch(now)  # the task's watchdog, as PartitionTask runs it
-        time.sleep(0.01)
+    _watch_until_finished(slots, owner, 10 * LOCK_S)
     assert sorted(owner.rows) == [(1, ACCEPTED, None), (2, ACCEPTED, None), (3, ACCEPTED, None)]
 
 
@@ -95,11 +100,7 @@ def test_records_accepted_before_a_call_that_hangs_are_settled_when_it_is_given_
     slot = Slot(owner, 0)
     slot.queue.put([_record(offset) for offset in range(5)])
     slot.queue.put(None)
-    deadline = time.monotonic() + 5
-    while not slot.finished.is_set():
-        assert time.monotonic() < deadline, owner.rows
-        slot.watch(time.monotonic())
-        time.sleep(0.01)
+    _watch_until_finished([slot], owner, 5)
     release.set()
     assert sorted(owner.rows) == [
         (0, ACCEPTED, None),
@@ -145,9 +146,5 @@ def test_a_call_past_its_deadline_is_still_given_up(tmp_path):
     slot = Slot(owner, 0)
     slot.queue.put([_record(7)])
     slot.queue.put(None)
-    deadline = time.monotonic() + 5
-    while not slot.finished.is_set():
-        assert time.monotonic() < deadline, owner.rows
-        slot.watch(time.monotonic())
-        time.sleep(0.01)
+    _watch_until_finished([slot], owner, 5)
     assert owner.rows == [(7, RELEASED, "Timeout"), (7, ACCEPTED, None)]
