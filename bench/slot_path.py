@@ -47,8 +47,8 @@ def inputs_frozen() -> Iterator[None]:
     """The side's inputs, read ahead into memory, out of the garbage collector's sight while it runs.
 
     A worker holds one batch of records at a time; here every record of the run is alive from
-    the start, and each full collection would walk all of them (three CPU-µs a record of the
-    slot path at 100k records, the records' share, not the path's).
+    the start, and each full collection would walk all of them: a cost of this benchmark's
+    read-ahead, not of the side it times.
     """
     gc.collect()
     gc.freeze()

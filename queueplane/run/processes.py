@@ -29,10 +29,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
 GIL_SWITCH_INTERVAL_S = 0.001
 # CPython collects its youngest generation every 700 net allocations of container objects, and
 # a worker makes about ten a record (the record, its call, its outputs, its row): a collection
-# every 70 records, and a full one, walking every object the task holds, every 7,000. At 10,000
-# the consumer slot path cost 1-1.5 CPU-µs a record less (docs/design/consumer-throughput.md).
-# Cyclic garbage waits longer for its collection, and no longer than the task: pyspark's worker
-# runs a full collection after every task.
+# every 70 records, and a full one, walking every object the task holds, every 7,000 (measured
+# in docs/design/consumer-throughput.md). Cyclic garbage waits longer for its collection, and no
+# longer than the task: pyspark's worker runs a full collection after every task.
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
