@@ -239,17 +239,12 @@ def binary_column(values: list[bytes | None]) -> Any:
 
     import pyarrow as pa
 
-    validity = None
-    if None in values:
-        bits = bytearray((len(values) + 7) // 8)
-        for i, value in enumerate(values):
-            if value is not None:
-                bits[i >> 3] |= 1 << (i & 7)
-        validity = pa.py_buffer(bits)
+    from queueplane.run.outcomes import validity_bitmap
+
     present = [v or b"" for v in values]
     offsets = array("i", [0])
     offsets.extend(accumulate(map(len, present)))
-    buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(present))]
+    buffers = [validity_bitmap(values), pa.py_buffer(offsets), pa.py_buffer(b"".join(present))]
     return pa.Array.from_buffers(pa.binary(), len(values), buffers)
 
 

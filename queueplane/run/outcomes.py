@@ -168,11 +168,11 @@ def arrow_column(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
         try:  # nothing missing, the common case: no scan for None first
             validity, data = None, array(_FIXED[kind], values)
         except TypeError:
-            validity, data = _validity(values), array(_FIXED[kind], [v or 0 for v in values])
+            validity, data = validity_bitmap(values), array(_FIXED[kind], [v or 0 for v in values])
         return pa.Array.from_buffers(kind, count, [validity, pa.py_buffer(data)])
     if count and values[0] == values[-1] and values.count(values[0]) == count:
         return _repeated(values[0], count)  # the topic, most outcomes, no error
-    validity = _validity(values)
+    validity = validity_bitmap(values)
     texts = values if validity is None else [v or "" for v in values]
     joined = "".join(texts)
     data = joined.encode()
@@ -200,7 +200,7 @@ def _zeros(count: int) -> pa.Buffer:
     return pa.py_buffer(bytes(4 * count))
 
 
-def _validity(values: Sequence[Any]) -> pa.Buffer | None:
+def validity_bitmap(values: Sequence[Any]) -> pa.Buffer | None:
     """Arrow's validity bitmap (bit i set: value i present), or None when nothing is missing."""
     if None not in values:
         return None

@@ -30,7 +30,7 @@ from confluent_kafka import TopicPartition
 
 from queueplane.run.consumer.ordering import ContiguousOffsets, key_slot
 from queueplane.run.consumer.process import ConsumerSettings, TransactionalWriter, WorkerProcess
-from queueplane.run.consumer.slots import Slot
+from queueplane.run.consumer.slots import Done, Slot
 from queueplane.run.dead_letters import Failure
 from queueplane.run.failed_writes import fingerprints
 from queueplane.run.handler import InvalidOutput, Record
@@ -227,7 +227,7 @@ class PartitionTask:
             return False
         return True
 
-    def settled(self, done: list[tuple[Record, list[ProducedRecord], float, int]]) -> None:
+    def settled(self, done: list[Done]) -> None:
         """Records a slot accepted on its quick path, their outputs with the producer: their rows,
         the records kept until their rows are committed, their offsets complete, all at once."""
         accepted = Outcome.accepted
