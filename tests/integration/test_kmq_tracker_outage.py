@@ -15,8 +15,7 @@ from worker_support import make_queue, order, produce, read_all
 
 from queueplane.provision import steps
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq import tracker
-from queueplane.run.kmq.tracker import REDELIVER, Expired, Redeliverer, TrackerFetchFailed
+from queueplane.run.kmq.redeliverer import REDELIVER, Expired, Redeliverer, TrackerFetchFailed
 
 pytestmark = pytest.mark.kafka
 
@@ -38,7 +37,7 @@ def test_a_tracker_batch_with_its_broker_stopped_ends_nothing_and_redelivers_all
     produce(kafka, queue.topic, [order(i) for i in range(COUNT)])
     placed = [(m.partition(), m.offset()) for m in read_all(kafka, queue.topic, expect_at_least=COUNT)]
     expired = [Expired(partition, offset, 1, REDELIVER) for partition, offset in placed]
-    monkeypatch.setattr(tracker, "FETCH_TIMEOUT_S", 5.0)  # the production bound is 30 s
+    monkeypatch.setattr("queueplane.run.kmq.redeliverer.FETCH_TIMEOUT_S", 5.0)  # the production bound is 30 s
     redeliverer = Redeliverer(spec, kafka)
     try:
         stack.down()

@@ -7,7 +7,6 @@ import pytest
 from queueplane.run import dead_letters as dlq
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.resume import ResumePoint, commit_metadata, markers_start
-from queueplane.run.kmq.tracker import tracker_interval_ms
 
 
 def test_a_marker_survives_encoding_and_reads_as_plain_text():
@@ -35,11 +34,6 @@ def test_a_redelivery_counts_up_and_points_at_the_message_as_first_produced():
     assert km.origin(second, "jobs", 0, 9000) == km.Origin("jobs", 1, 70, 1000)
     third = km.redelivery_headers(second, km.origin(second, "jobs", 0, 9000), 3, 1000)
     assert km.delivery_count(third) == 3 and sum(1 for k, _ in third if k == dlq.HEADER_DELIVERY_COUNT) == 1
-
-
-@pytest.mark.parametrize(("lock_ms", "interval_ms"), [(500, 1000), (3000, 1000), (30_000, 6000), (3_600_000, 10_000)])
-def test_the_tracker_looks_a_fifth_of_the_lock_apart_within_bounds(lock_ms, interval_ms):
-    assert tracker_interval_ms(lock_ms) == interval_ms
 
 
 def test_a_resume_point_skips_started_records_and_those_below_the_commit_and_survives_json():

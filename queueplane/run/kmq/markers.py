@@ -11,10 +11,8 @@ accepted with its outputs durable, or dead-lettered; ``retry`` when the handler 
 another delivery (the tracker redelivers after ``delay ms`` instead of the lock timeout).
 The tracker also writes ``end`` for a delivery it timed out and redelivered.
 
-A ``tick`` (key ``tick``, partition 0) carries no delivery: the driver writes one every half
-tracker interval while the tracker watches open deliveries, so that the tracker runs a batch
-and its timers fire. With none open it writes none, and an idle tracker plans no batch
-(``tracker.TrackerClock``).
+A ``tick`` (key ``tick``, partition 0) carries no delivery. Releases whose tracker was a Spark
+query wrote them to wake it; none is written now, and readers skip those still retained.
 
 A redelivery is a new record on the queue topic: the original key, value and headers, with
 the delivery count and the first attempt's time in the DLQ header names (queueplane.dlq),
@@ -31,23 +29,7 @@ from queueplane.run import dead_letters as dlq
 
 START, END, RETRY = "start", "end", "retry"
 KINDS = (START, END, RETRY)
-TICK = "tick"  # no delivery: wakes the tracker (its key and its kind)
-# The markers as columns, parsed by Spark SQL from the Kafka source (the tracker's input).
-SQL_COLUMNS = (
-    "CAST(key AS STRING) AS id",
-    "split(CAST(value AS STRING), ' ') AS f",
-    "partition AS marker_partition",
-    "offset AS marker_offset",
-)
-SQL_FIELDS = (
-    "id",
-    "f[0] AS kind",
-    "CAST(f[1] AS INT) AS delivery_count",
-    "CAST(f[2] AS BIGINT) AS at_ms",
-    "CAST(f[3] AS BIGINT) AS delay_ms",
-    "marker_partition",
-    "marker_offset",
-)
+TICK = "tick"  # no delivery: written by earlier releases to wake their tracker
 
 
 @dataclass(frozen=True)
@@ -71,11 +53,6 @@ class Marker:
         if kind not in KINDS:
             raise ValueError(f"unknown marker kind {kind!r}")
         return cls(partition, offset, kind, int(count), int(at_ms), int(delay_ms))
-
-
-def tick(at_ms: int) -> tuple[bytes, bytes]:
-    """A tick's key and value: a marker about no message."""
-    return TICK.encode(), f"{TICK} 0 {at_ms} 0".encode()
 
 
 def is_tick(key: bytes | None) -> bool:
