@@ -6,7 +6,7 @@ an archive, so a process that imports pyspark from there compiles what it needs 
 (about 1.6 s of CPU for pyspark's worker module, against 0.3 s from the installed package).
 
 The daemon (spark_daemon.py) takes the archives off its own path, but not every Python process
-Spark starts is forked from it: a stateful query (``transformWithState``, kmq's tracker) checks
+Spark starts is forked from it: a stateful query (``transformWithState``) checks
 its state schema in a worker Spark starts on its own and waits for at most 10 s
 (``PythonWorkerFactory.createSimpleWorker``, not configurable). On a busy two-core machine that
 worker took 5.7-9.1 s to import from the zip, and the query failed with "Python worker failed

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 from collections import Counter
-from datetime import datetime
-from pathlib import Path
 
 import pytest
 from helpers import wait_for
@@ -16,65 +13,18 @@ from worker_support import Supervised, kill_like_a_pod, make_queue, order, produ
 
 from queueplane.run import dead_letters as dlq
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq.tracker import CHECKPOINT_DIR, tracker_interval_ms
 
 pytestmark = pytest.mark.kafka
 LOCK_MS = 3000
 LIMIT = 3
-TRACKER_LINE = re.compile(r"^(\S+ \S+) \S+: tracker batch (\d+): (\d+) redelivered", re.M)
+# The tracker looks for deadlines passed every STEP_S; the rest is slack for a busy machine
+# (the driver's Python shares two cores with Spark, the broker and the handlers).
+LATE_MS = 3000
 
 
-def _redelivering_batch(log: str, produced_ms: int) -> int:
-    """The tracker batch that produced a redelivery at ``produced_ms``.
-
-    It logs its line once its redeliveries are produced: the first redelivering line at or after them.
-    """
-    for line in TRACKER_LINE.finditer(log):
-        logged_ms = datetime.strptime(line[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000
-        if line[3] != "0" and logged_ms >= produced_ms - 1:  # the log's clock keeps milliseconds only
-            return int(line[2])
-    raise AssertionError(f"no tracker batch logged a redelivery at {produced_ms}:\n{log[-3000:]}")
-
-
-def _tracker_batch(checkpoint: Path, batch: int) -> tuple[int, dict[int, int], int]:
-    """One tracker batch from Spark's checkpoint: the time its timers fired at (the batch's
-    timestamp), the markers offsets it had read up to, and when it was committed (epoch ms)."""
-    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-    fired_ms = json.loads(lines[1])["batchTimestampMs"]
-    (read_up_to,) = json.loads(lines[2]).values()
-    committed_ms = (checkpoint / "commits" / str(batch)).stat().st_mtime_ns // 1_000_000
-    return fired_ms, {int(p): o for p, o in read_up_to.items()}, committed_ms
-
-
-def _assert_first_trigger_after(checkpoint: Path, log: str, produced_ms: int, due_ms: int, marker: tuple) -> None:
-    """A redelivery came from the first tracker batch that could fire it, and that batch came on time.
-
-    ``marker`` is the (partition, offset, written at ms) of the marker that set the deadline, in
-    the markers topic. The batches' times and offsets come from Spark's checkpoint, so that the
-    only wait bounded here is for the next trigger: a busy machine's slow planning and sink
-    move each batch's end, which the bound starts from, not its order.
-    """
-    batch = _redelivering_batch(log, produced_ms)
-    fired_ms, _, _ = _tracker_batch(checkpoint, batch)
-    before_fired_ms, before_read, before_done_ms = _tracker_batch(checkpoint, batch - 1)
-    partition, offset, written_ms = marker
-    assert due_ms <= fired_ms <= produced_ms, (due_ms, fired_ms, produced_ms)
-    assert before_fired_ms < due_ms or before_read[partition] <= offset, "the batch before could have fired it"
-    # While a delivery is open a tick comes every half interval, so a trigger finds data at the
-    # first interval boundary after a tick: within 1.5 intervals of the latest of the deadline,
-    # the marker and the end of the batch before, plus a busy machine's slack.
-    ready_ms = max(due_ms, written_ms, before_done_ms)
-    assert fired_ms <= ready_ms + 3 * tracker_interval_ms(LOCK_MS), (fired_ms, ready_ms)
-
-
-def _marker_position(placed: list[tuple[km.Marker, int, int]], record: tuple[int, int], kind: str, count: int) -> tuple:
-    """Where a record's (partition, offset) marker sits in the markers topic, and when it was written."""
-    (position,) = [
-        (partition, at, marker.at_ms)
-        for marker, partition, at in placed
-        if (marker.partition, marker.offset, marker.kind, marker.delivery_count) == (*record, kind, count)
-    ]
-    return position
+def _on_time(produced_ms: int, due_ms: int) -> None:
+    """A redelivery is produced once its deadline has passed, and soon after it."""
+    assert due_ms <= produced_ms <= due_ms + LATE_MS, (due_ms, produced_ms)
 
 
 def _header(message, name: str) -> str | None:
@@ -87,16 +37,8 @@ def _finish(worker, timeout_s: float = 400) -> dict:
     return json.loads(out)
 
 
-def _placed_markers(kafka, topic: str) -> list[tuple[km.Marker, int, int]]:
-    """Every marker, with its partition and offset in the markers topic."""
-    messages = read_all(kafka, topic, expect_at_least=1)
-    return [
-        (km.Marker.decode(m.key(), m.value()), m.partition(), m.offset()) for m in messages if not km.is_tick(m.key())
-    ]
-
-
 def _markers(kafka, topic: str) -> list[km.Marker]:
-    return [marker for marker, _, _ in _placed_markers(kafka, topic)]
+    return [km.Marker.decode(m.key(), m.value()) for m in read_all(kafka, topic, expect_at_least=1)]
 
 
 def _settled(events: list[dict], hang: int, fail: int) -> bool:
@@ -123,9 +65,7 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     # The worker is stopped as a pod is (SIGTERM) once every outcome under test is in, not by an
     # idle bound: the warm-up waits below can outlast any such bound on a busy machine, and the
     # worker would stop before the records under test arrive.
-    log = tmp_path / "worker.log"
-    worker = start_worker(queue, kafka, "--checkpoint-dir", str(tmp_path / "ckpt"), log=log)
-    checkpoint = tmp_path / "ckpt" / CHECKPOINT_DIR
+    worker = start_worker(queue, kafka, log=tmp_path / "worker.log")
     hang, fail = warmup, warmup + 1
     try:
         # Both queries are up and through their first batches before the records under test arrive.
@@ -162,15 +102,11 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     assert _header(copy, dlq.HEADER_DELIVERY_COUNT) == "2"
     original = next(m for m in on_topic if m.value() == order(hang, mode="hang", hang_s=12) and not m.headers())
     assert _header(copy, dlq.HEADER_SOURCE_OFFSET) == str(original.offset())
-    placed = _placed_markers(kafka, markers_topic)
-    markers = [marker for marker, _, _ in placed]
+    markers = _markers(kafka, markers_topic)
     (start,) = [
         m for m in markers if (m.partition, m.offset, m.kind) == (original.partition(), original.offset(), km.START)
     ]
-    # Produced by the first tracker trigger after the deadline.
-    assert copy.timestamp()[1] - start.at_ms >= LOCK_MS
-    start_marker = _marker_position(placed, (start.partition, start.offset), km.START, 1)
-    _assert_first_trigger_after(checkpoint, log.read_text(), copy.timestamp()[1], start.at_ms + LOCK_MS, start_marker)
+    _on_time(copy.timestamp()[1], start.at_ms + LOCK_MS)
     ended = {(m.partition, m.offset) for m in markers if m.kind == km.END}
     started = {(m.partition, m.offset) for m in markers if m.kind == km.START}
     assert started <= ended, "every delivery ended: by the worker, or by the tracker when it redelivered"
@@ -190,7 +126,7 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     first_fail = next(m for m in on_topic if m.value() == order(fail, mode="retry") and not m.headers())
     assert _header(failed, dlq.HEADER_SOURCE_OFFSET) == str(first_fail.offset())
     # Each retry waits its backoff (200ms, then 200-400ms: the upper half of min(500ms, 200ms *
-    # 2^(k-1))), then comes back at the first tracker trigger after it, as a timed-out delivery does.
+    # 2^(k-1))), then comes back as a timed-out delivery does.
     retried = [m for m in on_topic if m.value().startswith(b"{") and json.loads(m.value())["id"] == f"id-{fail:06d}"]
     at = {(m.partition(), m.offset()) for m in retried}
     retries = sorted(
@@ -200,10 +136,7 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     copies = {int(_header(m, dlq.HEADER_DELIVERY_COUNT) or 1): m for m in retried}
     for marker, (low, high) in zip(retries, [(200, 200), (200, 400)], strict=True):
         assert low <= marker.delay_ms <= high, marker
-        back = copies[marker.delivery_count + 1].timestamp()[1]
-        assert back - marker.at_ms >= marker.delay_ms, (marker, back)
-        retry_marker = _marker_position(placed, (marker.partition, marker.offset), km.RETRY, marker.delivery_count)
-        _assert_first_trigger_after(checkpoint, log.read_text(), back, marker.at_ms + marker.delay_ms, retry_marker)
+        _on_time(copies[marker.delivery_count + 1].timestamp()[1], marker.at_ms + marker.delay_ms)
     assert dead["Reject"].value() == b"not json" and _header(dead["Reject"], dlq.HEADER_DELIVERY_COUNT) == "1"
 
     counts = summary["counts"]
@@ -251,7 +184,8 @@ def test_kill_minus_9_between_start_and_end_markers_loses_nothing(kafka, tmp_pat
 def test_without_any_checkpoint_the_tracker_rebuilds_open_deliveries_from_the_markers(kafka, tmp_path):
     """A worker killed with a delivery open restarts on new, empty checkpoints (a pod on a fresh
     volume): the worker starts at the group's commits and skips what had started; the tracker
-    reads the markers topic from the beginning and redelivers the open delivery."""
+    reads the markers topic from its group's commit (at the oldest marker of a delivery it
+    held open) and redelivers the open delivery."""
     total, hung = 300, 150
     queue = make_queue(tmp_path, kafka, group_type="kmq", lock="3s", partitions=2, delivery_limit=LIMIT)
     produce(kafka, queue.topic, [order(i, mode="hang", hang_s=60) if i == hung else order(i) for i in range(total)])
