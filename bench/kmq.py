@@ -1,8 +1,10 @@
 """kmq worker benchmark: what the markers and the tracker cost next to a plain consumer group.
 
-1. Trivial handler, same broker, same run, same partitions, records and concurrency: steady
-   records/s of a kmq queue as a ratio to a consumer-group queue (goal >= 0.85). A warm-up run of
-   each side first, then ``--rounds`` rounds that swap which side goes first; each side's best counts.
+1. Trivial handler, same broker, same run, same partitions, records, concurrency and records per
+   micro-batch: steady records/s of a kmq queue as a ratio to a consumer-group queue (goal >=
+   0.85). A warm-up run of each side first, then ``--rounds`` rounds that swap which side goes
+   first; each side's best counts. Each counted run spans several micro-batches on both sides,
+   so what a batch costs beyond its records counts on both.
 2. Marker bytes per message: key and value bytes written to the markers topic per message
    (a start and an end marker each; Kafka adds its per-record overhead on top).
 3. CPU seconds per 100k records of each counted run, by process (broker JVM, Spark's JVM, the
@@ -10,7 +12,7 @@
    machine's cores busy, throughput follows the total, so the totals' ratio bounds the goal's
    ratio, and the roles say where kmq's extra CPU goes.
 
-    .venv/bin/python bench/kmq.py [--records 20000] [--concurrency 16] [--rounds 3] [--profile]
+    .venv/bin/python bench/kmq.py [--records 200000] [--concurrency 16] [--rounds 3] [--profile]
 """
 
 from __future__ import annotations
@@ -25,18 +27,23 @@ from common import apply_queue, bench_broker, console, goal, profiled, pyplot, s
 from share import HANDLERS, RssSampler, fill, worker_throughput
 
 from queueplane.kafka.target import KafkaTarget
+from queueplane.run.consumer.runtime import DEFAULT_BATCH_RECORDS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from worker_support import read_all
 
 PARTITIONS = 6
+# A kmq micro-batch holds maxInFlight records per partition (all of them get their start markers
+# at once); a consumer-group one holds DEFAULT_BATCH_RECORDS. The same records per batch on both
+# sides, so that neither pays its per-batch costs more often.
+MAX_IN_FLIGHT = DEFAULT_BATCH_RECORDS // PARTITIONS
 
 
 def apply_trivial_queue(folder: Path, target: KafkaTarget, group_type: str, concurrency: int) -> dict:
     return apply_queue(
         folder,
         target,
-        {"type": group_type, "lockDuration": "30s", "maxInFlight": 2000},
+        {"type": group_type, "lockDuration": "30s", "maxInFlight": MAX_IN_FLIGHT},
         topic={"partitions": PARTITIONS},
         processing={"handler": "bench_handlers:trivial", "concurrency": concurrency},
     )
@@ -54,7 +61,7 @@ def marker_bytes(target: KafkaTarget, topic: str, records: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--records", type=int, default=200_000, help="records a counted run; four batches a side")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds after the warm-up")
     parser.add_argument(
@@ -63,7 +70,12 @@ def main() -> int:
         help="after the warm-up, one run of each side under py-spy instead of the rounds; saves only the profiles",
     )
     args = parser.parse_args()
-    result: dict = {"records": args.records, "partitions": PARTITIONS, "rounds": {"consumer": [], "kmq": []}}
+    result: dict = {
+        "records": args.records,
+        "partitions": PARTITIONS,
+        "records_per_batch": MAX_IN_FLIGHT * PARTITIONS,
+        "rounds": {"consumer": [], "kmq": []},
+    }
     with bench_broker("qp-bench-kmq-") as (folder, target):
         marks = folder / "marks"
         marks.mkdir()

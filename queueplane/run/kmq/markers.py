@@ -23,17 +23,23 @@ first produced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from queueplane.run import dead_letters as dlq
 
 START, END, RETRY = "start", "end", "retry"
 KINDS = (START, END, RETRY)
+# An end marker may be written this share of lockDuration after its call ended (a task writes
+# them in rounds, at moments when its producer holds nothing unacknowledged, and waits for such a
+# moment no longer than this): so a call that ended just before its deadline may have its end
+# marker written after it, and the tracker waits this long past a deadline before it redelivers.
+LATE_END_SHARE = 0.2
 TICK = "tick"  # no delivery: written by earlier releases to wake their tracker
 
 
-@dataclass(frozen=True)
-class Marker:
+class Marker(NamedTuple):
+    """One marker. A named tuple: the tracker decodes two of them per message."""
+
     partition: int  # of the queue record, and of the marker
     offset: int
     kind: str
@@ -48,11 +54,15 @@ class Marker:
 
     @classmethod
     def decode(cls, key: bytes, value: bytes) -> Marker:
-        partition, offset = parse_id(key.decode())
-        kind, count, at_ms, delay_ms = value.decode().split(" ")
-        if kind not in KINDS:
+        partition, _, offset = key.partition(b":")
+        kind, count, at_ms, delay_ms = value.split(b" ")
+        name = _KIND_NAMES.get(kind)
+        if name is None:
             raise ValueError(f"unknown marker kind {kind!r}")
-        return cls(partition, offset, kind, int(count), int(at_ms), int(delay_ms))
+        return cls(int(partition), int(offset), name, int(count), int(at_ms), int(delay_ms))
+
+
+_KIND_NAMES = {kind.encode(): kind for kind in KINDS}
 
 
 def is_tick(key: bytes | None) -> bool:

@@ -55,9 +55,6 @@ from queueplane.run.settings import QueueSettings
 
 log = logging.getLogger("queueplane.worker")
 WAIT_STEP_S = 0.05
-# An end marker waits for a moment with nothing in flight; past this share of lockDuration the
-# handler threads hold their writes until it comes, so the tracker never sees the marker late.
-HOLD_AFTER_LOCK_SHARE = 0.2
 # A retried task starts a delivery's clock again with a new start marker only this far before
 # the old lock runs out: the marker must be durable, and read by the tracker, before it looks.
 TRACKER_MARGIN_MS = 1000
@@ -172,7 +169,7 @@ class KmqTask:
         # writes that moment may not come by itself, and a marker must not wait past the lock.
         self._may_produce = threading.Event()
         self._may_produce.set()
-        self._hold_after_s = self.settings.lock_ms / 1000 * HOLD_AFTER_LOCK_SHARE
+        self._hold_after_s = self.settings.lock_ms / 1000 * km.LATE_END_SHARE  # no later than the tracker waits for it
         self._outcomes: list[Outcome] = []
         self._error: str | None = None
         self._write_failures = process.failed_writes.failures  # failures before this task are not its own

@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -40,9 +40,11 @@ from queueplane.run.kmq.redeliverer import GIVE_UP, REDELIVER, Expired
 log = logging.getLogger("queueplane.worker")
 
 READ_AT_ONCE = 5000  # markers one consume call returns at most
-# How often it looks for deadlines passed (a scan of the open deliveries): a delivery comes back
-# this long after its deadline at most, once its markers are read.
-STEP_S = 0.1
+STEP_S = 0.1  # how often it looks for deadlines passed (a scan of the open deliveries)
+# Past a deadline the tracker waits for a late end marker (markers.LATE_END_SHARE) and for the
+# moment it takes to be written and acknowledged under load, then reads every marker written
+# until then (its partitions' ends, asked of the broker) before it redelivers.
+LATE_END_MARGIN_MS = 1000
 COMMIT_EVERY_S = 1.0
 METADATA_EVERY_S = 30.0  # how often it looks for partitions added to the markers topic
 # A redelivery round that keeps failing (the broker gone) is tried again with a growing pause;
@@ -51,8 +53,12 @@ RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
 FAILING_FOR_S = 300.0
 
 
-@dataclass(frozen=True, slots=True)
-class OpenDelivery:
+def redelivery_grace_ms(lock_ms: int) -> int:
+    """How long past its deadline a delivery is redelivered: what an end marker may be late by."""
+    return int(lock_ms * km.LATE_END_SHARE) + LATE_END_MARGIN_MS
+
+
+class OpenDelivery(NamedTuple):
     delivery_count: int
     due_ms: int
     # The marker that opened it (start) or moved its deadline (retry): a restart reads from here.
@@ -122,6 +128,9 @@ class Tracker:
         self.target, self.group, self.topic = target, kn.kmq_tracker_group(group_id), markers_topic
         self.deliveries = deliveries
         self.redeliver, self.on_done = redeliver, on_done
+        self.grace_ms = redelivery_grace_ms(deliveries.lock_ms)
+        # (cutoff ms, markers partition ends): deliveries due by the cutoff go once these are read
+        self._fence: tuple[int, dict[int, int]] | None = None
         self.positions: dict[int, int] = {}  # per markers partition, the next offset to read
         self.expected: dict[int, int] = {}  # markers the tracker must have read before it can be idle
         self.failure: BaseException | None = None
@@ -175,7 +184,7 @@ class Tracker:
                 for message in consumer.consume(READ_AT_ONCE, STEP_S):
                     self._read(message)
                 if time.monotonic() >= expire_at:
-                    self._expire()
+                    self._expire(consumer)
                     expire_at = time.monotonic() + STEP_S
                 if time.monotonic() >= commit_at:
                     self._commit(consumer)
@@ -218,31 +227,51 @@ class Tracker:
             return
         self.deliveries.fold(marker, partition, offset)
 
-    def _expire(self) -> None:
+    def _expire(self, consumer: Consumer) -> None:
+        """Redeliver what is due past its grace, once every marker written until then is read."""
         now = time.monotonic()
         if now < self._retry_at:
             return
-        expired = self.deliveries.due(int(time.time() * 1000))
-        if not expired:
-            return
         try:
+            expired = self._due(consumer)
+            if not expired:
+                return
             done = self.redeliver(expired)
         except Exception as exc:  # the broker away: the same deliveries again after a pause
             self.failing_since = self.failing_since or now
             if now - self.failing_since >= FAILING_FOR_S:
                 raise
             log.warning(
-                "kmq tracker: %d deliveries are due and could not be redelivered (%s); trying again in %.0fs",
-                len(expired),
+                "kmq tracker: deliveries are due and could not be redelivered (%s); trying again in %.0fs",
                 exc,
                 self._retry_s,
             )
+            self._fence = None
             self._retry_at = now + self._retry_s
             self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
             return
         self.failing_since, self._retry_s = None, RETRY_FIRST_S
         self.deliveries.ended(expired)
         self.on_done(done)
+
+    def _due(self, consumer: Consumer) -> list[Expired]:
+        """What is due, past its grace, as of a moment up to which every marker has been read."""
+        if self._fence is None:
+            cutoff = int(time.time() * 1000) - self.grace_ms
+            late = self.deliveries.due(cutoff)
+            if not late:
+                return []
+            partitions = sorted({self.deliveries.open[(e.partition, e.offset)].marker_partition for e in late})
+            ends = {
+                p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10, cached=False)[1]
+                for p in partitions
+            }
+            self._fence = (cutoff, ends)
+        cutoff, ends = self._fence
+        if any(self.positions.get(p, -1) < end for p, end in ends.items()):
+            return []  # an end marker written before the cutoff may still be on its way here
+        self._fence = None
+        return self.deliveries.due(cutoff)
 
     def _commit(self, consumer: Consumer) -> None:
         points = self.deliveries.restart_points(self.positions)
