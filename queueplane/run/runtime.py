@@ -34,7 +34,7 @@ class QueueRuntime(ABC):
     # The source runs no micro-batch while nothing is new (Spark's Kafka source), so the sink
     # never sees the queue idle: the driver looks for a stop condition between batches too.
     batches_only_on_input: ClassVar[bool] = True
-    # Spark's shuffle partitions: no runtime shuffles its records; kmq's tracker is one stateful shuffle.
+    # Spark's shuffle partitions: no runtime shuffles its records.
     shuffle_partitions: ClassVar[int] = 2
 
     def __init__(self, queue: QueueSpec, target: KafkaTarget, options: RunOptions):

@@ -14,9 +14,9 @@ retained marker. A crash between a redelivery and its ``end`` marker redelivers 
 once more after the restart, a duplicate at worst.
 
 Why a thread and not a Spark query: a ``transformWithState`` query over the markers cost about
-0.26 ms of CPU per message (its shuffle, its state store, each marker's round trip to a
-Python worker), which bounded a kmq queue near 7k messages/s on two cores; read by one
-consumer and folded in a dict, a message's two markers cost a few µs
+0.26 ms of CPU a message measured alone (its shuffle, its state store, each marker's round trip
+to a Python worker) and started a Python process outside Spark's daemon; read by one consumer
+and folded in a dict, a message costs the driver about 25 µs, its consumer's threads included
 (docs/design/consumer-throughput.md, "The kmq tracker as a thread").
 """
 
@@ -51,6 +51,7 @@ METADATA_EVERY_S = 30.0  # how often it looks for partitions added to the marker
 # failing for this long, the tracker gives up and the run ends, so the worker looks broken.
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
 FAILING_FOR_S = 300.0
+WARN_EVERY_S = 60.0
 
 
 def redelivery_grace_ms(lock_ms: int) -> int:
@@ -138,6 +139,7 @@ class Tracker:
         self._retry_at = 0.0
         self._retry_s = RETRY_FIRST_S
         self._committed: dict[int, int] = {}
+        self._warned: dict[int, float] = {}  # per error code, when a read error was last logged
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="qp-kmq-tracker", daemon=True)
 
@@ -213,8 +215,9 @@ class Tracker:
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
                 self.positions[partition] = offset
-            else:
-                log.warning("kmq tracker: reading %s[%s] failed: %s", self.topic, partition, error)
+            elif time.monotonic() - self._warned.get(error.code(), -WARN_EVERY_S) >= WARN_EVERY_S:
+                self._warned[error.code()] = time.monotonic()  # the client retries: a line a minute per kind
+                log.warning("kmq tracker: reading %s failed: %s", self.topic, error)
             return
         self.positions[partition] = offset + 1
         key = message.key()  # type: ignore[attr-defined]
