@@ -24,7 +24,7 @@ COUNT = 6
 
 def _ends(kafka, topic: str) -> set[tuple[int, int]]:
     messages = read_all(kafka, topic, timeout_s=3)
-    markers = [km.Marker.decode(m.key(), m.value()) for m in messages if not km.is_tick(m.key())]
+    markers = [marker for m in messages for marker in km.decode(m.key(), m.value())]
     return {(m.partition, m.offset) for m in markers if m.kind == km.END}
 
 

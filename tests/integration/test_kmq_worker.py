@@ -41,7 +41,7 @@ def _finish(worker, timeout_s: float = 400) -> dict:
 
 
 def _markers(kafka, topic: str) -> list[km.Marker]:
-    return [km.Marker.decode(m.key(), m.value()) for m in read_all(kafka, topic, expect_at_least=1)]
+    return [marker for m in read_all(kafka, topic, expect_at_least=1) for marker in km.decode(m.key(), m.value())]
 
 
 def _settled(events: list[dict], hang: int, fail: int) -> bool:

@@ -23,16 +23,16 @@ class _Producer:
     """Keeps what was produced, in order, with each write's error callback."""
 
     def __init__(self):
-        self.produced: list[tuple[str, bytes | None, object]] = []
+        self.produced: list[tuple[str, bytes | None, bytes | None, object]] = []
         self._lock = threading.Lock()
 
     def produce(self, topic, value=None, key=None, headers=None, on_delivery=None, partition=None):
         with self._lock:
-            self.produced.append((topic, key, on_delivery))
+            self.produced.append((topic, key, value, on_delivery))
 
     def topics(self) -> list[str]:
         with self._lock:
-            return [topic for topic, _, _ in self.produced]
+            return [topic for topic, _, _, _ in self.produced]
 
 
 class _Delivery:
@@ -75,7 +75,8 @@ def _task(
 
 def _markers(producer: _Producer) -> list[int]:
     """The offsets of the records whose markers were produced."""
-    return [km.parse_id(key.decode())[1] for topic, key, _ in producer.produced if topic == MARKERS]
+    produced = [(key, value) for topic, key, value, _ in producer.produced if topic == MARKERS]
+    return [marker.offset for key, value in produced for marker in km.decode(key, value)]
 
 
 def test_an_end_marker_waits_for_a_moment_with_every_write_acknowledged():
@@ -118,7 +119,7 @@ def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter():
     task, producer, delivery, jobs = _task()
     task._write_then_end(0, [(OUTPUT, b"k", b"v", [])], km.END)
     task._write_then_end(1, [(OUTPUT, b"k", b"v", [])], km.END)
-    refused_callback = producer.produced[0][2]
+    refused_callback = producer.produced[0][3]
     refused_callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
     delivery.idle = True
     task._end_round(0.0)
@@ -130,7 +131,7 @@ def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter():
 def test_a_failed_dead_letter_write_fails_the_task_and_writes_no_marker():
     task, producer, delivery, _ = _task(records=1)
     task._write_then_end(0, [(DLQ, b"k", b"v", [])], km.END)
-    producer.produced[0][2](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+    producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
     delivery.idle = True
     task._end_round(0.0)
     assert _markers(producer) == []
@@ -144,8 +145,8 @@ def test_a_marker_that_failed_after_the_task_began_fails_it_and_one_before_does_
     task, producer, delivery, _ = _task(records=1, failed_writes=failed)
     delivery.idle = True
     task._write_durably([km.Marker(0, 0, km.START, 1, 0)])  # no failure since it began: it goes on
-    assert [topic for topic, _, callback in producer.produced] == [MARKERS]
-    assert producer.produced[0][2] is None, "a marker carries no callback of its own"
+    assert [topic for topic, _, _, _callback in producer.produced] == [MARKERS]
+    assert producer.produced[0][3] is None, "a marker carries no callback of its own"
 
     failed(KafkaError(code), Reported(MARKERS, b"0:0", b""))
     with pytest.raises(RuntimeError, match=f"a write to {MARKERS} failed"):

@@ -11,14 +11,31 @@ from queueplane.run.kmq.resume import ResumePoint, commit_metadata, markers_star
 
 def test_a_marker_survives_encoding_and_reads_as_plain_text():
     marker = km.Marker(3, 120045, km.RETRY, 2, 1_732_000_000_123, 400)
-    key, value = marker.encode()
-    assert (key, value) == (b"3:120045", b"retry 2 1732000000123 400")
-    assert km.Marker.decode(key, value) == marker
+    ((partition, key, value),) = km.records([marker])
+    assert (partition, key, value) == (3, b"3:120045", b"retry 2 1732000000123 400")
+    assert km.decode(key, value) == [marker]
 
 
-def test_an_unknown_marker_kind_is_an_error():
-    with pytest.raises(ValueError, match="unknown marker kind"):
-        km.Marker.decode(b"0:1", b"begin 1 5 0")
+def test_markers_alike_travel_as_one_record_of_offset_runs_and_read_back_as_they_were():
+    starts = [km.Marker(1, offset, km.START, 1, 500) for offset in (*range(100, 110), 112, 120, 121)]
+    again = [km.Marker(1, 111, km.START, 2, 500), km.Marker(0, 7, km.START, 1, 500)]
+    made = km.records([*starts, *again])
+    assert [(p, k, v) for p, k, v in made if k == b"1:100"] == [(1, b"1:100", b"start 1 500 0 100-109,112,120-121")]
+    assert len(made) == 3, "one record per partition, kind, count, time and delay"
+    assert sorted(m for _p, key, value in made for m in km.decode(key, value)) == sorted([*starts, *again])
+
+
+def test_a_run_longer_than_a_record_takes_is_split():
+    markers = [km.Marker(0, offset, km.END, 1, 9) for offset in range(0, 4 * km.OFFSETS_PER_RECORD + 1, 2)]
+    made = km.records(markers)
+    assert len(made) == 2 + 1
+    assert [m for _p, key, value in made for m in km.decode(key, value)] == markers
+
+
+@pytest.mark.parametrize("value", [b"begin 1 5 0", b"start 1 5", b"start 1 5 0 3-4 x", b"start 1 5 0 3-x"])
+def test_a_record_that_is_not_a_marker_is_an_error(value):
+    with pytest.raises(ValueError):
+        km.decode(b"0:1", value)
 
 
 def test_a_redelivery_counts_up_and_points_at_the_message_as_first_produced():

@@ -1,10 +1,16 @@
 """The kmq markers topic: its record format, and the headers a redelivered message carries.
 
-A marker is one small record on ``<topic>.markers``, in the partition of the queue record
-it is about, so the markers of one message stay in order:
+A marker says where one delivery of a queue record stands. Markers travel as small text
+records on ``<topic>.markers``, in the partition of the queue records they are about, so the
+markers of one message stay in order. One record carries the markers of a run of records
+that share kind, delivery count, time and delay (a task's start markers, a round of end
+markers): two marker records a message cost a kmq queue more than its handler did.
 
-    key    "<partition>:<offset>"                     the queue record (the tracker's state key)
-    value  "<kind> <delivery count> <at ms> <delay ms>"  ASCII, space separated, no headers
+    key    "<partition>:<first offset>"
+    value  "<kind> <delivery count> <at ms> <delay ms>[ <offsets>]"  ASCII, space separated, no headers
+
+``<offsets>`` lists every offset the record is about as runs (``100-8432,8440``); without it
+the record is about the key's offset alone.
 
 ``start`` is written (and flushed) before the handler runs; ``end`` once the record is
 accepted with its outputs durable, or dead-lettered; ``retry`` when the handler asked for
@@ -22,6 +28,7 @@ first produced.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -35,10 +42,12 @@ KINDS = (START, END, RETRY)
 # marker written after it, and the tracker waits this long past a deadline before it redelivers.
 LATE_END_SHARE = 0.2
 TICK = "tick"  # no delivery: written by earlier releases to wake their tracker
+# Offsets one marker record carries at most: a run of 10,000 scattered offsets is about 80 kB.
+OFFSETS_PER_RECORD = 10_000
 
 
 class Marker(NamedTuple):
-    """One marker. A named tuple: the tracker decodes two of them per message."""
+    """One delivery's marker; marker records carry them in runs (``records``, ``decode``)."""
 
     partition: int  # of the queue record, and of the marker
     offset: int
@@ -47,22 +56,62 @@ class Marker(NamedTuple):
     at_ms: int
     delay_ms: int = 0
 
-    def encode(self) -> tuple[bytes, bytes]:
-        return message_id(self.partition, self.offset).encode(), (
-            f"{self.kind} {self.delivery_count} {self.at_ms} {self.delay_ms}".encode()
-        )
-
-    @classmethod
-    def decode(cls, key: bytes, value: bytes) -> Marker:
-        partition, _, offset = key.partition(b":")
-        kind, count, at_ms, delay_ms = value.split(b" ")
-        name = _KIND_NAMES.get(kind)
-        if name is None:
-            raise ValueError(f"unknown marker kind {kind!r}")
-        return cls(int(partition), int(offset), name, int(count), int(at_ms), int(delay_ms))
-
 
 _KIND_NAMES = {kind.encode(): kind for kind in KINDS}
+
+
+def records(markers: Iterable[Marker]) -> list[tuple[int, bytes, bytes]]:
+    """The marker records for ``markers``, as (partition, key, value): one record per partition,
+    kind, delivery count, time and delay, for up to ``OFFSETS_PER_RECORD`` offsets."""
+    runs: dict[tuple[int, str, int, int, int], list[int]] = {}
+    for m in markers:
+        runs.setdefault((m.partition, m.kind, m.delivery_count, m.at_ms, m.delay_ms), []).append(m.offset)
+    out = []
+    for (partition, kind, count, at_ms, delay_ms), offsets in runs.items():
+        offsets.sort()
+        for i in range(0, len(offsets), OFFSETS_PER_RECORD):
+            part = offsets[i : i + OFFSETS_PER_RECORD]
+            value = (
+                f"{kind} {count} {at_ms} {delay_ms}"
+                if len(part) == 1
+                else f"{kind} {count} {at_ms} {delay_ms} {_spans(part)}"
+            )
+            out.append((partition, message_id(partition, part[0]).encode(), value.encode()))
+    return out
+
+
+def decode(key: bytes, value: bytes) -> list[Marker]:
+    """The markers one marker record carries, in offset order."""
+    partition, _, first = key.partition(b":")
+    fields = value.split(b" ")
+    if len(fields) not in (4, 5):
+        raise ValueError(f"a marker has 4 or 5 fields, not {len(fields)}")
+    name = _KIND_NAMES.get(fields[0])
+    if name is None:
+        raise ValueError(f"unknown marker kind {fields[0]!r}")
+    p, count, at_ms, delay_ms = int(partition), int(fields[1]), int(fields[2]), int(fields[3])
+    offsets = [int(first)] if len(fields) == 4 else _offsets(fields[4])
+    return [Marker(p, offset, name, count, at_ms, delay_ms) for offset in offsets]
+
+
+def _spans(offsets: list[int]) -> str:
+    """Sorted offsets as runs: ``5-9,12,14-15``."""
+    spans, start, last = [], offsets[0], offsets[0]
+    for offset in offsets[1:]:
+        if offset != last + 1:
+            spans.append(f"{start}-{last}" if last > start else str(start))
+            start = offset
+        last = offset
+    spans.append(f"{start}-{last}" if last > start else str(start))
+    return ",".join(spans)
+
+
+def _offsets(text: bytes) -> list[int]:
+    offsets: list[int] = []
+    for span in text.split(b","):
+        first, _, last = span.partition(b"-")
+        offsets.extend(range(int(first), int(last or first) + 1))
+    return offsets
 
 
 def is_tick(key: bytes | None) -> bool:
@@ -135,4 +184,5 @@ def write_markers(producer: Any, topic: str, markers: list[Marker]) -> None:
     """Produce markers, each to its queue record's partition, and wait until all are durable."""
     from queueplane.run.outcomes import produce_and_wait
 
-    produce_and_wait(producer, [(topic, *m.encode(), []) for m in markers], [m.partition for m in markers])
+    made = records(markers)
+    produce_and_wait(producer, [(topic, key, value, []) for _p, key, value in made], [p for p, _k, _v in made])

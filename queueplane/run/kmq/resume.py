@@ -142,9 +142,9 @@ def _started_since(
             if message.error().code() == KafkaError._PARTITION_EOF:
                 continue
             raise RuntimeError(message.error().str())
-        marker = None if km.is_tick(message.key()) else km.Marker.decode(message.key(), message.value())
-        if marker is not None and marker.kind == km.START and marker.offset >= floor.get(marker.partition, 0):
-            found.setdefault(marker.partition, set()).add(marker.offset)
+        for marker in [] if km.is_tick(message.key()) else km.decode(message.key(), message.value()):
+            if marker.kind == km.START and marker.offset >= floor.get(marker.partition, 0):
+                found.setdefault(marker.partition, set()).add(marker.offset)
         if message.offset() + 1 >= todo.get(message.partition(), 0):
             todo.pop(message.partition(), None)
     return {p: frozenset(offsets) for p, offsets in found.items() if offsets}

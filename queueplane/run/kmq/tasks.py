@@ -400,23 +400,26 @@ class KmqTask:
                 raise RuntimeError(f"writes not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
         now_ms = int(time.time() * 1000)
         settled = 0
+        markers = []
         for item in ending:
             if item.failed == TURNED:
                 continue  # it ends again, as a dead letter
             settled += 1
             if item.failed is None:
                 record = self.records[item.index]
-                self._produce_marker(
+                markers.append(
                     km.Marker(record.partition, record.offset, item.kind, record.delivery_count, now_ms, item.delay)
                 )
+        self._produce_markers(markers)
         with self._lock:
             self._unsettled -= settled
 
-    def _produce_marker(self, marker: km.Marker) -> None:
-        """Into its record's partition of the markers topic, without a callback of its own: the
-        process's producer counts a failed one (``_markers_failed``)."""
-        key, value = marker.encode()
-        produce(self.process.producer, (self.settings.markers_topic, key, value, []), partition=marker.partition)
+    def _produce_markers(self, markers: list[km.Marker]) -> None:
+        """Into their records' partitions of the markers topic, a record a run (``markers.records``),
+        without a callback of their own: the process's producer counts a failed one (``_markers_failed``)."""
+        producer, topic = self.process.producer, self.settings.markers_topic
+        for partition, key, value in km.records(markers):
+            produce(producer, (topic, key, value, []), partition=partition)
 
     def _markers_failed(self) -> str | None:
         """Why a write of this process failed since the task began, if one did. Outputs and dead
@@ -428,8 +431,7 @@ class KmqTask:
 
     def _write_durably(self, markers: list[km.Marker]) -> None:
         """The start markers, acknowledged before any handler runs; only this task produces now."""
-        for marker in markers:
-            self._produce_marker(marker)
+        self._produce_markers(markers)
         if not self.process.delivery.all_delivered(DELIVERY_TIMEOUT_S):
             raise RuntimeError(f"start markers not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
         with self._lock:

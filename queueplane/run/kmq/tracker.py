@@ -224,11 +224,13 @@ class Tracker:
         if key is None or km.is_tick(key):  # ticks of an earlier release: no delivery
             return
         try:
-            marker = km.Marker.decode(key, message.value())  # type: ignore[attr-defined]
-        except (ValueError, UnicodeDecodeError) as exc:
+            markers = km.decode(key, message.value())  # type: ignore[attr-defined]
+        except ValueError as exc:
             log.warning("kmq tracker: %s[%s]@%s is not a marker (%s); skipped", self.topic, partition, offset, exc)
             return
-        self.deliveries.fold(marker, partition, offset)
+        fold = self.deliveries.fold
+        for marker in markers:
+            fold(marker, partition, offset)
 
     def _expire(self, consumer: Consumer) -> None:
         """Redeliver what is due past its grace, once every marker written until then is read."""
