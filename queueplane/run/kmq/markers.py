@@ -80,8 +80,19 @@ def records(markers: Iterable[Marker]) -> list[tuple[int, bytes, bytes]]:
     return out
 
 
-def decode(key: bytes, value: bytes) -> list[Marker]:
-    """The markers one marker record carries, in offset order."""
+class MarkerRun(NamedTuple):
+    """What one marker record says: the markers of ``offsets``, alike but for the offset."""
+
+    partition: int
+    kind: str
+    delivery_count: int
+    at_ms: int
+    delay_ms: int
+    offsets: list[int]
+
+
+def decode_run(key: bytes, value: bytes) -> MarkerRun:
+    """One marker record, its offsets in order."""
     partition, _, first = key.partition(b":")
     fields = value.split(b" ")
     if len(fields) not in (4, 5):
@@ -89,9 +100,14 @@ def decode(key: bytes, value: bytes) -> list[Marker]:
     name = _KIND_NAMES.get(fields[0])
     if name is None:
         raise ValueError(f"unknown marker kind {fields[0]!r}")
-    p, count, at_ms, delay_ms = int(partition), int(fields[1]), int(fields[2]), int(fields[3])
     offsets = [int(first)] if len(fields) == 4 else _offsets(fields[4])
-    return [Marker(p, offset, name, count, at_ms, delay_ms) for offset in offsets]
+    return MarkerRun(int(partition), name, int(fields[1]), int(fields[2]), int(fields[3]), offsets)
+
+
+def decode(key: bytes, value: bytes) -> list[Marker]:
+    """The markers one marker record carries, in offset order."""
+    run = decode_run(key, value)
+    return [Marker(run.partition, o, run.kind, run.delivery_count, run.at_ms, run.delay_ms) for o in run.offsets]
 
 
 def _spans(offsets: list[int]) -> str:

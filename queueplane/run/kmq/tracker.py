@@ -76,15 +76,23 @@ class OpenDeliveries:
 
     def fold(self, marker: km.Marker, marker_partition: int, marker_offset: int) -> None:
         """One marker, in the order of its markers partition (a message's markers all share one)."""
-        key = (marker.partition, marker.offset)
-        if marker.kind == km.END:
-            self.open.pop(key, None)
-        elif marker.kind == km.START:
-            due = marker.at_ms + self.lock_ms
-            self.open[key] = OpenDelivery(marker.delivery_count, due, marker_partition, marker_offset)
-        elif marker.kind == km.RETRY:
-            due = marker.at_ms + marker.delay_ms
-            self.open[key] = OpenDelivery(marker.delivery_count, due, marker_partition, marker_offset)
+        m = marker
+        run = km.MarkerRun(m.partition, m.kind, m.delivery_count, m.at_ms, m.delay_ms, [m.offset])
+        self.fold_run(run, marker_partition, marker_offset)
+
+    def fold_run(self, run: km.MarkerRun, marker_partition: int, marker_offset: int) -> None:
+        """One marker record's markers, which share all but their offsets (and so one OpenDelivery)."""
+        p, deliveries = run.partition, self.open
+        if run.kind == km.END:
+            for offset in run.offsets:
+                deliveries.pop((p, offset), None)
+            return
+        if run.kind not in (km.START, km.RETRY):
+            return
+        due = run.at_ms + (self.lock_ms if run.kind == km.START else run.delay_ms)
+        delivery = OpenDelivery(run.delivery_count, due, marker_partition, marker_offset)
+        for offset in run.offsets:
+            deliveries[(p, offset)] = delivery
 
     def due(self, now_ms: int) -> list[Expired]:
         """The deliveries whose deadline has passed, oldest deadline first (still open until ``ended``)."""
@@ -224,13 +232,11 @@ class Tracker:
         if key is None or km.is_tick(key):  # ticks of an earlier release: no delivery
             return
         try:
-            markers = km.decode(key, message.value())  # type: ignore[attr-defined]
+            run = km.decode_run(key, message.value())  # type: ignore[attr-defined]
         except ValueError as exc:
             log.warning("kmq tracker: %s[%s]@%s is not a marker (%s); skipped", self.topic, partition, offset, exc)
             return
-        fold = self.deliveries.fold
-        for marker in markers:
-            fold(marker, partition, offset)
+        self.deliveries.fold_run(run, partition, offset)
 
     def _expire(self, consumer: Consumer) -> None:
         """Redeliver what is due past its grace, once every marker written until then is read."""
