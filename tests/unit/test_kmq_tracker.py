@@ -90,3 +90,13 @@ def test_a_restarted_tracker_rebuilds_the_same_open_deliveries_from_its_restart_
     after = OpenDeliveries(LOCK_MS, LIMIT)
     fold(after, *markers[point:], first_offset=point)
     assert after.open == before.open
+
+
+def test_a_marker_record_of_runs_opens_and_ends_each_of_its_offsets():
+    starts = [km.Marker(2, offset, km.START, 1, 100) for offset in (5, 6, 7, 9)]
+    ends = [km.Marker(2, offset, km.END, 1, 300) for offset in (5, 7)]
+    deliveries = OpenDeliveries(LOCK_MS, LIMIT)
+    for at, (_partition, key, value) in enumerate(km.records(starts) + km.records(ends)):
+        deliveries.fold_run(km.decode_run(key, value), 2, at)
+    assert due(deliveries, 1100) == [(2, 6, 1, REDELIVER), (2, 9, 1, REDELIVER)]
+    assert deliveries.restart_points({2: 2}) == {2: 0}, "the start record still holds two open deliveries"
