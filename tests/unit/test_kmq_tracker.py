@@ -10,9 +10,10 @@ LOCK_MS, LIMIT = 1000, 3
 
 
 def fold(deliveries: OpenDeliveries, *markers: km.Marker, partition: int = 0, first_offset: int = 0) -> None:
-    """The markers as placed one after another in a markers partition."""
-    for i, marker in enumerate(markers):
-        deliveries.fold(marker, partition, first_offset + i)
+    """The markers as placed one after another in a markers partition, a record each."""
+    for i, m in enumerate(markers):
+        run = km.MarkerRun(m.partition, m.kind, m.delivery_count, m.at_ms, m.delay_ms, [m.offset])
+        deliveries.fold_run(run, partition, first_offset + i)
 
 
 def due(deliveries: OpenDeliveries, now_ms: int) -> list[tuple[int, int, int, str]]:

@@ -74,14 +74,9 @@ class OpenDeliveries:
         self.lock_ms, self.delivery_limit = lock_ms, delivery_limit
         self.open: dict[tuple[int, int], OpenDelivery] = {}
 
-    def fold(self, marker: km.Marker, marker_partition: int, marker_offset: int) -> None:
-        """One marker, in the order of its markers partition (a message's markers all share one)."""
-        m = marker
-        run = km.MarkerRun(m.partition, m.kind, m.delivery_count, m.at_ms, m.delay_ms, [m.offset])
-        self.fold_run(run, marker_partition, marker_offset)
-
     def fold_run(self, run: km.MarkerRun, marker_partition: int, marker_offset: int) -> None:
-        """One marker record's markers, which share all but their offsets (and so one OpenDelivery)."""
+        """One marker record's markers, in the order of its markers partition (a message's markers
+        all share one); they share all but their offsets, and so one OpenDelivery."""
         p, deliveries = run.partition, self.open
         if run.kind == km.END:
             for offset in run.offsets:
