@@ -138,11 +138,6 @@ def message_id(partition: int, offset: int) -> str:
     return f"{partition}:{offset}"
 
 
-def parse_id(text: str) -> tuple[int, int]:
-    partition, _, offset = text.partition(":")
-    return int(partition), int(offset)
-
-
 def _header(headers: tuple[tuple[str, bytes | None], ...] | list, name: str) -> str | None:
     for key, value in headers:
         if key == name and value is not None:

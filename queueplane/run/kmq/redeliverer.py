@@ -109,7 +109,8 @@ class Redeliverer:
         return done
 
     def _fetch(self, expired: list[Expired]) -> dict[tuple[int, int], Record]:
-        """The expired messages from the queue topic, read by offset (no group, nothing committed)."""
+        """The expired messages from the queue topic, read by offset: assigned, nothing committed (the
+        client needs a group id; the tracker's, whose commits are on the markers topic, is left alone)."""
         wanted: dict[int, set[int]] = {}
         for item in expired:
             wanted.setdefault(item.partition, set()).add(item.offset)
