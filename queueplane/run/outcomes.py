@@ -41,6 +41,10 @@ OUTCOME_ARROW = pa.schema(
 _SQL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long", pa.float64(): "double"}
 OUTCOME_SCHEMA = ", ".join(f"{f.name} {_SQL_TYPES[f.type]}" for f in OUTCOME_ARROW)
 ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
+# Where the columns sit in OutcomeColumns (one list per OUTCOME_ARROW column).
+TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, DELIVERY_COLUMN, OUTCOME_COLUMN = (
+    OUTCOME_ARROW.get_field_index(name) for name in ("topic", "partition", "offset", "delivery_count", "outcome")
+)
 # Consumer groups: a record at or below the group's committed offset, already handled before a restart.
 SKIPPED = "skipped"
 # kmq: deliveries the tracker timed out and produced again (a run summary's count, not a row's outcome).

@@ -15,6 +15,7 @@ from queueplane.run.crash_journal import CrashJournal, tag_alive
 from queueplane.run.handler import MessageRecord
 from queueplane.run.outcomes import OutcomeColumns, accepted_columns
 from queueplane.run.share import outbox as outbox_module
+from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.fetcher import InOrder, ShareFetcher
 from queueplane.run.share.outbox import COUNTED, Outbox
 from queueplane.run.share.pool import Poll
@@ -56,18 +57,18 @@ def test_provisional_rows_are_not_taken_until_their_commit_is_confirmed(tmp_path
     assert not outbox.holds(), "a batch waiting for rows is not woken by provisional ones"
     assert outbox.take() == []
     assert outbox.take() == [], "kept provisional across takes"
-    outbox.settle(token, set())
+    assert outbox.settle(token, set()) == [block], "the rows that count"
     assert outbox.holds()
     assert outbox.take() == [block]
     assert outbox.take() == []
-    outbox.settle(token, set())  # settled once; a second answer changes nothing
+    assert outbox.settle(token, set()) == [], "settled once; a second answer changes nothing"
     assert outbox.take() == []
 
 
 def test_provisional_rows_are_dropped_when_the_commit_failed(tmp_path):
     outbox = Outbox(tmp_path)
     failed = outbox.add_provisional([_block(0, [1, 2])])
-    outbox.settle(failed, None)
+    assert outbox.settle(failed, None) == []
     assert not outbox.holds()
     assert outbox.take() == [], "the broker redelivers them: their next handling counts them"
 
@@ -76,8 +77,8 @@ def test_rows_of_partitions_the_commit_did_not_record_are_dropped_and_the_others
     outbox = Outbox(tmp_path)
     rows = accepted_columns([*_messages(0, [1]), *_messages(1, [2, 3]), *_messages(0, [4])], 1.0, [1, 2, 3, 4])
     token = outbox.add_provisional([rows])
-    outbox.settle(token, {("t", 0), ("other", 1)})
-    assert outbox.take() == [accepted_columns(_messages(1, [2, 3]), 1.0, [2, 3])]
+    counted = outbox.settle(token, {("t", 0), ("other", 1)})
+    assert outbox.take() == counted == [accepted_columns(_messages(1, [2, 3]), 1.0, [2, 3])]
 
 
 def test_a_dead_processes_file_hands_on_its_settled_and_unsettled_rows_and_registers_the_unsettled(tmp_path):
@@ -199,6 +200,7 @@ def _host(tmp_path) -> SimpleNamespace:
         settings=SimpleNamespace(delivery_limit=3),
         journal=CrashJournal(tmp_path, alone_s=5),
         outbox=Outbox(tmp_path),
+        accepted=AcceptedLately(60),
     )
 
 

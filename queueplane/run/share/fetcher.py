@@ -33,6 +33,7 @@ from queueplane.run.outcomes import (
     parked_record,
     unparked_dead_letter,
 )
+from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.outbox import Outbox, Unrecorded
 from queueplane.run.share.pool import Chunk, HandlerPool, Poll
 from queueplane.run.share.settings import (
@@ -79,12 +80,13 @@ def reserve_failure(partition: int, offset: int, headers: list, journal: CrashJo
 
 class FetcherHost(Protocol):
     """What a fetcher needs of its process: the settings, the pool, the crash journal, the outbox,
-    the call guard, the lease, the producer."""
+    the records accepted lately, the call guard, the lease, the producer."""
 
     settings: ShareSettings
     pool: HandlerPool
     journal: CrashJournal
     outbox: Outbox
+    accepted: AcceptedLately
     calls: CallGuard
 
     def leased(self) -> bool: ...
@@ -274,8 +276,9 @@ class ShareFetcher:
         may be innocent). A parked record is a dead letter already: it goes to the DLQ as it is. A
         record delivered again may have been in a call when a process died: the journal is
         read again then (a process of the queue may have died since this one last looked). It
-        may also be one a dead process accepted and counted (``_counted_already``): it is
-        accepted again without a call and without a row, whatever its delivery count.
+        may also be one this process or a dead one accepted and counted, its acknowledgement
+        lost (``_counted_already``): it is accepted again without a call and without a row,
+        whatever its delivery count.
         """
         limit = self.runtime.settings.delivery_limit
         counts = [m.delivery_count() or 1 for m in messages]
@@ -309,15 +312,26 @@ class ShareFetcher:
         return calls, suspects
 
     def _counted_already(self, messages: list[Message], counts: list[int]) -> set[int]:
-        """The redelivered records of a poll that a dead process accepted and handed on as counted,
-        its commit of their acknowledgements unanswered (queueplane.run.share.outbox).
+        """The redelivered records of a poll accepted and counted already: by this process, whose
+        acknowledgement did not land (queueplane.run.share.accepted), or by a process that died
+        with its commit of their acknowledgements unanswered (queueplane.run.share.outbox).
 
-        Its file is taken over now, not at the next micro-batch: a redelivery can come first.
+        A dead process's file is taken over now, not at the next micro-batch: a redelivery can come first.
         """
+        again = [i for i, count in enumerate(counts) if count > 1]
+        places = [(messages[i].partition(), messages[i].offset()) for i in again]
+        mine = self.runtime.accepted.find(places)
+        if mine:
+            log.info(
+                "share fetcher %d: %d redelivered record(s) were accepted by this process before, their "
+                "acknowledgement lost; accepting them again without a call",
+                self.index,
+                len(mine),
+            )
         outbox = self.runtime.outbox
         outbox.adopt()
-        again = [i for i, count in enumerate(counts) if count > 1]
-        found = outbox.redelivered_counted([(messages[i].partition(), messages[i].offset(), counts[i]) for i in again])
+        others = [j for j in range(len(again)) if j not in mine]
+        found = outbox.redelivered_counted([(*places[j], counts[again[j]]) for j in others])
         if found:
             log.info(
                 "share fetcher %d: %d redelivered record(s) were accepted and counted by a worker process "
@@ -325,7 +339,7 @@ class ShareFetcher:
                 self.index,
                 len(found),
             )
-        return {again[i] for i in found}
+        return {again[j] for j in mine} | {again[others[k]] for k in found}
 
     def _acknowledge(
         self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], in_order: InOrder

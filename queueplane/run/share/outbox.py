@@ -53,7 +53,7 @@ from queueplane.run.crash_journal import (
     replace_whole,
     tag_alive,
 )
-from queueplane.run.outcomes import OUTCOME_ARROW, OutcomeColumns
+from queueplane.run.outcomes import DELIVERY_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN, OutcomeColumns
 
 log = logging.getLogger("queueplane.worker")
 
@@ -65,11 +65,6 @@ ROWS = 0  # settled rows: payload is a list of blocks
 PROVISIONAL = 1  # rows whose commit has not answered: payload is a list of blocks
 CONFIRM = 2  # the commit answered: the token's rows count, except those of payload's (topic, partition)s
 DROP = 3  # the commit failed: the token's rows are dropped
-
-# Where the rows' columns sit in OutcomeColumns (one list per OUTCOME_ARROW column).
-_TOPIC, _PARTITION, _OFFSET, _DELIVERY = (
-    OUTCOME_ARROW.get_field_index(name) for name in ("topic", "partition", "offset", "delivery_count")
-)
 
 # (topic, partition)s whose acknowledgements a commit did not record; None: the commit failed.
 Unrecorded = Collection[tuple[str, int]] | None
@@ -107,17 +102,21 @@ class Outbox:
             self._file.write(data)
         return token
 
-    def settle(self, token: int, unrecorded: Unrecorded) -> None:
+    def settle(self, token: int, unrecorded: Unrecorded) -> list[OutcomeColumns]:
         """The commit after ``add_provisional`` answered: its rows count, except those of the
-        partitions whose acknowledgements it did not record; none count when it failed (None)."""
+        partitions whose acknowledgements it did not record; none count when it failed (None).
+        The rows that count."""
         data = _entry(DROP, token, None) if unrecorded is None else _entry(CONFIRM, token, tuple(unrecorded))
         with self._lock:
             blocks = self._provisional.pop(token, None)
             if blocks is None:
-                return
+                return []
             self._file.write(data)
-            if unrecorded is not None:
-                self._blocks += _recorded(blocks, unrecorded)
+            if unrecorded is None:
+                return []
+            counted = _recorded(blocks, unrecorded)
+            self._blocks += counted
+            return counted
 
     def holds(self) -> bool:
         """Whether settled rows wait to be taken."""
@@ -231,7 +230,9 @@ class Outbox:
         counted = _read_counted(self.folder)
         now_ms = int(time.time() * 1000)
         for block in blocks:
-            for partition, offset, delivery in zip(block[_PARTITION], block[_OFFSET], block[_DELIVERY], strict=True):
+            for partition, offset, delivery in zip(
+                block[PARTITION_COLUMN], block[OFFSET_COLUMN], block[DELIVERY_COLUMN], strict=True
+            ):
                 counted[(int(partition), int(offset))] = (int(delivery), now_ms)
         _write_counted(self.folder, counted)
 
@@ -254,8 +255,12 @@ def _recorded(blocks: list[OutcomeColumns], unrecorded: Collection[tuple[str, in
     gone = set(unrecorded)
     kept: list[OutcomeColumns] = []
     for block in blocks:
-        rows = [i for i, place in enumerate(zip(block[_TOPIC], block[_PARTITION], strict=True)) if place not in gone]
-        if len(rows) == len(block[_TOPIC]):
+        rows = [
+            i
+            for i, place in enumerate(zip(block[TOPIC_COLUMN], block[PARTITION_COLUMN], strict=True))
+            if place not in gone
+        ]
+        if len(rows) == len(block[TOPIC_COLUMN]):
             kept.append(block)
         elif rows:
             kept.append(tuple([column[i] for i in rows] for column in block))

@@ -32,11 +32,14 @@ from queueplane.run.outcomes import (
 )
 from queueplane.run.outputs import output_record
 from queueplane.run.processes import PerProcess, ServedProducer
+from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.fetcher import ShareFetcher
 from queueplane.run.share.isolated import IsolatedCalls
 from queueplane.run.share.outbox import Outbox, Unrecorded
 from queueplane.run.share.pool import HandlerPool
 from queueplane.run.share.settings import (
+    ACCEPTED_MEMORY_LOCKS,
+    ACCEPTED_MEMORY_S,
     FETCHER_SHARE,
     HANDLER_SHARE_OF_LOCK,
     IDLE_AFTER_S,
@@ -65,6 +68,7 @@ class ProcessRuntime:
             settings.handler, settings.search_paths, settings.output_topic, settings.memory_limit_mi
         )
         self.outbox = Outbox(folder)
+        self.accepted = AcceptedLately(max(ACCEPTED_MEMORY_S, ACCEPTED_MEMORY_LOCKS * settings.lock_ms / 1000))
         self.pool = HandlerPool(self, settings.slots)
         self.fetchers: list[ShareFetcher] = []
         # When a record's first failed delivery started in this process, for the DLQ headers (bounded).
@@ -175,6 +179,7 @@ class ProcessRuntime:
     def leave_cycle(self, fetcher: ShareFetcher, outcomes: list[OutcomeColumns]) -> None:
         if outcomes:
             self.outbox.add(outcomes)
+            self.accepted.note(outcomes)
         with self._lease:
             fetcher.busy = False
             self._lease.notify_all()
@@ -182,7 +187,7 @@ class ProcessRuntime:
     def settle(self, token: int, unrecorded: Unrecorded) -> None:
         """Outcomes a fetcher put in the outbox provisional, in the middle of its cycle, settled
         by its commit's answer (``Outbox.settle``): those confirmed are for the next batch."""
-        self.outbox.settle(token, unrecorded)
+        self.accepted.note(self.outbox.settle(token, unrecorded))
         with self._lease:
             self._lease.notify_all()
 

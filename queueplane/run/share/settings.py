@@ -28,6 +28,12 @@ STUCK_S = 0.05
 # whole producer batch (thousands of records), and a killed worker's unsent acknowledgements come
 # back as duplicates.
 ACK_EVERY_S = 0.1
+# How long a process remembers the records it accepted, so that one delivered again after its
+# acknowledgement was lost is accepted without a call (queueplane.run.share.accepted): the
+# redelivery comes once the lock runs out and a fetch reaches the record again, which a network
+# fault can put off by tens of seconds. At least ACCEPTED_MEMORY_LOCKS locks.
+ACCEPTED_MEMORY_S = 120.0
+ACCEPTED_MEMORY_LOCKS = 10
 # A share fetch's longest wait on the broker (librdkafka's fetch.wait.max.ms, 500 by default;
 # fetcher.py says why it is shorter). An idle consumer asks 10 times a second.
 FETCH_WAIT_MS = 100
