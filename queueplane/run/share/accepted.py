@@ -2,17 +2,16 @@
 without a handler call.
 
 An acknowledgement can be given and still not land. Most ride on the consumer's next share
-fetch, whose answer reports no acknowledgement errors to the application, and a connection
-reset or stalled on the way loses them. The broker then delivers those records again, one
-delivery higher, once their locks run out. Handled again, each is a duplicate output; and one
-already on its last handler delivery came back on a reserve delivery and went to the DLQ as
-``DeliveryLimitReached``, although its handler had accepted it (docs/runtimes.md, "Nothing
-archived outside the DLQ").
+fetch, and a connection reset or stalled on the way loses them; the broker then delivers those
+records again, one delivery higher, once their locks run out. Handled again, each is a
+duplicate output, and one accepted on its last handler delivery comes back on a reserve
+delivery and would go to the DLQ as ``DeliveryLimitReached`` although its handler accepted it
+(docs/runtimes.md, "Nothing archived outside the DLQ").
 
 So a process remembers, for ``keep_s``, the records whose acceptance it counted: a redelivery
 of one of them to the same process is acknowledged ACCEPT again, with no call and no row (the
-first acceptance counted it). A redelivery that goes to another process is handled again,
-as before. Records whose commit answered that it did not record them are not remembered:
+first acceptance counted it). A redelivery that goes to another process is handled again.
+Records whose commit answered that it did not record them are not remembered:
 their rows were dropped, and their next handling counts them (queueplane.run.share.outbox).
 
 Kept as offset runs per partition, in two generations of ``keep_s`` each: a poll's records are
