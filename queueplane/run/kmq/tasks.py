@@ -246,19 +246,24 @@ class KmqTask:
             self.run(index)
 
     def run(self, index: int) -> None:
+        """One record's call and how it ends. An accepted call without outputs, nearly every
+        call of a quick handler, settles in one step under the task's lock: its row and its
+        place in the next round of end markers."""
         record = self.records[index]
-        with self._lock:
-            refused = self._refused.pop(index, None)
-        if refused is not None:
-            self._dead_letter(index, refused, 0.0)
-            return
+        if self._refused:  # filled before the record's job is queued: an empty one needs no lock
+            with self._lock:
+                refused = self._refused.pop(index, None)
+            if refused is not None:
+                self._dead_letter(index, refused, 0.0)
+                return
         # Crashes are counted per message (where it was first produced): the tracker's copies of
-        # a record that killed its process are the same message.
+        # a record that killed its process are the same message. A first delivery has no headers.
         journal = self.process.journal
-        where = km.origin(record.headers, record.topic, record.partition, record.offset)
-        crashes = journal.crashes.get((where.partition, where.offset), 0)
+        where = km.origin(record.headers, record.topic, record.partition, record.offset) if record.headers else None
+        partition, offset = (where.partition, where.offset) if where else (record.partition, record.offset)
+        crashes = journal.crashes.get((partition, offset), 0) if journal.crashes else 0
         if crashes >= self.settings.delivery_limit:
-            self._ended_by_crashes(index, crashes, where)
+            self._ended_by_crashes(index, crashes, where or km.Origin(record.topic, partition, offset, None))
             return
         with self._lock:
             if self._claimed[index]:
@@ -274,7 +279,7 @@ class KmqTask:
         outputs: list[ProducedRecord] = []
         try:
             delivery = Delivery(record.partition, record.offset, self.first_ms)
-            result = journal.call(where.partition, where.offset, self.process.handler, record, delivery=delivery)
+            result = journal.call(partition, offset, self.process.handler, record, delivery=delivery)
             outputs = [output_record(o, record, s.output_topic) for o in outputs_of(result)]
         except Reject as exc:
             failure, final = Failure.of(exc), True
@@ -282,10 +287,20 @@ class KmqTask:
             failure = Failure.of(exc)
             final = record.delivery_count >= s.delivery_limit
         latency_ms = (time.monotonic() - started) * 1000
+        if failure is None and not outputs:
+            row, ending = Outcome.accepted(record, latency_ms, 0), _Ending(index, km.END, 0)
+            with self._lock:
+                self._running.pop(index, None)
+                if self._claimed[index]:
+                    return  # given up at the deadline: the tracker redelivers it
+                self._claimed[index] = True
+                self._outcomes.append(row)
+                self._add_ending(ending)
+            return
         with self._lock:
             self._running.pop(index, None)
             if self._claimed[index]:
-                return  # given up at the deadline: the tracker redelivers it
+                return
             self._claimed[index] = True
         if failure is None:
             self._report(record, ACCEPTED, None, latency_ms)
@@ -349,14 +364,19 @@ class KmqTask:
         ending = _Ending(index, kind, delay)
         # Only an END's outputs turn into a dead letter when refused; a refused DLQ record cannot.
         turnable = kind == km.END and bool(writes) and writes[0][0] != s.dlq_topic
-        on_error = functools.partial(self._write_failed, ending, turnable)
-        self._may_produce.wait()
-        for item in writes:
-            produce(self.process.producer, item, on_error)
+        if writes:
+            on_error = functools.partial(self._write_failed, ending, turnable)
+            self._may_produce.wait()
+            for item in writes:
+                produce(self.process.producer, item, on_error)
         with self._lock:
-            self._ending.append(ending)
-            if len(self._ending) >= self._unsettled:  # nothing else to wait for: the round can go
-                self._settled.notify_all()
+            self._add_ending(ending)
+
+    def _add_ending(self, ending: _Ending) -> None:
+        """Caller holds the lock: the record's marker goes in the task thread's next round."""
+        self._ending.append(ending)
+        if len(self._ending) >= self._unsettled:  # nothing else to wait for: the round can go
+            self._settled.notify_all()
 
     def _write_failed(self, ending: _Ending, turnable: bool, err: object, _msg: object) -> None:
         """On the delivery thread, for a write the broker or client failed: the record gets no
