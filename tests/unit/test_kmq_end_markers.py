@@ -144,10 +144,10 @@ def test_a_marker_that_failed_after_the_task_began_fails_it_and_one_before_does_
     failed(KafkaError(KafkaError._MSG_TIMED_OUT), Reported(MARKERS, b"0:99", b""))  # an earlier task's
     task, producer, delivery, _ = _task(records=1, failed_writes=failed)
     delivery.idle = True
-    task._write_durably([km.Marker(0, 0, km.START, 1, 0)])  # no failure since it began: it goes on
+    task._write_durably({(0, km.START, 1, 0, 0): [0]})  # no failure since it began: it goes on
     assert [topic for topic, _, _, _callback in producer.produced] == [MARKERS]
     assert producer.produced[0][3] is None, "a marker carries no callback of its own"
 
     failed(KafkaError(code), Reported(MARKERS, b"0:0", b""))
     with pytest.raises(RuntimeError, match=f"a write to {MARKERS} failed"):
-        task._write_durably([])
+        task._write_durably({})

@@ -25,6 +25,12 @@ def test_markers_alike_travel_as_one_record_of_offset_runs_and_read_back_as_they
     assert sorted(m for _p, key, value in made for m in km.decode(key, value)) == sorted([*starts, *again])
 
 
+def test_markers_gathered_by_what_they_share_make_the_same_records_whatever_their_order():
+    offsets = [121, 100, 112, *range(101, 110), 120]
+    made = km.run_records({(1, km.START, 1, 500, 0): offsets, (0, km.END, 2, 500, 30): [7]})
+    assert made == [(1, b"1:100", b"start 1 500 0 100-109,112,120-121"), (0, b"0:7", b"end 2 500 30")]
+
+
 def test_a_run_longer_than_a_record_takes_is_split():
     markers = [km.Marker(0, offset, km.END, 1, 9) for offset in range(0, 4 * km.OFFSETS_PER_RECORD + 1, 2)]
     made = km.records(markers)

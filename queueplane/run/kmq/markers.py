@@ -28,7 +28,7 @@ first produced.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -60,12 +60,23 @@ class Marker(NamedTuple):
 _KIND_NAMES = {kind.encode(): kind for kind in KINDS}
 
 
+# What the markers of one run share: (partition, kind, delivery count, at ms, delay ms).
+RunKey = tuple[int, str, int, int, int]
+
+
 def records(markers: Iterable[Marker]) -> list[tuple[int, bytes, bytes]]:
     """The marker records for ``markers``, as (partition, key, value): one record per partition,
     kind, delivery count, time and delay, for up to ``OFFSETS_PER_RECORD`` offsets."""
-    runs: dict[tuple[int, str, int, int, int], list[int]] = {}
+    runs: dict[RunKey, list[int]] = {}
     for m in markers:
         runs.setdefault((m.partition, m.kind, m.delivery_count, m.at_ms, m.delay_ms), []).append(m.offset)
+    return run_records(runs)
+
+
+def run_records(runs: Mapping[RunKey, list[int]]) -> list[tuple[int, bytes, bytes]]:
+    """``records`` for markers already gathered by what they share, each run's offsets in any
+    order (sorted here, in place): a task gathers a batch's thousands of markers this way
+    without a ``Marker`` each."""
     out = []
     for (partition, kind, count, at_ms, delay_ms), offsets in runs.items():
         offsets.sort()

@@ -23,6 +23,8 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import groupby
+from operator import attrgetter
 
 import pyarrow as pa
 
@@ -183,12 +185,12 @@ class KmqTask:
         now_ms = int(time.time() * 1000)
         self.first_ms = now_ms
         taken = self._taken_by_tracker(now_ms)
-        markers = [
-            km.Marker(r.partition, r.offset, km.START, r.delivery_count, now_ms)
-            for i, r in enumerate(self.records)
-            if i not in taken
-        ]
-        self._write_durably(markers)
+        starting = [r for i, r in enumerate(self.records) if i not in taken] if taken else self.records
+        runs: dict[km.RunKey, list[int]] = {}
+        # A task's records come by partition in offset order: a few runs, gathered at C speed.
+        for (partition, count), run in groupby(starting, attrgetter("partition", "delivery_count")):
+            runs.setdefault((partition, km.START, count, now_ms, 0), []).extend(map(attrgetter("offset"), run))
+        self._write_durably(runs)
         # The tracker counts from the marker's time; the worker gives up no later than that.
         self.deadline = time.monotonic() + self.settings.lock_ms / 1000 - (time.time() - now_ms / 1000)
         with self._lock:
@@ -420,25 +422,25 @@ class KmqTask:
                 raise RuntimeError(f"writes not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
         now_ms = int(time.time() * 1000)
         settled = 0
-        markers = []
+        runs: dict[km.RunKey, list[int]] = {}
+        records = self.records
         for item in ending:
             if item.failed == TURNED:
                 continue  # it ends again, as a dead letter
             settled += 1
             if item.failed is None:
-                record = self.records[item.index]
-                markers.append(
-                    km.Marker(record.partition, record.offset, item.kind, record.delivery_count, now_ms, item.delay)
-                )
-        self._produce_markers(markers)
+                record = records[item.index]
+                key = (record.partition, item.kind, record.delivery_count, now_ms, item.delay)
+                runs.setdefault(key, []).append(record.offset)
+        self._produce_markers(runs)
         with self._lock:
             self._unsettled -= settled
 
-    def _produce_markers(self, markers: list[km.Marker]) -> None:
-        """Into their records' partitions of the markers topic, a record a run (``markers.records``),
+    def _produce_markers(self, runs: dict[km.RunKey, list[int]]) -> None:
+        """Into their records' partitions of the markers topic, a record a run (``markers.run_records``),
         without a callback of their own: the process's producer counts a failed one (``_markers_failed``)."""
         producer, topic = self.process.producer, self.settings.markers_topic
-        for partition, key, value in km.records(markers):
+        for partition, key, value in km.run_records(runs):
             produce(producer, (topic, key, value, []), partition=partition)
 
     def _markers_failed(self) -> str | None:
@@ -449,9 +451,9 @@ class KmqTask:
         failed = self.process.failed_writes
         return failed.last_failure if failed.failures != self._write_failures else None
 
-    def _write_durably(self, markers: list[km.Marker]) -> None:
+    def _write_durably(self, runs: dict[km.RunKey, list[int]]) -> None:
         """The start markers, acknowledged before any handler runs; only this task produces now."""
-        self._produce_markers(markers)
+        self._produce_markers(runs)
         if not self.process.delivery.all_delivered(DELIVERY_TIMEOUT_S):
             raise RuntimeError(f"start markers not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
         with self._lock:
