@@ -302,7 +302,7 @@ class KmqTask:
         with self._lock:
             self._running.pop(index, None)
             if self._claimed[index]:
-                return
+                return  # given up at the deadline, as above
             self._claimed[index] = True
         if failure is None:
             self._report(record, ACCEPTED, None, latency_ms)
