@@ -13,7 +13,7 @@ from confluent_kafka import AcknowledgeType, Message
 from queueplane.run import crash_journal
 from queueplane.run.crash_journal import CrashJournal, tag_alive
 from queueplane.run.handler import MessageRecord
-from queueplane.run.outcomes import OutcomeColumns, accepted_columns
+from queueplane.run.outcomes import OFFSET_COLUMN, OutcomeColumns, accepted_columns
 from queueplane.run.share import outbox as outbox_module
 from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.fetcher import InOrder, ShareFetcher
@@ -38,7 +38,7 @@ def _block(partition: int, offsets: list[int], delivery: int = 1) -> OutcomeColu
 
 
 def _by_offset(blocks: list[OutcomeColumns]) -> list[OutcomeColumns]:
-    return sorted(blocks, key=lambda block: block[2][0])
+    return sorted(blocks, key=lambda block: block[OFFSET_COLUMN][0])
 
 
 def _registered(folder) -> list[list[int]]:

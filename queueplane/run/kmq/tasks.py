@@ -289,21 +289,18 @@ class KmqTask:
             failure = Failure.of(exc)
             final = record.delivery_count >= s.delivery_limit
         latency_ms = (time.monotonic() - started) * 1000
-        if failure is None and not outputs:
+        quick = failure is None and not outputs
+        if quick:
             row, ending = Outcome.accepted(record, latency_ms, 0), _Ending(index, km.END, 0)
-            with self._lock:
-                self._running.pop(index, None)
-                if self._claimed[index]:
-                    return  # given up at the deadline: the tracker redelivers it
-                self._claimed[index] = True
-                self._outcomes.append(row)
-                self._add_ending(ending)
-            return
         with self._lock:
             self._running.pop(index, None)
             if self._claimed[index]:
-                return  # given up at the deadline, as above
+                return  # given up at the deadline: the tracker redelivers it
             self._claimed[index] = True
+            if quick:
+                self._outcomes.append(row)
+                self._add_ending(ending)
+                return
         if failure is None:
             self._report(record, ACCEPTED, None, latency_ms)
             try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from queueplane.run.outcomes import ACCEPTED, OFFSET_COLUMN, OUTCOME_COLUMN, PARTITION_COLUMN, OutcomeColumns
 
@@ -62,7 +62,7 @@ class _Generation:
 class AcceptedLately:
     """(partition, offset)s this process accepted in the last ``keep_s`` at least (twice that at most)."""
 
-    def __init__(self, keep_s: float, clock=time.monotonic):
+    def __init__(self, keep_s: float, clock: Callable[[], float] = time.monotonic):
         self.keep_s = keep_s
         self._clock = clock
         self._lock = threading.Lock()
