@@ -17,6 +17,7 @@ from pathlib import Path
 
 import parallel
 import pytest
+import timeline
 import worker_support
 from security_support import OAuthIssuer, client_certificate
 
@@ -36,6 +37,10 @@ TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_JVM} {spark_archive.java_options()}".strip())
     os.environ.setdefault(BROKER_JVM_OPTS, TEST_JVM)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    timeline.record(report)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,93 @@
+"""The test suite's timeline: what each pytest process ran when, and where the run's time went.
+
+`make test` records it (tests/timeline.py) in ``.queueplane/test-timeline.jsonl``; this prints
+the run's span, each process's busy time, the heavy tests' total (they run alone: the other
+process waits meanwhile) and the slowest tests, and draws ``bench/results/test-timeline.png``.
+
+    .venv/bin/python bench/test_timeline.py [.queueplane/test-timeline.jsonl]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import pyplot, save
+
+DEFAULT = Path(__file__).resolve().parents[1] / ".queueplane" / "test-timeline.jsonl"
+SHOWN = 25  # the slowest tests listed
+LABELLED_S = 90.0  # tests at least this long get their name on the plot
+
+
+@dataclass
+class Test:
+    name: str
+    process: str
+    heavy: bool
+    start: float = float("inf")
+    stop: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return self.stop - self.start
+
+
+def load(path: Path) -> list[Test]:
+    tests: dict[str, Test] = {}
+    for line in path.read_text().splitlines():
+        phase = json.loads(line)
+        test = tests.setdefault(phase["test"], Test(phase["test"], phase["process"], phase["heavy"]))
+        test.start, test.stop = min(test.start, phase["start"]), max(test.stop, phase["stop"])
+        test.phases[phase["phase"]] = round(phase["stop"] - phase["start"], 1)
+    return sorted(tests.values(), key=lambda t: t.start)
+
+
+def main() -> int:
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
+    if not path.is_file():
+        print(f"{path}: no timeline (`make test` records one)", file=sys.stderr)
+        return 1
+    tests = load(path)
+    began = min(t.start for t in tests)
+    span = max(t.stop for t in tests) - began
+    processes = sorted({t.process for t in tests})
+    result = {
+        "span_s": round(span),
+        "tests": len(tests),
+        "processes": {
+            p: {
+                "busy_s": round(sum(t.seconds for t in tests if t.process == p)),
+                "last_stop_s": round(max(t.stop for t in tests if t.process == p) - began),
+            }
+            for p in processes
+        },
+        "heavy_s": round(sum(t.seconds for t in tests if t.heavy)),
+        "slowest": [
+            {"test": t.name, "process": t.process, "heavy": t.heavy, "at_s": round(t.start - began), **t.phases}
+            for t in sorted(tests, key=lambda t: -t.seconds)[:SHOWN]
+        ],
+    }
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(14, 1.6 + 1.2 * len(processes)))
+    for row, process in enumerate(processes):
+        for t in (t for t in tests if t.process == process):
+            axes.barh(
+                row, t.seconds, left=t.start - began, color="tab:red" if t.heavy else "tab:blue", edgecolor="white"
+            )
+            if t.seconds >= LABELLED_S:
+                label = t.name.rsplit("/", 1)[-1].split("[", 1)[0][:40]
+                axes.text(t.start - began + 2, row, label, fontsize=6, rotation=90, va="center")
+    for t in (t for t in tests if t.heavy):  # the other process's bars meanwhile are waits for the lock
+        axes.axvspan(t.start - began, t.stop - began, color="tab:red", alpha=0.12, linewidth=0)
+    axes.set_yticks(range(len(processes)), processes)
+    axes.set_xlabel("seconds since the first test (red: heavy, run alone)")
+    axes.set_title(f"test suite timeline: {len(tests)} tests in {span / 60:.1f} min")
+    save("test-timeline", result, figure)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

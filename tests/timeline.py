@@ -1,0 +1,38 @@
+"""Where the suite's time goes: each test phase's start and stop, per pytest process.
+
+`make test` sets QUEUEPLANE_TEST_TIMELINE to a file; the process that runs the suite (xdist's
+controller, or pytest alone) appends one JSON line per test phase, and bench/test_timeline.py
+draws them. The suite is split in processes and heavy tests run alone (parallel.py), so the
+sum of the tests' durations says little about the run's length; the timeline shows which
+process ran what when, and a heavy test's wait for the lock shows as a long set-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from parallel import HEAVY
+
+ENV = "QUEUEPLANE_TEST_TIMELINE"
+
+
+def record(report: pytest.TestReport) -> None:
+    """Append the phase to the timeline file, once: xdist's workers leave it to the controller,
+    which receives every report with the worker (``report.node``) it came from."""
+    path = os.environ.get(ENV)
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    node = getattr(report, "node", None)
+    line = {
+        "process": node.gateway.id if node is not None else "main",
+        "test": report.nodeid,
+        "phase": report.when,
+        "start": report.start,
+        "stop": report.stop,
+        "outcome": report.outcome,
+        "heavy": HEAVY in report.keywords,
+    }
+    with open(path, "a") as out:
+        out.write(json.dumps(line) + "\n")
