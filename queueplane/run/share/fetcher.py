@@ -40,6 +40,7 @@ from queueplane.run.share.settings import (
     ACCEPTED_RESULT,
     ACK_EVERY_S,
     ALREADY_COUNTED_RESULT,
+    DRAIN_POLL_MAX_S,
     DRAIN_POLL_S,
     FETCH_WAIT_MS,
     HANDLER_SHARE_OF_LOCK,
@@ -185,7 +186,7 @@ class ShareFetcher:
         # poll that brought records, or when the drain's time is up (an idle queue: a fetch that
         # is out finds nothing to acquire).
         self.draining = False
-        self._drain_until = 0.0
+        self._drain_started = 0.0
         self.left = False
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"qp-fetch-{index}", daemon=True)
@@ -200,12 +201,12 @@ class ShareFetcher:
                 continue
             outcomes: list[OutcomeColumns] = []
             try:
-                if self.draining and (not self._fetch_out or time.monotonic() >= self._drain_until):
+                if self.draining and self._may_leave():
                     if self._fetch_out:
                         log.info(
                             "share fetcher %d: leaving the group after %.1f s of empty polls, a fetch still out",
                             self.index,
-                            DRAIN_POLL_S,
+                            time.monotonic() - self._drain_started,
                         )
                     self._leave()
                 elif self.runtime.leased() or self.draining:
@@ -235,6 +236,8 @@ class ShareFetcher:
             return
         polled_at = time.monotonic()
         self._fetch_out = not messages
+        if messages:
+            self.runtime.records_polled_at = polled_at
         good = [m for m in messages if not m.error()]
         if len(good) < len(messages):
             for m in messages:
@@ -572,10 +575,12 @@ class ShareFetcher:
 
     def drain(self) -> None:
         """Leave the group once nothing is left unhandled: at once if the last poll brought
-        records, else after the next poll that does, or after DRAIN_POLL_S (a queue with nothing
-        to acquire)."""
-        self._drain_until = time.monotonic() + DRAIN_POLL_S
+        records, else after the next poll that does, or once the queue looks idle (_may_leave)."""
+        self._drain_started = time.monotonic()
         self.draining = True
+
+    def _may_leave(self) -> bool:
+        return drain_may_end(self._fetch_out, self._drain_started, self.runtime.records_polled_at, time.monotonic())
 
     def stop(self) -> None:
         """Ask the thread to end after its cycle (``close`` waits for it)."""
@@ -589,6 +594,16 @@ class ShareFetcher:
         if self.pending:
             self.pending = not self._commit()
         self._close_consumer()
+
+
+def drain_may_end(fetch_out: bool, drain_started: float, records_polled_at: float, now: float) -> bool:
+    """Whether a draining consumer leaves the group now: it holds nothing unhandled (no fetch
+    out), or no poll of its process brought records for DRAIN_POLL_S since the drain began (an
+    idle queue gives its open fetch little to acquire), or it has drained for DRAIN_POLL_MAX_S."""
+    if not fetch_out:
+        return True
+    quiet = now - max(drain_started, records_polled_at) >= DRAIN_POLL_S
+    return quiet or now - drain_started >= DRAIN_POLL_MAX_S
 
 
 # Share consumers leave the group cleanly when Spark stops the worker process.

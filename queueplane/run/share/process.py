@@ -79,6 +79,9 @@ class ProcessRuntime:
         self._lease = threading.Condition()
         self._lease_until = 0.0
         self._last_outcome = time.monotonic()  # when a batch last returned outcomes (or the process started)
+        # When a poll of any of its consumers last brought records (monotonic): a draining consumer
+        # whose own polls come back empty stays while its siblings' do not (fetcher.py, _may_leave).
+        self.records_polled_at = 0.0
 
     def first_attempt(self, record: Record, now_ms: int) -> int:
         key = (record.topic, record.partition, record.offset)
