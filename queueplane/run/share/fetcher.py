@@ -236,9 +236,9 @@ class ShareFetcher:
             return
         polled_at = time.monotonic()
         self._fetch_out = not messages
-        if messages:
-            self.runtime.records_polled_at = polled_at
         good = [m for m in messages if not m.error()]
+        if good:
+            self.runtime.records_polled_at = polled_at
         if len(good) < len(messages):
             for m in messages:
                 if m.error():

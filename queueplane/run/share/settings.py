@@ -61,7 +61,7 @@ IDLE_LEAVE_S = 3.0
 DRAIN_POLL_S = 2.0
 # But not while another consumer of the process polled records within DRAIN_POLL_S: the queue is
 # trickling, not idle, and feeds whichever open fetch comes first, so this one's may acquire the
-# next records (measured: 14 records of a 1-a-second partition came back one delivery higher).
+# next records, which come back one delivery higher once it has left (docs/runtimes.md).
 # Its siblings leave as their polls bring records, and then the trickle comes to it; it leaves
 # with a fetch out after DRAIN_POLL_MAX_S at the latest.
 DRAIN_POLL_MAX_S = 5.0
