@@ -397,9 +397,16 @@ class CrashJournal:
 
     def _enter_alone(self, slot: int) -> None:
         """Become the only call: no new call starts from here on, and the running ones end first
-        (each wait bounded by ``alone_s``)."""
+        (each wait bounded by ``alone_s``).
+
+        A suspect behind another waits for that one's whole turn, its wait for the others and
+        then its call, not for a bound of its own: two suspects that both waited ``alone_s`` for
+        the same hanging call would otherwise start together, and a death in one would blame
+        the other (and drop the reason the first gave, its memory guard's).
+        """
         with self._alone:
-            self._alone.wait_for(self._not_alone, self.alone_s)
+            while not self._not_alone():
+                self._alone.wait(max(0.0, self._alone_until - time.monotonic()))
             self._alone_slot = slot
             self._alone_until = time.monotonic() + 2 * self.alone_s  # the wait for the others, then its call
         others_until = time.monotonic() + self.alone_s
@@ -407,6 +414,9 @@ class CrashJournal:
             i != slot for i in _running_slot_indices(self._map, self.alone_s)
         ):
             time.sleep(ALONE_POLL_S)
+        with self._alone:  # its call starts: past its deadline it is given up, and the others go on
+            self._alone_until = time.monotonic() + self.alone_s
+            self._alone.notify_all()
 
     # -- files ----------------------------------------------------------------------------------
     def _hold(self, kept: Kept) -> None:

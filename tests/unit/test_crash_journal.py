@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+from queueplane.run import crash_journal
 from queueplane.run.crash_journal import DEAD, NO_DELIVERY, SLOT, SLOTS, SUFFIX, CrashJournal, Delivery
 
 
@@ -115,6 +116,36 @@ def test_a_suspect_runs_alone_after_the_running_call_and_holds_new_ones_back(tmp
     for thread in (first, suspect, later):
         thread.join(5)
     assert events == ["normal begins", "normal ends", "suspect begins", "suspect ends", "later begins", "later ends"]
+
+
+def test_two_suspects_that_wait_behind_a_hanging_call_still_run_one_at_a_time(tmp_path, monkeypatch):
+    # The first waits for the hanging call, the second for the first's turn: both bounds run out
+    # together, and the second must not start before the first's call ends, or a death in one
+    # blames the other (so a memory guard's reason was lost, its record dead-lettered as
+    # WorkerDied). A slow poll widens the gap between the two, as a loaded machine's scheduler does.
+    monkeypatch.setattr(crash_journal, "ALONE_POLL_S", 0.2)
+    _die_in_a_call(tmp_path, 0, 98)
+    _die_in_a_call(tmp_path, 0, 99)
+    journal = CrashJournal(tmp_path, alone_s=0.5)
+    threading.Thread(target=journal.begin, args=(0, 1), daemon=True).start()  # never returns
+    spans: dict[int, tuple[float, float]] = {}
+
+    def suspect(offset: int) -> None:
+        def handler(_record: None) -> None:
+            began = time.monotonic()
+            time.sleep(0.3)
+            spans[offset] = (began, time.monotonic())
+
+        journal.call(0, offset, handler, None)
+
+    threads = [threading.Thread(target=suspect, args=(offset,)) for offset in (98, 99)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.01)
+    for thread in threads:
+        thread.join(5)
+    (_, first_ended), (second_began, _) = sorted(spans.values())
+    assert second_began >= first_ended, spans
 
 
 def test_a_suspect_that_hangs_holds_the_others_back_no_longer_than_its_bound(tmp_path):
