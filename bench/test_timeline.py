@@ -1,8 +1,10 @@
 """The test suite's timeline: what each pytest process ran when, and where the run's time went.
 
 `make test` records it (tests/timeline.py) in ``.queueplane/test-timeline.jsonl``; this prints
-the run's span, each process's busy time, the heavy tests' total (they run alone: the other
-process waits meanwhile) and the slowest tests, and draws ``bench/results/test-timeline.png``.
+the run's span, each process's busy time, the heavy tests' total (one at a time, their process
+first on the CPU, or alone where the machine cannot weigh processes: tests/parallel.py), the
+slowest tests and those that took the most CPU (where the run counted it), and draws
+``bench/results/test-timeline.png``.
 
     .venv/bin/python bench/test_timeline.py [.queueplane/test-timeline.jsonl]
 """
@@ -29,6 +31,7 @@ class Test:
     start: float = float("inf")
     stop: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
+    cpu_s: float | None = None  # its process's CPU time over its phases, where the run counted it
 
     @property
     def seconds(self) -> float:
@@ -42,6 +45,8 @@ def load(path: Path) -> list[Test]:
         test = tests.setdefault(phase["test"], Test(phase["test"], phase["process"], phase["heavy"]))
         test.start, test.stop = min(test.start, phase["start"]), max(test.stop, phase["stop"])
         test.phases[phase["phase"]] = round(phase["stop"] - phase["start"], 1)
+        if phase.get("cpu_s") is not None:
+            test.cpu_s = (test.cpu_s or 0.0) + phase["cpu_s"]
     return sorted(tests.values(), key=lambda t: t.start)
 
 
@@ -61,6 +66,9 @@ def main() -> int:
             p: {
                 "busy_s": round(sum(t.seconds for t in tests if t.process == p)),
                 "last_stop_s": round(max(t.stop for t in tests if t.process == p) - began),
+                "cpu_s": round(sum(t.cpu_s or 0.0 for t in tests if t.process == p))
+                if any(t.cpu_s is not None for t in tests if t.process == p)
+                else None,
             }
             for p in processes
         },
@@ -68,6 +76,11 @@ def main() -> int:
         "slowest": [
             {"test": t.name, "process": t.process, "heavy": t.heavy, "at_s": round(t.start - began), **t.phases}
             for t in sorted(tests, key=lambda t: -t.seconds)[:SHOWN]
+        ],
+        # On two cores busy through most of the run, a test's CPU is what it costs the run.
+        "most_cpu": [
+            {"test": t.name, "cpu_s": round(t.cpu_s), "seconds": round(t.seconds)}
+            for t in sorted((t for t in tests if t.cpu_s), key=lambda t: -(t.cpu_s or 0.0))[:SHOWN]
         ],
     }
     plt = pyplot()
@@ -80,10 +93,10 @@ def main() -> int:
             if t.seconds >= LABELLED_S:
                 label = t.name.rsplit("/", 1)[-1].split("[", 1)[0][:40]
                 axes.text(t.start - began + 2, row, label, fontsize=6, rotation=90, va="center")
-    for t in (t for t in tests if t.heavy):  # the other process's bars meanwhile are waits for the lock
+    for t in (t for t in tests if t.heavy):  # the other process's bars meanwhile ran on what it left, or waited
         axes.axvspan(t.start - began, t.stop - began, color="tab:red", alpha=0.12, linewidth=0)
     axes.set_yticks(range(len(processes)), processes)
-    axes.set_xlabel("seconds since the first test (red: heavy, run alone)")
+    axes.set_xlabel("seconds since the first test (red: heavy, its process first on the CPU)")
     axes.set_title(f"test suite timeline: {len(tests)} tests in {span / 60:.1f} min")
     save("test-timeline", result, figure)
     return 0

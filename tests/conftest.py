@@ -37,10 +37,26 @@ TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_JVM} {spark_archive.java_options()}".strip())
     os.environ.setdefault(BROKER_JVM_OPTS, TEST_JVM)
+    parallel.process_started()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    parallel.process_ending()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     timeline.record(report)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Each phase's report carries its process's CPU time meanwhile, for the timeline (xdist
+    sends a report's extra attributes to the controller)."""
+    report = yield
+    cpu_s = parallel.phase_cpu_seconds()
+    if cpu_s is not None:
+        report.cpu_s = round(cpu_s, 2)
+    return report
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

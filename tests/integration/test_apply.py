@@ -21,6 +21,7 @@ from specs_factory import dump, spec
 
 from queueplane.errors import EXIT_CHANGES, EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, PlanRefused
 from queueplane.kafka import names as kn
+from queueplane.kafka.cluster import CONNECT_TIMEOUT_S
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
 from queueplane.provision.apply import ApplyFailed
@@ -300,10 +301,12 @@ def test_unreachable_broker_fails_fast_and_clearly(tmp_path, cli_env):
         result = run_cli(["apply", str(path), "--yes", "--bootstrap-servers", f"127.0.0.1:{port}"], cli_env)
         elapsed = time.monotonic() - started
     assert result.returncode == EXIT_FAILED
-    assert f"cannot reach Kafka at 127.0.0.1:{port}" in result.stderr
+    assert f"cannot reach Kafka at 127.0.0.1:{port} within {CONNECT_TIMEOUT_S:.0f}s" in result.stderr
     assert "nothing was changed" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert elapsed < 10
+    # It gives up at its own bound, not at the client's request timeout (60 s); the margin is the
+    # command's start on a loaded machine.
+    assert elapsed < 3 * CONNECT_TIMEOUT_S
 
 
 def test_no_cluster_named_and_no_local_stack_is_a_usage_error(tmp_path, cli_env):
