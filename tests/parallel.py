@@ -152,7 +152,7 @@ def _release_light() -> None:
     _light_holds -= 1
 
 
-def heavy_tests_alone(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
+def heavy_tests_apart(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
     """A heavy test's process comes first (or it runs alone); light tests run beside each other
     (only when processes share the run)."""
     heavy = item.get_closest_marker(HEAVY) is not None
