@@ -115,9 +115,8 @@ test-host:
 
 # The suite runs in TEST_PROCESSES pytest processes, split by file; tests/parallel.py keeps the
 # folders that share a session resource (the local Kubernetes, Airflow's DB) in one process and
-# runs the tests marked heavy one at a time, their process first on the CPU. Each run's timeline
-# (tests/timeline.py) is kept in TEST_TIMELINE; `bench/test_timeline.py` says where its time
-# went and draws it.
+# runs the tests marked heavy alone. Each run's timeline (tests/timeline.py) is kept in
+# TEST_TIMELINE; `bench/test_timeline.py` says where its time went and draws it.
 TEST_PROCESSES ?= 2
 TEST_TIMELINE := .queueplane/test-timeline.jsonl
 test: lint test-host

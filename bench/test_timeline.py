@@ -1,10 +1,9 @@
 """The test suite's timeline: what each pytest process ran when, and where the run's time went.
 
 `make test` records it (tests/timeline.py) in ``.queueplane/test-timeline.jsonl``; this prints
-the run's span, each process's busy time, the heavy tests' total (one at a time, their process
-first on the CPU, or alone where the machine cannot weigh processes: tests/parallel.py), the
-slowest tests and those that took the most CPU (where the run counted it), and draws
-``bench/results/test-timeline.png``.
+the run's span, each process's busy time, the heavy tests' total (they run alone: the other
+process waits meanwhile), the slowest tests and those that took the most CPU (where the run
+counted it: tests/cpu_accounting.py), and draws ``bench/results/test-timeline.png``.
 
     .venv/bin/python bench/test_timeline.py [.queueplane/test-timeline.jsonl]
 """
@@ -93,10 +92,10 @@ def main() -> int:
             if t.seconds >= LABELLED_S:
                 label = t.name.rsplit("/", 1)[-1].split("[", 1)[0][:40]
                 axes.text(t.start - began + 2, row, label, fontsize=6, rotation=90, va="center")
-    for t in (t for t in tests if t.heavy):  # the other process's bars meanwhile ran on what it left, or waited
+    for t in (t for t in tests if t.heavy):  # the other process's bars meanwhile are waits for the lock
         axes.axvspan(t.start - began, t.stop - began, color="tab:red", alpha=0.12, linewidth=0)
     axes.set_yticks(range(len(processes)), processes)
-    axes.set_xlabel("seconds since the first test (red: heavy, its process first on the CPU)")
+    axes.set_xlabel("seconds since the first test (red: heavy, run alone)")
     axes.set_title(f"test suite timeline: {len(tests)} tests in {span / 60:.1f} min")
     save("test-timeline", result, figure)
     return 0

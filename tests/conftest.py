@@ -64,8 +64,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _heavy_tests_apart(request: pytest.FixtureRequest) -> Iterator[None]:
-    with parallel.heavy_tests_apart(request.node):
+def _heavy_tests_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    with parallel.heavy_tests_alone(request.node):
         yield
 
 

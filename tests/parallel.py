@@ -5,20 +5,19 @@ other. Some folders share a session resource and go to one process whole: the ma
 local Kubernetes (a second process would stop it under the first), Airflow's migrated metadata
 DB and the packaging tests' wheel are each made once per process.
 
-Tests marked ``heavy`` (many JVMs, broker restarts, load steps timed in seconds) must not be
-starved: anything that takes their CPU holds them past the time bounds they wait with (a share
+Tests marked ``heavy`` (many JVMs, broker restarts, load steps timed in seconds) run alone: on
+a small machine anything beside them starves them past the time bounds they wait with (a share
 lock expiring, a Python worker not connecting back in time, executors due within two autoscaler
-decisions). Where the machine lets the run weigh its processes' CPU (tests/cpu_priority.py, as
-root), a heavy test's process comes first while it runs and light tests go on beside it with
-what it leaves; two heavy tests never run at once. The heavy files of the folders split by file
-come first in the run, beside the long Kubernetes folder. Elsewhere a heavy test runs alone:
-light tests run side by side and first, and a heavy test waits for the one beside it to end.
+decisions). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
+are not heavy although they run pods: their bounds are minutes, so they run beside the light
+tests, and their waits on pods and rollouts overlap the light tests' work. So does the soak
+test, which asserts memory and counts rather than time. A stack that keeps working between
+tests (Airflow, tests/airflow_stack.py) counts as light from its start to its stop, not only
+during its tests: started beside a heavy test, Airflow's processes took the CPU a Spark worker needed to
+connect back to its JVM in time.
 
-The Kubernetes deploy and upgrade tests are not heavy although they run pods: their bounds are
-minutes. Nor is the soak test, which asserts memory and counts rather than time. A stack that
-keeps working between tests (Airflow, tests/airflow_stack.py) counts as light from its start to
-its stop, not only during its tests, where heavy tests run alone: started beside a heavy test,
-Airflow's processes took the CPU a Spark worker needed to connect back to its JVM in time.
+Each process also counts its CPU, everything it starts included (tests/cpu_accounting.py), so
+the run's timeline says what each test costs the machine, not only how long it took.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import cpu_priority
+import cpu_accounting
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
@@ -48,49 +47,38 @@ def folder(nodeid: str) -> str:
 
 
 def in_run_order(items: list[pytest.Item]) -> None:
-    """By FOLDER_ORDER, each file keeping its order; heavy tests first where they run beside light
-    ones (a folder shared by one process keeps them last), last where they run alone.
+    """Light tests first, by FOLDER_ORDER, then the heavy ones; each file keeps its order.
 
-    Run alone at the end, only heavy tests are left and the processes hand the lock to each
-    other without waiting for light ones.
+    While light tests remain, a heavy test waits for the one beside it to end; at the end only
+    heavy tests are left, and the processes hand the lock to each other without waiting.
     """
     rank = {name: index for index, name in enumerate(FOLDER_ORDER)}
-    beside = cpu_priority.available()
-
-    def key(item: pytest.Item) -> tuple[bool, int, bool]:
-        heavy = item.get_closest_marker(HEAVY) is not None
-        name = folder(item.nodeid)
-        order = rank.get(name, len(rank))
-        return (False, order, heavy == (name in SHARED_BY_FOLDER)) if beside else (heavy, order, False)
-
-    items.sort(key=key)
+    items.sort(key=lambda item: (item.get_closest_marker(HEAVY) is not None, rank.get(folder(item.nodeid), len(rank))))
 
 
-_groups: cpu_priority.ProcessGroups | None = None  # this process's CPU group, where heavy tests run beside light
+_group: cpu_accounting.ProcessGroup | None = None  # this process's CPU accounting, where the machine has it
+_cpu_counted = 0.0  # the group's CPU time at the end of the last test phase
 
 
 def process_started() -> None:
-    """An xdist worker of a run joins a CPU group of its own (tests/cpu_priority.py), where it may."""
-    global _groups
+    """An xdist worker of a run counts its CPU in a group of its own, where it may."""
+    global _group
     run, worker = os.environ.get("PYTEST_XDIST_TESTRUNUID"), os.environ.get("PYTEST_XDIST_WORKER")
-    if run and worker and cpu_priority.available():
-        _groups = cpu_priority.ProcessGroups(run, worker)
-        _groups.join()
+    if run and worker and cpu_accounting.available():
+        _group = cpu_accounting.ProcessGroup(run, worker)
+        _group.join()
 
 
 def process_ending() -> None:
-    if _groups is not None:
-        _groups.leave()
-
-
-_cpu_counted = 0.0  # the group's CPU time at the end of the last test phase
+    if _group is not None:
+        _group.leave()
 
 
 def phase_cpu_seconds() -> float | None:
     """The CPU time this process and everything it started took since the last phase ended
-    (the test phase just ended, where the machine counts it)."""
+    (the test phase just ended), where the machine counts it."""
     global _cpu_counted
-    now = _groups.cpu_seconds() if _groups is not None else None
+    now = _group.cpu_seconds() if _group is not None else None
     if now is None:
         return None
     spent, _cpu_counted = now - _cpu_counted, now
@@ -152,37 +140,17 @@ def _release_light() -> None:
     _light_holds -= 1
 
 
-def heavy_tests_apart(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
-    """A heavy test's process comes first (or it runs alone); light tests run beside each other
-    (only when processes share the run)."""
-    heavy = item.get_closest_marker(HEAVY) is not None
-    if _groups is None:
-        return _run_lock(heavy=heavy)
-    if not heavy:
-        return contextlib.nullcontext()
-    return _heavy_first(_groups, load_in_pods=item.get_closest_marker("kubernetes") is not None)
-
-
-@contextmanager
-def _heavy_first(groups: cpu_priority.ProcessGroups, load_in_pods: bool) -> Iterator[None]:
-    """One heavy test at a time in the run, its process's group first on the CPU meanwhile."""
-    files = Path(tempfile.gettempdir()) / f"queueplane-tests-{os.environ['PYTEST_XDIST_TESTRUNUID']}"
-    with open(f"{files}.heavy", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            with groups.first(load_in_pods):
-                yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def heavy_tests_alone(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
+    """A heavy test runs alone; light tests run beside each other (only when processes share the run)."""
+    return _run_lock(heavy=item.get_closest_marker(HEAVY) is not None)
 
 
 def background_stack() -> contextlib.AbstractContextManager[None]:
     """Held by a stack from its start to its stop while it works between tests (Airflow's
     scheduler and DAG processor): that stack is load a heavy test must not have beside it, least of
-    all while it starts. Where heavy tests run alone, its start waits for a running heavy test to
-    end, and a heavy test waits for the stack to stop; where they come first on the CPU, the stack
-    is light like any other test's load."""
-    return _run_lock(heavy=False) if _groups is None else contextlib.nullcontext()
+    all while it starts. Its start waits for a running heavy test to end, and a heavy test waits
+    for the stack to stop."""
+    return _run_lock(heavy=False)
 
 
 class SharedFolderScheduling(LoadScopeScheduling):

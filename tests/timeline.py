@@ -2,9 +2,10 @@
 
 `make test` sets QUEUEPLANE_TEST_TIMELINE to a file; the process that runs the suite (xdist's
 controller, or pytest alone) appends one JSON line per test phase, and bench/test_timeline.py
-draws them. The suite is split in processes and heavy tests run one at a time (parallel.py), so
-the sum of the tests' durations says little about the run's length; the timeline shows which
-process ran what when, and a wait for a heavy test shows as a long set-up.
+draws them. The suite is split in processes and heavy tests run alone (parallel.py), so the
+sum of the tests' durations says little about the run's length; the timeline shows which
+process ran what when, and a heavy test's wait for the lock shows as a long set-up. Where the
+machine counts it, each phase also carries its process's CPU time (cpu_accounting.py).
 """
 
 from __future__ import annotations
