@@ -5,6 +5,8 @@ process it starts later (brokers, Spark drivers and their Python workers, a stan
 the local Kubernetes' components, even those that detach into sessions of their own) is counted
 with it. The run's timeline keeps each test phase's share (tests/timeline.py): on two cores busy
 through most of the run, the CPU a test takes, more than its length, is what it costs the run.
+Pods are the exception: the kubelet puts them in groups of its own, so a Kubernetes test's count
+holds the cluster's components and the test's own clients, not its pods.
 
 Needs root and cgroup v1's ``cpuacct`` hierarchy, or v2 with ``cpu`` delegated at its root;
 ``available()`` says whether this machine gives them. Without them, nothing is counted.
