@@ -49,6 +49,12 @@ def load(path: Path) -> list[Test]:
     return sorted(tests.values(), key=lambda t: t.start)
 
 
+def _cpu_total(tests: list[Test]) -> int | None:
+    """The CPU seconds of ``tests``, or None where the run counted none of it."""
+    counted = [t.cpu_s for t in tests if t.cpu_s is not None]
+    return round(sum(counted)) if counted else None
+
+
 def main() -> int:
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
     if not path.is_file():
@@ -65,9 +71,7 @@ def main() -> int:
             p: {
                 "busy_s": round(sum(t.seconds for t in tests if t.process == p)),
                 "last_stop_s": round(max(t.stop for t in tests if t.process == p) - began),
-                "cpu_s": round(sum(t.cpu_s or 0.0 for t in tests if t.process == p))
-                if any(t.cpu_s is not None for t in tests if t.process == p)
-                else None,
+                "cpu_s": _cpu_total([t for t in tests if t.process == p]),
             }
             for p in processes
         },

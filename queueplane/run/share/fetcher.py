@@ -81,7 +81,8 @@ def reserve_failure(partition: int, offset: int, headers: list, journal: CrashJo
 
 class FetcherHost(Protocol):
     """What a fetcher needs of its process: the settings, the pool, the crash journal, the outbox,
-    the records accepted lately, the call guard, the lease, the producer."""
+    the records accepted lately, the call guard, the lease, the producer, and when a poll of any
+    of its fetchers last brought records (a drain waits on it)."""
 
     settings: ShareSettings
     pool: HandlerPool
@@ -89,6 +90,7 @@ class FetcherHost(Protocol):
     outbox: Outbox
     accepted: AcceptedLately
     calls: CallGuard
+    records_polled_at: float
 
     def leased(self) -> bool: ...
 
