@@ -266,7 +266,8 @@ class QueueRun:
             "?" if total is None else total,
             sum(counts[o] for o in FINAL_OUTCOMES) / max(elapsed, 1e-6),
         )
-        self.controller.on_batch(sum(batch_counts[o] for o in FINAL_OUTCOMES), lag)
+        busy_s = (pc.sum(table.column("latency_ms")).as_py() or 0.0) / 1000
+        self.controller.on_batch(sum(batch_counts[o] for o in FINAL_OUTCOMES), lag, busy_s)
         self.job.on_batch(BatchProgress(batch_id, dict(counts), dict(batch_counts), total, elapsed))
         if self.draining or (self.should_stop(lag) and not self.runtime.drains):
             # A draining runtime: that was the draining batch, every process has settled and reported

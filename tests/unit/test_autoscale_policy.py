@@ -116,3 +116,42 @@ def test_executors_added_faster_than_their_rate_was_measured_are_trimmed_one_at_
     assert decide(policy, busy, replace(peak, last_executors=3)).desired == 4, "saturated: no step down"
     at_min = Observation(61.0, {0: 0}, input_rate=0.0, processing_rate=0.0, executors=1, requested=1)
     assert decide(policy, at_min, ScalerState(last_change_s=0.0)).desired == 1
+
+
+def test_a_trickle_of_slow_records_keeps_the_rate_learned_under_load():
+    """After a peak, 3 records/s of 300 ms each: the lag is about the records being handled. Taken
+    for a bottleneck, it would lower the learned rate to the trickle's until 3 records/s asked
+    for two executors."""
+    policy = ScalingPolicy(min_executors=1, max_executors=3, target_lag_s=5.0, down_cooldown_s=0)
+    state = ScalerState(last_change_s=0.0, rate_per_executor=20.0, last_executors=1)
+    trickle = Observation(100.0, {0: 2, 1: 1}, input_rate=3.0, processing_rate=3.0, executors=1, in_flight=0.9)
+    for step in range(6):
+        decision = decide(policy, replace(trickle, now_s=100.0 + 4 * step), state)
+        state = decision.state
+        assert decision.desired == 1, decision
+    assert state.rate_per_executor == 20.0
+    # The same backlog beyond what the handlers hold is a second of work waiting: a bottleneck.
+    waiting = replace(trickle, lag_by_partition={0: 5, 1: 1})
+    assert decide(policy, waiting, state).state.rate_per_executor == 11.5
+
+
+def test_a_drain_pause_teaches_no_rate_and_its_backlog_cancels_no_removal():
+    """A removal waits for its drain, which stops consumption: 3 executors handled 1 record/s
+    while the trickle's records built up. Read as capacity, a few such windows ask for an
+    executor back, which cancels the removal."""
+    policy = ScalingPolicy(min_executors=1, max_executors=3, target_lag_s=5.0)
+    pause = Observation(
+        100.0, {0: 12, 1: 8}, input_rate=4.0, processing_rate=1.0, executors=3, requested=1, paused=True
+    )
+
+    def desired(observation: Observation) -> list[int]:
+        state, wanted = ScalerState(last_change_s=0.0, rate_per_executor=20.0, last_executors=3), []
+        for step in range(3):
+            decision = decide(policy, replace(observation, now_s=100.0 + 4 * step), state)
+            state = replace(decision.state, last_change_s=0.0)
+            wanted.append(decision.desired)
+        assert (state.rate_per_executor == 20.0) == observation.paused
+        return wanted
+
+    assert desired(pause) == [1, 1, 1]
+    assert 2 in desired(replace(pause, paused=False)), "the pause read as capacity"

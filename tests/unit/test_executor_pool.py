@@ -171,3 +171,18 @@ def test_an_executor_once_removed_is_not_chosen_again_while_spark_still_lists_it
     pool.set_demand("orders", 3, ["1", "2", "3"])  # Spark starts "4" for it and still lists "3"
     pool.set_demand("orders", 2, ["1", "2", "3", "4"])
     assert spark.calls == [("kill", ("3",)), ("total", 2), ("total", 3), ("kill", ("4",)), ("total", 2)]
+
+
+def test_the_pool_says_it_is_draining_from_a_removal_until_the_kill_or_its_cancel() -> None:
+    pool, spark, _drain = _pool(["1", "2", "3"])
+    assert not pool.draining()
+    pool.set_demand("orders", 0, ["1", "2", "3"])
+    assert pool.draining(), "the removal waits for the share queue's drain"
+    pool.set_demand("orders", 1, ["1", "2", "3"])
+    assert not pool.draining(), "demand rose again: the removal is cancelled"
+    pool.set_demand("orders", 0, ["1", "2", "3"])
+    pool.batch_ran("orders")
+    pool.batch_ran("mail")
+    assert pool.draining(), "the share queue's batch may have begun before the request"
+    pool.batch_ran("mail")
+    assert ("kill", ("3",)) in spark.calls and not pool.draining()

@@ -45,12 +45,20 @@ class ExecutorController:
         # the executors cannot keep up with).
         self.window_start: float | None = None
         self.handled = 0
+        self.busy_s = 0.0  # handler calls' seconds in the window
+        self.paused = False  # a drain stopped consumption during the window
         self.last_lag: int | None = None
         self.decisions: list[dict[str, Any]] = []
 
-    def on_batch(self, handled: int, lag_by_partition: dict[int, int | None] | None) -> Decision | None:
+    def on_batch(
+        self, handled: int, lag_by_partition: dict[int, int | None] | None, busy_s: float = 0.0
+    ) -> Decision | None:
+        """A micro-batch ended: ``handled`` records reached an outcome, their handler calls took
+        ``busy_s`` seconds in all, and the backlog is ``lag_by_partition`` (None: unreadable)."""
         if not self.enabled:
             return None
+        # Before the pool hears of the batch: a drain that this batch ends still paused the window.
+        self.paused = self.paused or self.pool.draining()
         self.pool.batch_ran(self.name)
         ids = self.pool.executor_ids()
         # The queue's part of a pool that other queues share: its rate is measured on those.
@@ -63,6 +71,7 @@ class ExecutorController:
             self.window_start = now
             return None
         self.handled += handled
+        self.busy_s += busy_s
         elapsed = now - self.window_start
         if elapsed < self.policy.interval_s or lag_by_partition is None:
             return None
@@ -76,10 +85,12 @@ class ExecutorController:
             processing_rate=processing_rate,
             executors=running,
             requested=self.requested,
+            in_flight=self.busy_s / elapsed,
+            paused=self.paused or self.pool.draining(),
         )
         decision = decide(self.policy, observation, self.state)
         self.state = decision.state
-        self.window_start, self.handled, self.last_lag = now, 0, lag
+        self.window_start, self.handled, self.busy_s, self.paused, self.last_lag = now, 0, 0.0, False, lag
         previous, self.requested = self.requested, decision.desired
         if decision.desired != previous:
             self.pool.set_demand(self.name, decision.desired, ids)

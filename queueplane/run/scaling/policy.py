@@ -53,6 +53,12 @@ class Observation:
     processing_rate: float  # records/s handled by all executors
     executors: int  # executors running now (the processing rate is theirs)
     requested: int | None = None  # executors asked for, some perhaps still starting; default: running
+    # Records in handler calls on average over the interval (their calls' busy seconds over its
+    # length, Little's law): the lag holds them, yet they wait for nothing.
+    in_flight: float = 0.0
+    # Consumption stopped for a drain (a removal waiting for it) during the interval: the rate it
+    # shows is a pause, not what the executors can do.
+    paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,21 +86,26 @@ def policy_for(queue: QueueSpec, cap: int | None = None, **overrides: float) -> 
 
 
 def _saturated(obs: Observation, lag: int) -> bool:
-    """The executors are the bottleneck: at least a second of their work waits.
+    """The executors are the bottleneck: at least a second of their work waits, beyond the records
+    their handlers hold.
 
-    A backlog of a few records in flight (a share group's acquired records) is no sign of it:
-    read as one, it would add executors to an idle queue and take the demand for the capacity.
-    A backlog being worked off is: the executors run flat out, which is their capacity.
+    A backlog of the records in flight is no sign of it: on a trickle of slow records the lag is
+    about the records being handled, a second's worth or more at a low rate; read as a
+    bottleneck, that demand would be taken for the capacity, which then falls with the load
+    until a few records a second ask for more executors. A backlog being worked off is a sign:
+    the executors run flat out, which is their capacity.
     """
-    return lag > 0 and lag >= obs.processing_rate * 1.0
+    waiting = lag - obs.in_flight
+    return waiting > 0 and waiting >= obs.processing_rate * 1.0
 
 
 def _learn_rate(policy: ScalingPolicy, obs: Observation, state: ScalerState, lag: int) -> float | None:
     """One executor's sustained rate, measured while the executors are the bottleneck (else the rate
-    shows demand, not capacity) and their count held still over the interval (else it blends two
-    counts); otherwise only raised to what they were seen doing."""
+    shows demand, not capacity), their count held still over the interval (else it blends two
+    counts) and nothing paused them (a drain: the backlog it builds would read as a bottleneck,
+    and the pause as the capacity); otherwise only raised to what they were seen doing."""
     steady = state.last_executors == obs.executors
-    if not steady or obs.executors <= 0 or obs.processing_rate <= 0:
+    if obs.paused or not steady or obs.executors <= 0 or obs.processing_rate <= 0:
         return state.rate_per_executor
     sample = obs.processing_rate / obs.executors
     if not _saturated(obs, lag):

@@ -97,6 +97,11 @@ class ExecutorPool:
                 return running
             return max(1, round(running * self.demands[name] / total)) if running else 0
 
+    def draining(self) -> bool:
+        """A removal waits for its drain: the draining queues' consumption has stopped meanwhile."""
+        with self.lock:
+            return bool(self._after_drain)
+
     def batch_ran(self, name: str) -> None:
         """A queue's micro-batch ended: kills waiting for drains may go, and a fresh pool is trimmed."""
         if not self.enabled:
