@@ -41,11 +41,13 @@ def log_offsets(admin: AdminClient, topic: str, partitions: int) -> dict[int, tu
     return {tp.partition: (starts[tp].result(REQUEST_TIMEOUT_S).offset, ends[tp.partition]) for tp in tps}
 
 
-def end_offsets(admin: AdminClient, topic: str, partitions: list[int]) -> dict[int, int]:
+def end_offsets(
+    admin: AdminClient, topic: str, partitions: list[int], timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[int, int]:
     """The log-end offset of each of ``partitions`` (one ListOffsets request)."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
-    return {tp.partition: futures[tp].result(REQUEST_TIMEOUT_S).offset for tp in tps}
+    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s)
+    return {tp.partition: futures[tp].result(timeout_s).offset for tp in tps}
 
 
 def committed_offsets(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int | None]:

@@ -155,3 +155,15 @@ def test_a_drain_pause_teaches_no_rate_and_its_backlog_cancels_no_removal():
 
     assert desired(pause) == [1, 1, 1]
     assert 2 in desired(replace(pause, paused=False)), "the pause read as capacity"
+
+
+def test_the_backlog_a_drain_built_is_no_demand_but_a_surge_during_it_is():
+    """A drain of 9 s on a trickle of 3 records/s: 27 records wait, which at 9 records/s an
+    executor would ask for a second one within a 5 s target. The surge's input rate still does."""
+    policy = ScalingPolicy(min_executors=1, max_executors=3, target_lag_s=5.0)
+    state = ScalerState(last_change_s=0.0, rate_per_executor=9.0, last_executors=3)
+    pause = Observation(100.0, {0: 27}, input_rate=3.0, processing_rate=0.0, executors=3, requested=1, paused=True)
+    assert decide(policy, pause, state).desired == 1
+    assert decide(policy, replace(pause, paused=False), state).desired == 2, "the backlog read as demand"
+    surge = replace(pause, input_rate=30.0)
+    assert decide(policy, surge, state).desired == 3, "demand rose: the removal is cancelled"

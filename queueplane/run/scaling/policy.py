@@ -7,6 +7,8 @@ so that the backlog drains within ``targetLagSeconds`` while keeping up with the
     needed rate = input rate + backlog / targetLagSeconds
     desired     = ceil(needed rate / (rate one executor sustains * headroom))
 
+(the backlog term left out while a scale-down's drain pauses consumption: that backlog is the
+pause's own)
 then clamps to [minExecutors, maxExecutors] and, for consumer groups, to the executors that
 can get work at all (partitions * key slots over the executor's cores; share and kmq
 groups hand records to any task, so no such cap). Against flapping: scale-up waits a short
@@ -57,7 +59,7 @@ class Observation:
     # length, Little's law): the lag holds them, yet they wait for nothing.
     in_flight: float = 0.0
     # Consumption stopped for a drain (a removal waiting for it) during the interval: the rate it
-    # shows is a pause, not what the executors can do.
+    # shows is a pause, not what the executors can do, and the backlog it built is no demand.
     paused: bool = False
 
 
@@ -148,7 +150,11 @@ def decide(policy: ScalingPolicy, obs: Observation, state: ScalerState) -> Decis
         elif current > policy.min_executors and since_change >= policy.down_cooldown_s:
             return change(current - 1, "no backlog and no measured rate yet: one executor fewer")
         return hold("no measured rate yet")
-    needed_rate = obs.input_rate + lag / policy.target_lag_s
+    # In an interval a drain paused, the backlog is the pause's own (nothing consumed while it
+    # built, and a drain can take a lock's time): read as demand, a trickle's few records would
+    # cancel every removal. Only the input rate counts then, which a surge still raises.
+    backlog_rate = 0.0 if obs.paused else lag / policy.target_lag_s
+    needed_rate = obs.input_rate + backlog_rate
     wanted = math.ceil(needed_rate / (rate * policy.headroom)) if needed_rate > 0 else 0
     wanted = min(max(wanted, policy.min_executors), policy.ceiling)
     if wanted > current:

@@ -36,6 +36,7 @@ from queueplane.run.outcomes import (
 from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.outbox import Outbox, Unrecorded
 from queueplane.run.share.pool import Chunk, HandlerPool, Poll
+from queueplane.run.share.queue_end import QueueEnd
 from queueplane.run.share.settings import (
     ACCEPTED_RESULT,
     ACK_EVERY_S,
@@ -82,7 +83,8 @@ def reserve_failure(partition: int, offset: int, headers: list, journal: CrashJo
 class FetcherHost(Protocol):
     """What a fetcher needs of its process: the settings, the pool, the crash journal, the outbox,
     the records accepted lately, the call guard, the lease, the producer, and when a poll of any
-    of its fetchers last brought records (a drain waits on it)."""
+    of its fetchers last brought records and when the queue's topic last grew (a drain waits on
+    both)."""
 
     settings: ShareSettings
     pool: HandlerPool
@@ -91,6 +93,7 @@ class FetcherHost(Protocol):
     accepted: AcceptedLately
     calls: CallGuard
     records_polled_at: float
+    queue_end: QueueEnd
 
     def leased(self) -> bool: ...
 
@@ -582,7 +585,12 @@ class ShareFetcher:
         self.draining = True
 
     def _may_leave(self) -> bool:
-        return drain_may_end(self._fetch_out, self._drain_started, self.runtime.records_polled_at, time.monotonic())
+        runtime = self.runtime
+        # Read only with a fetch out: a consumer whose last poll brought records leaves at once.
+        moved_at = runtime.queue_end.moved_at() if self._fetch_out else 0.0
+        return drain_may_end(
+            self._fetch_out, self._drain_started, runtime.records_polled_at, moved_at, time.monotonic()
+        )
 
     def stop(self) -> None:
         """Ask the thread to end after its cycle (``close`` waits for it)."""
@@ -598,13 +606,16 @@ class ShareFetcher:
         self._close_consumer()
 
 
-def drain_may_end(fetch_out: bool, drain_started: float, records_polled_at: float, now: float) -> bool:
+def drain_may_end(
+    fetch_out: bool, drain_started: float, records_polled_at: float, queue_moved_at: float, now: float
+) -> bool:
     """Whether a draining consumer leaves the group now: it holds nothing unhandled (no fetch
-    out), or no poll of its process brought records for DRAIN_POLL_S since the drain began (an
-    idle queue gives its open fetch little to acquire), or it has drained for DRAIN_POLL_MAX_S."""
+    out), or for DRAIN_POLL_S since the drain began no poll of its process brought records and
+    the queue's topic did not grow (an idle queue gives its open fetch little to acquire), or it
+    has drained for DRAIN_POLL_MAX_S."""
     if not fetch_out:
         return True
-    quiet = now - max(drain_started, records_polled_at) >= DRAIN_POLL_S
+    quiet = now - max(drain_started, records_polled_at, queue_moved_at) >= DRAIN_POLL_S
     return quiet or now - drain_started >= DRAIN_POLL_MAX_S
 
 

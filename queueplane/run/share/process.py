@@ -37,6 +37,7 @@ from queueplane.run.share.fetcher import ShareFetcher
 from queueplane.run.share.isolated import IsolatedCalls
 from queueplane.run.share.outbox import Outbox, Unrecorded
 from queueplane.run.share.pool import HandlerPool
+from queueplane.run.share.queue_end import QueueEnd, topic_end_reader
 from queueplane.run.share.settings import (
     ACCEPTED_MEMORY_LOCKS,
     ACCEPTED_MEMORY_S,
@@ -82,6 +83,8 @@ class ProcessRuntime:
         # When a poll of any of its consumers last brought records (monotonic): a draining consumer
         # whose own polls come back empty stays while its siblings' do not (fetcher.py, _may_leave).
         self.records_polled_at = 0.0
+        # When the queue's topic last grew (read by draining consumers with a fetch out).
+        self.queue_end = QueueEnd(topic_end_reader(settings.kafka, settings.topic))
 
     def first_attempt(self, record: Record, now_ms: int) -> int:
         key = (record.topic, record.partition, record.offset)

@@ -59,9 +59,10 @@ IDLE_LEAVE_S = 3.0
 # nothing unhandled) for at most this long: a queue that brings nothing in that time has nothing
 # for the fetch that is out to acquire either.
 DRAIN_POLL_S = 2.0
-# But not while another consumer of the process polled records within DRAIN_POLL_S: the queue is
-# trickling, not idle, and feeds whichever open fetch comes first, so this one's may acquire the
-# next records, which come back one delivery higher once it has left (docs/runtimes.md).
+# But not while another consumer of the process polled records, or the queue's topic grew, within
+# DRAIN_POLL_S: the queue is trickling, not idle, and feeds whichever open fetch comes first, so
+# this one's may acquire the next records, which come back one delivery higher once it has left
+# (docs/runtimes.md). The topic's growth shows the records other processes' fetches took too.
 # Its siblings leave as their polls bring records, and then the trickle comes to it; it leaves
 # with a fetch out after DRAIN_POLL_MAX_S at the latest.
 DRAIN_POLL_MAX_S = 5.0
