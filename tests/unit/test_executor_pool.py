@@ -4,8 +4,15 @@ executor goes only once every share queue has run a batch that drained it."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
+from helpers import EXAMPLES
+
+from queueplane.provision import steps
+from queueplane.run.scaling import controller as controller_module
 from queueplane.run.scaling import pool as pool_module
+from queueplane.run.scaling.controller import ExecutorController
+from queueplane.run.scaling.policy import Observation
 from queueplane.run.scaling.pool import DRAIN_REASON, ExecutorPool
 
 
@@ -186,3 +193,29 @@ def test_the_pool_says_it_is_draining_from_a_removal_until_the_kill_or_its_cance
     assert pool.draining(), "the share queue's batch may have begun before the request"
     pool.batch_ran("mail")
     assert ("kill", ("3",)) in spark.calls and not pool.draining()
+
+
+def test_a_drain_pauses_the_window_of_the_queue_that_drains_not_of_one_that_goes_on(monkeypatch) -> None:
+    payments = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[0]  # consumer, 2
+    coffee = steps.validate([str(EXAMPLES / "cafe" / "coffee-orders.yaml")], None)[0]  # share, 1
+    seen: list[Observation] = []
+    real = controller_module.decide
+
+    def decide(policy: Any, observation: Observation, state: Any) -> Any:
+        seen.append(observation)
+        return real(policy, observation, state)
+
+    monkeypatch.setattr(controller_module, "decide", decide)
+    spark, now = _Spark(["1", "2", "3"]), [0.0]
+    pool = ExecutorPool(spark)
+    orders = ExecutorController(pool, payments, clock=lambda: now[0])
+    mail = ExecutorController(pool, coffee, clock=lambda: now[0], drain=_Drain())
+    for controller in (orders, mail):
+        controller.on_batch(0, None)  # the first batches open the windows
+    pool.set_demand(payments.name, 1, ["1", "2", "3"])  # a removal, which waits for the share queue's drain
+    assert pool.draining()
+    now[0] = 60.0
+    orders.on_batch(10, {0: 0})
+    mail.on_batch(10, {0: 0})
+    (orders_seen, mail_seen) = seen
+    assert mail_seen.paused and not orders_seen.paused

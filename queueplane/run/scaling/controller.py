@@ -39,6 +39,7 @@ class ExecutorController:
         self.clock = clock
         self.on_executors = on_executors
         self.requested = queue.min_executors  # this queue's demand; the pool asks for the sum
+        self.drains = drain is not None  # a removal's drain pauses this queue's consumption
         pool.join(queue.name, self.requested, drain)
         # The first window opens at the first micro-batch: the time Spark took to start is no
         # part of a processing rate (read as one, a warm-up's few records look like a backlog
@@ -58,7 +59,7 @@ class ExecutorController:
         if not self.enabled:
             return None
         # Before the pool hears of the batch: a drain that this batch ends still paused the window.
-        self.paused = self.paused or self.pool.draining()
+        self.paused = self.paused or self._drain_pauses()
         self.pool.batch_ran(self.name)
         ids = self.pool.executor_ids()
         # The queue's part of a pool that other queues share: its rate is measured on those.
@@ -86,7 +87,7 @@ class ExecutorController:
             executors=running,
             requested=self.requested,
             in_flight=self.busy_s / elapsed,
-            paused=self.paused or self.pool.draining(),
+            paused=self.paused or self._drain_pauses(),
         )
         decision = decide(self.policy, observation, self.state)
         self.state = decision.state
@@ -107,3 +108,8 @@ class ExecutorController:
         )
         self.on_executors(running, self.requested)
         return decision
+
+    def _drain_pauses(self) -> bool:
+        """A removal waits for a drain that stops this queue's consumption (a queue that does not
+        drain, consumer or kmq, goes on meanwhile)."""
+        return self.drains and self.pool.draining()

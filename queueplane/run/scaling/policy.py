@@ -7,11 +7,10 @@ so that the backlog drains within ``targetLagSeconds`` while keeping up with the
     needed rate = input rate + backlog / targetLagSeconds
     desired     = ceil(needed rate / (rate one executor sustains * headroom))
 
-(the backlog term left out while a scale-down's drain pauses consumption: that backlog is the
-pause's own)
-then clamps to [minExecutors, maxExecutors] and, for consumer groups, to the executors that
-can get work at all (partitions * key slots over the executor's cores; share and kmq
-groups hand records to any task, so no such cap). Against flapping: scale-up waits a short
+(without the backlog term while a scale-down's drain pauses consumption: that backlog is the
+pause's own), then clamps to [minExecutors, maxExecutors] and, for consumer groups, to the
+executors that can get work at all (partitions * key slots over the executor's cores; share
+and kmq groups hand records to any task, so no such cap). Against flapping: scale-up waits a short
 cooldown after any change and moves at most ``max_step_up`` at once; scale-down waits a
 longer cooldown, moves one executor at a time, and only when the load fits in fewer
 executors with a margin and the backlog is well under the target.
