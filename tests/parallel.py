@@ -13,8 +13,8 @@ are not heavy although they run pods: their bounds are minutes, so they run besi
 tests, and their waits on pods and rollouts overlap the light tests' work. So does the soak
 test, which asserts memory and counts rather than time. A stack that keeps working between
 tests (Airflow, tests/airflow_stack.py) counts as light from its start to its stop, not only
-during its tests: started beside a heavy test, Airflow's processes took the CPU a Spark worker needed to
-connect back to its JVM in time.
+during its tests: started beside a heavy test, Airflow's processes took the CPU a Spark worker
+needed to connect back to its JVM in time.
 
 Each process also counts its CPU, everything it starts included (tests/cpu_accounting.py), so
 the run's timeline says what each test costs the machine, not only how long it took.
