@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import member_bound
 import plain_consumer_loop
 from common import apply_queue, bench_broker, console, full_rate, goal, profiled, pyplot, save, steady_rate
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -58,6 +59,7 @@ from queueplane.kafka.lag import queue_backlog
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
 from queueplane.run.consumer.ordering import key_slot
+from queueplane.run.consumer.runtime import consumer_settings
 from queueplane.run.driver import run_queue
 from queueplane.run.options import RunOptions
 
@@ -73,6 +75,8 @@ TRIVIAL_SIDES = {
     "pass_through": ("key", False),
     "python_pass_through": ("key", False),
     "python_duties": ("key", False),
+    "member_partition": ("partition", False),
+    "member_key": ("key", False),
 }
 
 HANDLERS = """
@@ -196,6 +200,17 @@ def run_plain_loop(
     """
     visible = Visible(target, spec["output"])
     finish = plain_consumer_loop.run(target.settings, spec["group"], spec["topic"], spec["output"], CORES, duties)
+    try:
+        return visible.wait(records)
+    finally:
+        finish()
+
+
+def run_members(spec: dict, target: KafkaTarget, records: int) -> list[float]:
+    """The slot path in plain group members (bench/member_bound.py), one process per core, until all are out."""
+    (queue,) = steps.validate([str(spec["path"])], target)
+    visible = Visible(target, spec["output"])
+    finish = member_bound.run(consumer_settings(queue, target).to_json(), spec["topic"], PARTITIONS, CORES)
     try:
         return visible.wait(records)
     finally:
@@ -357,6 +372,8 @@ def main() -> int:
                 stamps = run_plain_loop(spec, target, len(layout))
             elif side == "loop_with_duties":
                 stamps = run_plain_loop(spec, target, len(layout), ("bench_handlers:echo", [str(folder)]))
+            elif side.startswith("member_"):
+                stamps = run_members(spec, target, len(layout))
             elif side == "python_duties":
                 stamps = pass_through(target, spec, len(layout), duties=str(folder))
             elif side.endswith("pass_through"):
