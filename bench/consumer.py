@@ -19,6 +19,9 @@ over the partitions), a handler sleeping 10 ms, 20k records.
    And the same duties inside Spark's Python step (``python_duties``: the handler's record from
    the Arrow batch, the call under a clock, its outputs back to Spark's Kafka sink, no slots,
    deadlines, retries or commits): what a worker on Spark's Kafka source can reach at most.
+   And the runtime's slot path in plain processes that consume their partitions with their own
+   consumers (``member_partition``, ``member_key``; bench/member_bound.py): what a worker that
+   leaves Spark's Kafka source for consumers of its own can reach at most.
 
 Throughput comes from when each output record becomes visible to a read_committed reader that
 reads the output topic during the run, the same way for the worker and every baseline (an
@@ -419,6 +422,10 @@ def main() -> int:
         result["trivial"]["duties_bound"] = round(best["loop_with_duties"] / best["plain_loop"], 3)
         # Nor this: what a worker on Spark's Kafka source reaches at most, beside the goal's baseline.
         result["trivial"]["spark_duties_bound"] = round(best["python_duties"] / best["python_pass_through"], 3)
+        # Nor this: what a worker of its own group members would reach at most (bench/member_bound.py).
+        result["trivial"]["member_bound"] = {
+            o: round(best[f"member_{o}"] / best["python_pass_through"], 3) for o in ("key", "partition")
+        }
         result["goals"] = [
             *(
                 goal(
