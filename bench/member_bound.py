@@ -15,13 +15,13 @@ away, which a bound can leave out. No Spark, no leases, no driver: a bound, not 
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.synchronize import Event
 
 from confluent_kafka import TopicPartition
+from plain_consumer_loop import spawned
 
 from queueplane.kafka import clients
 from queueplane.run.consumer.partition import PartitionTask
@@ -34,7 +34,7 @@ WAIT_S = 0.2  # how long one consume() waits for a batch to fill; a stop request
 SLICE_S = 1.0  # how often a member's tasks finish, commit and start anew, as a time slice ends
 
 
-def member(settings_json: str, topic: str, partitions: list[int], stop: Event) -> None:
+def member(stop: Event, settings_json: str, topic: str, partitions: list[int]) -> None:
     """One member: consume its partitions, feed their tasks, finish them every slice, until ``stop``."""
     tune_interpreter()  # as in the worker's processes
     settings = ConsumerSettings.from_json(settings_json)
@@ -82,21 +82,4 @@ def member(settings_json: str, topic: str, partitions: list[int], stop: Event) -
 def run(settings_json: str, topic: str, partitions: int, processes: int) -> Callable[[], None]:
     """Start ``processes`` members, the partitions split between them; returns the function that
     stops them and waits."""
-    context = multiprocessing.get_context("spawn")
-    stop = context.Event()
-    members = [
-        context.Process(target=member, args=(settings_json, topic, list(range(i, partitions, processes)), stop))
-        for i in range(processes)
-    ]
-    for process in members:
-        process.start()
-
-    def finish() -> None:
-        stop.set()
-        deadline = time.monotonic() + 30
-        for process in members:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-
-    return finish
+    return spawned(member, [(settings_json, topic, list(range(i, partitions, processes))) for i in range(processes)])

@@ -58,11 +58,11 @@ def with_duties(handler: Callable[[Any], Any], messages: list[Any], output: str,
 
 
 def echo_loop(
+    stop: Event,
     settings: dict[str, Any],
     group: str,
     topic: str,
     output: str,
-    stop: Event,
     duties: tuple[str, list[str]] | None = None,
 ) -> None:
     """Consume ``topic``, echo each record to ``output``, commit after delivery, until ``stop``.
@@ -105,21 +105,24 @@ def run(
     duties: tuple[str, list[str]] | None = None,
 ) -> Callable[[], None]:
     """Start ``processes`` loops in one group; returns the function that stops them and waits."""
+    return spawned(echo_loop, [(settings, group, topic, output, duties)] * processes)
+
+
+def spawned(target: Callable[..., None], each: list[tuple[Any, ...]]) -> Callable[[], None]:
+    """Start a process per argument tuple in ``each``, running ``target(stop, *args)`` until the
+    shared event ``stop`` is set; returns the function that sets it and waits (30 s, then kills)."""
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
-    loops = [
-        context.Process(target=echo_loop, args=(settings, group, topic, output, stop, duties), daemon=True)
-        for _ in range(processes)
-    ]
-    for loop in loops:
-        loop.start()
+    processes = [context.Process(target=target, args=(stop, *args), daemon=True) for args in each]
+    for process in processes:
+        process.start()
 
     def finish() -> None:
         stop.set()
         deadline = time.monotonic() + 30
-        for loop in loops:
-            loop.join(max(0.0, deadline - time.monotonic()))
-            if loop.is_alive():
-                loop.kill()
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
 
     return finish
