@@ -210,7 +210,7 @@ def run_plain_loop(
 
 
 def run_members(spec: dict, target: KafkaTarget, records: int) -> list[float]:
-    """The slot path in plain group members (bench/member_bound.py), one process per core, until all are out."""
+    """The slot path fed by consumers of its own (bench/member_bound.py), one process per core, until all are out."""
     (queue,) = steps.validate([str(spec["path"])], target)
     visible = Visible(target, spec["output"])
     finish = member_bound.run(consumer_settings(queue, target).to_json(), spec["topic"], PARTITIONS, CORES)
@@ -422,7 +422,7 @@ def main() -> int:
         result["trivial"]["duties_bound"] = round(best["loop_with_duties"] / best["plain_loop"], 3)
         # Nor this: what a worker on Spark's Kafka source reaches at most, beside the goal's baseline.
         result["trivial"]["spark_duties_bound"] = round(best["python_duties"] / best["python_pass_through"], 3)
-        # Nor this: what a worker of its own group members would reach at most (bench/member_bound.py).
+        # Nor this: what a worker reading with consumers of its own would reach at most (bench/member_bound.py).
         result["trivial"]["member_bound"] = {
             o: round(best[f"member_{o}"] / best["python_pass_through"], 3) for o in ("key", "partition")
         }

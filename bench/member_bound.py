@@ -1,4 +1,4 @@
-"""The consumer runtime's slot path hosted in plain group members: the most an own-consumer worker reaches.
+"""The consumer runtime's slot path fed by consumers of its own, no Spark: the most such a worker reaches.
 
 docs/design/consumer-throughput.md describes a consumer-group worker that leaves Spark's Kafka
 source: each Python worker process joins the group with its own consumer and feeds what it
