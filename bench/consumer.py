@@ -463,7 +463,7 @@ def main() -> int:
 
 def plot(result: dict) -> Any:
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw={"width_ratios": [2, 3]})
     names = ["partition", "key", "hot_key"]
     labels = ["ordering=partition", f"ordering=key, {result['slots']} slots", "one hot key"]
     ideal = [result[n]["ideal_records_per_s"] for n in names]
@@ -484,11 +484,14 @@ def plot(result: dict) -> Any:
         "pass_through": "Spark\npass-through",
         "python_pass_through": "Spark pass-\nthrough via Python",
         "python_duties": "the same with\na worker's duties",
+        "member_key": "slot path, own\nconsumers, key",
+        "member_partition": "slot path, own\nconsumers, partition",
         "worker_key": "worker\nordering=key",
         "worker_partition": "worker\nordering=partition",
         "exactly_once": "worker\nexactlyOnce",
     }
-    colors = ["#8172b3", "#937860", "#c44e52", "#dd8452", "#da8bc3", "#4c72b0", "#64b5cd", "#55a868"]
+    colors = ["#8172b3", "#937860", "#c44e52", "#dd8452", "#da8bc3"]  # the baselines and bounds
+    colors += ["#8c8c8c", "#b0b0b0", "#4c72b0", "#64b5cd", "#55a868"]  # the members' bound, the worker
     right.bar(list(bars.values()), [rates[side] for side in bars], color=colors)
     right.set_ylabel("records/s (steady, visible to read_committed readers)")
     trivial_goals = result["goals"][2:]
@@ -496,7 +499,7 @@ def plot(result: dict) -> Any:
         "trivial handler\n" + "\n".join(f"{g['goal']}: {g['ratio']:.2f} ({g['bound']})" for g in trivial_goals),
         fontsize=8,
     )
-    right.tick_params(axis="x", labelsize=8)
+    right.tick_params(axis="x", labelsize=7, labelrotation=30)
     fig.tight_layout()
     return fig
 
