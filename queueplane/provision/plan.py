@@ -147,21 +147,60 @@ def share_group_configs(queue: QueueSpec) -> dict[str, str]:
     }
 
 
-def desired_state(queues: list[QueueSpec]) -> tuple[list[DesiredTopic], list[DesiredGroup]]:
+# The topic config that bounds a record batch, the broker setting a topic without it inherits,
+# and that setting's default.
+MAX_MESSAGE_BYTES = "max.message.bytes"
+BROKER_MAX_MESSAGE_BYTES = "message.max.bytes"
+KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+# What a dead letter adds to its record: eight headers (the source topic, partition and offset,
+# the delivery count, the error class, the error message of up to 2000 characters (8 KB of UTF-8
+# at most), two times) and, parked in the queue's topic, one more. 64 KiB holds them many times
+# over, so a record the queue's topic took is never too large for its DLQ.
+DEAD_LETTER_HEADROOM = 64 * 1024
+
+
+def dead_letter_config(queue: QueueSpec, live: LiveState | None = None) -> dict[str, str]:
+    """The DLQ's topic config: the spec's, with ``max.message.bytes`` at least the queue topic's
+    plus ``DEAD_LETTER_HEADROOM``.
+
+    A DLQ that refuses a record its queue's topic took turns every dead letter of that size
+    into one that cannot be written. The queue topic's limit is the spec's, else the live one
+    (the topic's, when read, else the broker's ``message.max.bytes`` it inherits), else Kafka's
+    default. A DLQ spec asking for more keeps its own.
+    """
+    config = dict(queue.dead_letter.config)
+    queue_limit = queue.topic.config.get(MAX_MESSAGE_BYTES)
+    if queue_limit is None and live is not None:
+        read = live.topic_configs.get(queue.topic.name, {}).get(MAX_MESSAGE_BYTES)
+        queue_limit = read.value if read is not None else live.broker_configs.get(BROKER_MAX_MESSAGE_BYTES)
+    wanted = int(queue_limit or KAFKA_DEFAULT_MAX_MESSAGE_BYTES) + DEAD_LETTER_HEADROOM
+    own = config.get(MAX_MESSAGE_BYTES)
+    if own is None or int(own) < wanted:
+        config[MAX_MESSAGE_BYTES] = str(wanted)
+    return config
+
+
+def desired_state(
+    queues: list[QueueSpec], live: LiveState | None = None
+) -> tuple[list[DesiredTopic], list[DesiredGroup]]:
+    """The topics and groups the specs want; ``live``, when known, gives the limits a spec leaves to the cluster."""
     topics: list[DesiredTopic] = []
     groups: list[DesiredGroup] = []
     owned = {name for q in queues for _, name in q.owned_topics()}
     for q in queues:
-        owned_by_spec: list[tuple[TopicSpec, Role]] = [(q.topic, "queue"), (q.dead_letter, "dead-letter")]
+        owned_by_spec: list[tuple[TopicSpec, Role, dict[str, str]]] = [
+            (q.topic, "queue", q.topic.config),
+            (q.dead_letter, "dead-letter", dead_letter_config(q, live)),
+        ]
         if q.markers is not None:
-            owned_by_spec.append((q.markers, "markers"))
-        for spec_topic, role in owned_by_spec:
+            owned_by_spec.append((q.markers, "markers", q.markers.config))
+        for spec_topic, role, config in owned_by_spec:
             topics.append(
                 DesiredTopic(
                     spec_topic.name,
                     spec_topic.partitions,
                     spec_topic.replication_factor,
-                    spec_topic.config,
+                    config,
                     role,
                     q.source,
                     queue=q.owner,
@@ -273,7 +312,7 @@ def _ownership(topic: DesiredTopic, owner: Owner | None) -> Change | None:
 
 def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
     """Every change needed to make the cluster match the specs; refusals for what must not change."""
-    topics, groups = desired_state(queues)
+    topics, groups = desired_state(queues, live)
     plan = Plan(cluster_label, sorted({q.source for q in queues}))
     brokers = len(live.broker_ids)
     for topic in topics:

@@ -90,11 +90,12 @@ def test_inherited_value_equal_to_spec_is_pinned_and_explicit_equal_value_is_not
     doc = spec("consumer")
     doc["spec"]["topic"]["config"] = {"retention.ms": "1000"}
     queue = _queue(doc)
-    configs = {"pay.events.v1": {"retention.ms": LiveConfig("1000", False)}}
+    dlq = {queue.dead_letter.name: {"max.message.bytes": LiveConfig(str(1_048_588 + 65536), True)}}
+    configs = {"pay.events.v1": {"retention.ms": LiveConfig("1000", False)}, **dlq}
     inherited = _state(topics=live_topics, topic_configs=configs, owners=owners)
     (change,) = diff([queue], inherited, "t").changes
     assert change.old == "1000 (inherited)" and change.new == "1000"
-    configs = {"pay.events.v1": {"retention.ms": LiveConfig("1000", True)}}
+    configs = {"pay.events.v1": {"retention.ms": LiveConfig("1000", True)}, **dlq}
     explicit = _state(topics=live_topics, topic_configs=configs, owners=owners)
     assert diff([queue], explicit, "t").changes == []
 
