@@ -50,6 +50,9 @@ def wanted_acls(queue: QueueSpec) -> list[Acl]:
         group = queue.group.id
         out += [
             Acl(worker, "TOPIC", queue.topic.name, "READ"),
+            # A dead letter the DLQ refuses is parked in the queue's own topic (kmq's tracker
+            # also writes its redeliveries there): without it, such a record has nowhere to go.
+            Acl(worker, "TOPIC", queue.topic.name, "WRITE"),
             Acl(worker, "GROUP", group, "READ"),
             Acl(worker, "GROUP", kn.spark_reader_group_prefix(group), "READ", prefixed=True),
             Acl(worker, "TOPIC", queue.dead_letter.name, "WRITE"),

@@ -20,7 +20,7 @@ def _with_access(kind: str, **access):
     return _queue(doc)
 
 
-def test_a_share_worker_reads_its_topic_and_group_and_writes_its_dlq_and_output_only():
+def test_a_share_worker_reads_its_topic_and_group_and_writes_its_dlq_output_and_own_topic_only():
     queue = _with_access("share", worker="User:brewer", producers=["User:till", "User:app"])
     got = {a.describe() for a in wanted_acls(queue)}
     assert got == {
@@ -29,6 +29,7 @@ def test_a_share_worker_reads_its_topic_and_group_and_writes_its_dlq_and_output_
         "User:brewer READ GROUP:queueplane-spark:kitchen-service:*",
         "User:brewer WRITE TOPIC:brew.orders.v1.dlq",
         "User:brewer WRITE TOPIC:brew.ready.v1",
+        "User:brewer WRITE TOPIC:brew.orders.v1",  # parks what the DLQ refuses
         "User:brewer DESCRIBE_CONFIGS CLUSTER:kafka-cluster",
         "User:till WRITE TOPIC:brew.orders.v1",
         "User:app WRITE TOPIC:brew.orders.v1",
@@ -45,6 +46,12 @@ def test_exactly_once_adds_the_workers_transactional_ids_and_kmq_its_markers_and
         "User:mailer READ GROUP:queueplane-kmq-tracker-mailer",
     } <= kmq
     assert not any("TRANSACTIONAL_ID" in a for a in kmq)
+
+
+def test_every_worker_may_park_in_its_own_topic():
+    """A dead letter the DLQ refuses is written back to the queue's topic, whatever the group type."""
+    for kind, worker, topic in (("consumer", "User:ledger", "pay.events.v1"), ("kmq", "User:mailer", "mail.jobs.v1")):
+        assert f"{worker} WRITE TOPIC:{topic}" in {a.describe() for a in wanted_acls(_with_access(kind, worker=worker))}
 
 
 def test_no_access_wants_no_acls():
