@@ -85,6 +85,29 @@ def report_errors() -> None:
     ERRORS.level = logging.WARNING
 
 
+# librdkafka's own bounds of ``message.max.bytes``: its default, and the most it takes.
+CLIENT_MAX_MESSAGE_BYTES = 1_000_000
+CLIENT_MAX_MESSAGE_BYTES_CEILING = 1_000_000_000
+
+
+def sized_for(settings: Mapping[str, Any], largest_record: int | None) -> dict[str, Any]:
+    """The cluster's settings for clients that write records as large as their topics take.
+
+    librdkafka refuses a record larger than its ``message.max.bytes`` (1 MB unless raised)
+    before sending it, whatever the topic's ``max.message.bytes`` says: a topic raised to take
+    bigger records would have its worker refuse them on its own, on every delivery. Raised to
+    ``largest_record`` (the largest ``max.message.bytes`` among the topics a worker writes), the
+    client sends what any of those topics may take, and the broker judges each record against
+    its own topic: a refusal then names that record, for the runtime to dead-letter or park.
+    Consumers built from the same settings take it as their largest request, and librdkafka
+    raises their fetch limits to match.
+    """
+    wanted = max(int(settings.get("message.max.bytes", CLIENT_MAX_MESSAGE_BYTES)), largest_record or 0)
+    if wanted <= CLIENT_MAX_MESSAGE_BYTES:
+        return dict(settings)
+    return {**settings, "message.max.bytes": min(wanted, CLIENT_MAX_MESSAGE_BYTES_CEILING)}
+
+
 def client_config(settings: Mapping[str, Any], role: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The cluster's settings, then the role's, then what every client shares."""
     return {**settings, **(role or {}), "logger": quiet_logger(), "error_cb": ERRORS}

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from queueplane.kafka.limits import smallest_record_batch
+from queueplane.kafka import clients
+from queueplane.kafka.limits import largest_record, smallest_record_batch
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import QueueSpec
 
@@ -27,7 +28,8 @@ class JsonSettings:
 class QueueSettings(JsonSettings):
     """The fields every runtime's settings share; each group type's settings add their own."""
 
-    kafka: dict[str, str]
+    # The cluster's settings, with message.max.bytes raised to the topics the worker writes (sized_for).
+    kafka: dict[str, Any]
     queue: str
     group_id: str
     dlq_topic: str
@@ -43,10 +45,15 @@ class QueueSettings(JsonSettings):
 
     @staticmethod
     def common(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
-        """The shared fields' values, from the spec and the cluster."""
+        """The shared fields' values, from the spec and the cluster.
+
+        Every client of the worker's tasks is built from ``kafka``, so its producers (outputs,
+        dead letters, parked records, kmq markers) take records as large as the largest topic
+        they write, read from the broker now (``clients.sized_for``), not librdkafka's 1 MB.
+        """
         folder = Path(queue.source).resolve().parent
         return {
-            "kafka": dict(target.settings),
+            "kafka": clients.sized_for(target.settings, largest_record(target, written_topics(queue))),
             "queue": queue.name,
             "group_id": queue.group.id,
             "dlq_topic": queue.dead_letter.name,
@@ -60,3 +67,14 @@ class QueueSettings(JsonSettings):
             "memory_limit_mi": queue.handler_memory_mi,
             "batch_bytes": smallest_record_batch(target, [queue.dead_letter.name, *filter(None, [queue.output_topic])]),
         }
+
+
+def written_topics(queue: QueueSpec) -> list[str]:
+    """Every topic a worker's tasks write: the DLQ, the queue's own (parked dead letters, kmq
+    redeliveries), the spec's output topic and kmq's markers."""
+    topics = [queue.dead_letter.name, queue.topic.name]
+    if queue.output_topic:
+        topics.append(queue.output_topic)
+    if queue.markers is not None:
+        topics.append(queue.markers.name)
+    return topics
