@@ -48,10 +48,40 @@ INTERNAL_TOPICS = frozenset({"_schemas"})
 
 
 # Names the worker of group ``group_id`` gives its own Kafka resources, in one place: the runtime
-# uses them, and the worker's ACLs (provision/acls.py) grant exactly these.
+# uses them, and the worker's ACLs (provision/acls.py) grant exactly these. A spec's group id
+# has no ':' (the schema's pattern), so a prefix ending in ':' after the group id starts no
+# other group's names: ``queueplane.g.`` would have covered group ``g.x``'s ids too.
 def transactional_id_prefix(group_id: str) -> str:
     """exactlyOnce producers' transactional ids: this prefix, then topic and partition."""
-    return f"queueplane.{group_id}."
+    return f"queueplane:{group_id}:"
+
+
+# Groups queueplane's own tools and readers take (all start with this), and the group ids it
+# derives from a queue's (``dlq redrive``, ``lag``): no spec may take one as its group.
+RESERVED_GROUP_PREFIX = "queueplane"
+REDRIVE_GROUP_SUFFIX = ".dlq-redrive"
+LAG_SAMPLER_GROUP_SUFFIX = ".lag-sampler"
+DERIVED_GROUP_SUFFIXES = (REDRIVE_GROUP_SUFFIX, LAG_SAMPLER_GROUP_SUFFIX)
+
+
+def redrive_group(group_id: str) -> str:
+    """The group ``queueplane dlq redrive`` reads a queue's DLQ with."""
+    return group_id + REDRIVE_GROUP_SUFFIX
+
+
+def lag_sampler_group(group_id: str) -> str:
+    """The group ``queueplane lag`` samples a queue's newest records with."""
+    return group_id + LAG_SAMPLER_GROUP_SUFFIX
+
+
+def reserved_group_use(group_id: str) -> str | None:
+    """Why ``group_id`` is queueplane's own and no spec's, or None."""
+    if group_id.lower().startswith(RESERVED_GROUP_PREFIX):
+        return f"starts with {RESERVED_GROUP_PREFIX}, which names queueplane's own groups"
+    for suffix in DERIVED_GROUP_SUFFIXES:
+        if group_id.endswith(suffix):
+            return f"ends with {suffix}, which names the group queueplane derives from another queue's"
+    return None
 
 
 def kmq_tracker_group(group_id: str) -> str:

@@ -20,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPart
 
 from queueplane.errors import QueueplaneError, UsageError
 from queueplane.kafka import clients
+from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run import dead_letters as dlq
@@ -31,7 +32,7 @@ IDLE_END_S = 3.0  # nothing more arrives before the end offsets: transaction mar
 
 
 def redrive_group(queue: QueueSpec) -> str:
-    return f"{queue.group.id}.dlq-redrive"
+    return kn.redrive_group(queue.group.id)
 
 
 @dataclass

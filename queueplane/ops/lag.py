@@ -9,6 +9,7 @@ from collections.abc import Callable
 from confluent_kafka import TopicPartition
 
 from queueplane.kafka import clients
+from queueplane.kafka import names as kn
 from queueplane.kafka.lag import PartitionLag
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import QueueSpec
@@ -45,7 +46,7 @@ def key_sampler(target: KafkaTarget, queue: QueueSpec) -> Callable[[PartitionLag
         start = row.committed if row.committed is not None else max(row.log_start, row.log_end - (row.lag or 0))
         wanted = min(KEY_SAMPLE, row.log_end - start)
         consumer = clients.consumer(
-            target.settings, {"group.id": f"{queue.group.id}.lag-sampler", "enable.auto.commit": False}
+            target.settings, {"group.id": kn.lag_sampler_group(queue.group.id), "enable.auto.commit": False}
         )
         keys: list[bytes | None] = []
         try:

@@ -24,12 +24,13 @@ from queueplane.spec.rules import Loaded, ShareBounds, check_files
 VERIFY_TIMEOUT_S = 120.0
 
 
-def check_specs(paths: list[str], persist: bool = True) -> Loaded:
+def check_specs(paths: list[str], persist: bool = True, root: str | None = None) -> Loaded:
     """Read and check every spec under ``paths`` without broker bounds, reusing earlier verdicts
-    (kept on disk unless ``persist`` is False)."""
+    (kept on disk unless ``persist`` is False). ``root``: the tree whose platform files govern
+    specs outside any git repository (see spec/platform.py)."""
     cache = SpecCache(persist=persist)
     files = [read_spec_file(p, cache.lookup) for p in expand_paths(paths)]
-    loaded = check_files(files, None)
+    loaded = check_files(files, None, root)
     cache.remember(files)
     return loaded
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from queueplane.errors import Problem, SpecInvalid
 from queueplane.kafka import names as kn
@@ -73,6 +74,9 @@ def semantic_problems(spec: SpecFile, queue: QueueSpec) -> list[Problem]:
             "does not apply to share groups: the broker redelivers after a release",
             "remove it; lockDuration and deliveryLimit govern share redelivery",
         )
+    reserved = kn.reserved_group_use(group.id)
+    if reserved is not None:
+        add("/spec/group/id", f'"{group.id}" {reserved}', "choose another group id")
     if group.lock_duration_ms <= 0:
         add("/spec/group/lockDuration", "must be longer than 0s")
     written = [("/spec/processing/output/topic", queue.output_topic)] if queue.output_topic else []
@@ -318,27 +322,27 @@ def _sorted(problems: list[Problem]) -> list[Problem]:
 Checked = list[tuple[SpecFile, QueueSpec]]
 
 
-def _platform_checked(valid: Checked) -> tuple[Checked, list[Problem]]:
+def _platform_checked(valid: Checked, root: str | None = None) -> tuple[Checked, list[Problem]]:
     """The specs their platform file allows, and the problems of those it does not (or of the
-    platform file itself, which then allows none of its specs). Run every time, outside the
-    spec cache: the verdict depends on the platform file and on where the spec sits."""
-    platforms = Platforms()
+    platform file itself, which then allows none of its specs). Where platform files exist a
+    spec none of them governs is refused (``Platforms.closed_problems``). Run every time,
+    outside the spec cache: the verdict depends on the platform files and on where the spec sits."""
+    platforms = Platforms(root)
     allowed: Checked = []
     problems: list[Problem] = []
     for spec, queue in valid:
         platform, platform_file_problems, governed = platforms.for_spec(spec.path)
         problems.extend(platform_file_problems)
-        if not governed:
-            allowed.append((spec, queue))
-            continue
-        found = platform_problems(spec, queue, platform) if platform is not None else []
+        found = platforms.closed_problems(spec, governed)
+        if platform is not None:
+            found += platform_problems(spec, queue, platform, partial(platforms.team_queues, platform))
         problems.extend(found)
-        if platform is not None and not found:
+        if not found and (platform is not None or not governed):
             allowed.append((spec, queue))
     return allowed, problems
 
 
-def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None) -> Loaded:
+def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None, root: str | None = None) -> Loaded:
     """Check parsed files; ``bounds`` None leaves out the rules that need a broker's limits."""
     problems: list[Problem] = []
     built: list[tuple[SpecFile, QueueSpec]] = []
@@ -359,7 +363,7 @@ def check_files(files: Iterable[SpecFile], bounds: ShareBounds | None) -> Loaded
         if not found:
             spec.rules_passed = True
             valid.append((spec, queue))
-    valid, refused = _platform_checked(valid)
+    valid, refused = _platform_checked(valid, root)
     problems.extend(refused)
     problems.extend(cross_spec_problems(valid))
     loaded = Loaded([q for _, q in valid], _sorted(problems), built)

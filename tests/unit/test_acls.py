@@ -38,7 +38,7 @@ def test_a_share_worker_reads_its_topic_and_group_and_writes_its_dlq_output_and_
 
 def test_exactly_once_adds_the_workers_transactional_ids_and_kmq_its_markers_and_tracker():
     eos = {a.describe() for a in wanted_acls(_with_access("consumer", worker="User:ledger"))}
-    assert "User:ledger WRITE TRANSACTIONAL_ID:queueplane.pay-ledger.*" in eos
+    assert "User:ledger WRITE TRANSACTIONAL_ID:queueplane:pay-ledger:*" in eos
     kmq = {a.describe() for a in wanted_acls(_with_access("kmq", worker="User:mailer"))}
     assert {
         "User:mailer READ TOPIC:mail.jobs.v1.markers",
@@ -95,3 +95,14 @@ def test_plan_shows_creates_deletes_and_drift_and_refuses_without_an_authorizer(
 
     (refused,) = [c for c in diff([queue], _state(None), "t").refused if c.kind == "acl"]
     assert refused.target == "kitchen/brew-orders" and "no authorizer" in refused.reason
+
+
+def test_no_groups_transactional_id_prefix_covers_another_groups_ids():
+    """Group ids may hold dots: the prefix of group g must not start the ids of group g.x."""
+    from queueplane.kafka.names import transactional_id_prefix
+
+    groups = ["pay-ledger", "pay-ledger.x", "pay-ledger-x", "pay", "pay.ledger"]
+    for group in groups:
+        for other in groups:
+            if other != group:
+                assert not transactional_id_prefix(other).startswith(transactional_id_prefix(group)), (group, other)
