@@ -15,9 +15,11 @@ record that was only running beside the culprit is cleared once its call returns
 count as deliveries: a record with ``deliveryLimit`` of them goes to the DLQ (``WorkerDied``)
 without another call.
 
-The folder is per queue and per machine (an executor pod's own disk on Kubernetes): a task
-retried on another executor starts its count there again, so a record can kill at most
-``deliveryLimit`` processes per executor. Spark gives each task ``deliveryLimit + 1`` attempts
+The folder is per queue and per machine (an executor pod's own disk on Kubernetes), and private
+to the user the worker runs as (queueplane.run.private_dirs): made 0700 and checked on every
+open, so no other user of the machine can plant calls or crashes in it. A task retried on
+another executor starts its count there again, so a record can kill at most ``deliveryLimit``
+processes per executor. Spark gives each task ``deliveryLimit + 1`` attempts
 (queueplane.run.session), so the retry that dead-letters it comes before the query fails.
 
 A kmq call also leaves the delivery it belongs to (the copy's place and when its start
@@ -48,7 +50,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from queueplane.run.dead_letters import Failure
+from queueplane.run.private_dirs import private_dir, queue_folder
 
 # In use (CALL, SUSPECT or 0), partition, offset, when the call started (ms); then the delivery
 # the call belongs to: the copy's partition and offset, and when it began (ms; 0 when not known).
@@ -122,9 +124,9 @@ def worker_died(crashes: int, reason: Failure | None = None) -> Failure:
 
 
 def journal_folder(group_id: str) -> Path:
-    """Where a queue's processes on this machine keep their calls (QUEUEPLANE_CALLS_DIR to move it)."""
-    root = os.environ.get("QUEUEPLANE_CALLS_DIR") or os.path.join(tempfile.gettempdir(), "queueplane-calls")
-    return Path(root) / group_id.replace("/", "_")
+    """Where a queue's processes on this machine keep their calls: a folder private to this user
+    (QUEUEPLANE_CALLS_DIR to move its root; queueplane.run.private_dirs), or PrivateDirRefused."""
+    return queue_folder(group_id)
 
 
 def _start_time(pid: int) -> str | None:
@@ -149,7 +151,7 @@ class CrashJournal:
         a call that hangs is given up by then, and must not stop the process's other calls."""
         self.folder = folder
         self.alone_s = alone_s
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder)  # made 0700, or refused when another user could have written in it
         self.path = folder / f"{process_tag()}{SUFFIX}"
         with self.path.open("wb") as handle:
             handle.truncate(SLOT.size * SLOTS)
