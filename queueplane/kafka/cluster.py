@@ -33,7 +33,7 @@ from confluent_kafka.admin import (
 
 from queueplane.errors import ACL_HINT, ClusterRefused, ClusterUnreachable
 from queueplane.kafka import clients
-from queueplane.kafka.owners import ACLS_KEY, Owner, owners_in, read_records, write_records
+from queueplane.kafka.owners import ACLS_KEY, GROUP_KEY, Owner, group_owners_in, owners_in, read_records, write_records
 from queueplane.kafka.refused import Refused
 from queueplane.kafka.target import KafkaTarget
 
@@ -84,6 +84,8 @@ class LiveState:
     group_config_names: frozenset[str] = frozenset()
     # The queue each topic queueplane created or adopted belongs to (kafka/owners.py).
     owners: dict[str, Owner] = field(default_factory=dict)
+    # The queue each group id apply claimed belongs to.
+    group_owners: dict[str, Owner] = field(default_factory=dict)
     # team/name -> the ACLs apply created for that queue, as recorded
     acl_records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # ALLOW ACLs of the principals the specs name: (principal, resource, name, operation, prefixed);
@@ -261,6 +263,7 @@ class Cluster:
         if topic_names:
             records = read_records(self.target)
             state.owners = owners_in(records)
+            state.group_owners = group_owners_in(records)
             state.acl_records = {
                 key.removeprefix(ACLS_KEY): value["acls"] for key, value in records.items() if key.startswith(ACLS_KEY)
             }
@@ -312,6 +315,11 @@ class Cluster:
     def record_owners(self, owners: dict[str, Owner]) -> dict[str, str | None]:
         """Record which queue owns each topic, before apply creates or changes it."""
         return write_records(self.target, {topic: asdict(owner) for topic, owner in owners.items()})
+
+    def record_group_owners(self, owners: dict[str, Owner]) -> dict[str, str | None]:
+        """Record which queue owns each group id; per group, the error or None."""
+        written = write_records(self.target, {GROUP_KEY + group: asdict(owner) for group, owner in owners.items()})
+        return {key.removeprefix(GROUP_KEY): error for key, error in written.items()}
 
     def record_acls(self, acls: dict[str, list[dict[str, Any]]]) -> dict[str, str | None]:
         """Record the ACLs apply made for each queue (team/name); per queue, the error or None."""

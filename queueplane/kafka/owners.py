@@ -1,10 +1,12 @@
-"""Which queue owns which topic: a small compacted topic on the cluster itself.
+"""Which queue owns which topic and group: a small compacted topic on the cluster itself.
 
 Kafka topics carry no labels, yet plan must tell a topic queueplane created for a queue from
 one that was there before (another application's, or another queue's). Apply records each
 topic it creates, or that a spec adopts, as one record keyed by the topic's name, before it
-creates or changes anything; plan reads them back. The ACLs apply creates for a queue are
-recorded the same way (provision/acls.py). The record lives on the cluster, not in
+creates or changes anything; plan reads them back. Group ids are claimed the same way (a
+group belongs to one queue: two queues in one group steal each other's records, and another
+team's worker in it reads that team's data), and so are the ACLs apply creates for a queue
+(provision/acls.py). The record lives on the cluster, not in
 a file, so every checkout, CI runner and Airflow worker sees the same owners.
 """
 
@@ -25,6 +27,7 @@ from queueplane.kafka.target import KafkaTarget
 # Kafka's internal-topic rule (names.is_internal_topic) keeps every spec away from it.
 OWNERS_TOPIC = "_queueplane-owners"
 ACLS_KEY = "acls:"  # + team/name: the ACLs apply created for that queue
+GROUP_KEY = "group:"  # + group id: the queue that group belongs to
 READ_TIMEOUT_S = 30.0
 
 
@@ -45,8 +48,9 @@ def _unknown_topic(exc: KafkaException) -> bool:
 def read_records(target: KafkaTarget) -> dict[str, dict[str, Any]]:
     """Every record, the latest per key (none when nothing was ever recorded).
 
-    Keys are topic names (an Owner each) and ``acls:<team>/<name>`` (the ACLs apply made for a
-    queue); a topic name cannot contain ':', so the two never meet.
+    Keys are topic names (an Owner each), ``group:<group id>`` (an Owner each) and
+    ``acls:<team>/<name>`` (the ACLs apply made for a queue); a topic name cannot contain ':',
+    so they never meet.
     """
     consumer = clients.consumer(
         target, {"group.id": "queueplane-owners-reader", "enable.auto.commit": False, "enable.partition.eof": True}
@@ -88,7 +92,12 @@ def read_records(target: KafkaTarget) -> dict[str, dict[str, Any]]:
 
 def owners_in(records: dict[str, dict[str, Any]]) -> dict[str, Owner]:
     """The topic owners among the records."""
-    return {key: Owner(**value) for key, value in records.items() if not key.startswith(ACLS_KEY)}
+    return {key: Owner(**value) for key, value in records.items() if not key.startswith((ACLS_KEY, GROUP_KEY))}
+
+
+def group_owners_in(records: dict[str, dict[str, Any]]) -> dict[str, Owner]:
+    """The group owners among the records, by group id."""
+    return {key.removeprefix(GROUP_KEY): Owner(**value) for key, value in records.items() if key.startswith(GROUP_KEY)}
 
 
 def write_records(target: KafkaTarget, records: dict[str, dict[str, Any]]) -> dict[str, str | None]:

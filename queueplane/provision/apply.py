@@ -48,6 +48,7 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
     partitions = [c for c in plan.changes if c.kind == "partitions" and c.action == "change"]
     topic_configs = [c for c in plan.changes if c.kind == "topic-config" and c.action == "change"]
     group_configs = [c for c in plan.changes if c.kind == "group-config" and c.action == "change"]
+    group_claims = [c for c in plan.changes if c.kind == "group" and c.action == "create"]
     acls = [c for c in plan.changes if c.kind == "acl" and c.action in ("create", "delete")]
 
     def claim(cluster: Cluster, changes: list[Change], validate_only: bool) -> dict[str, str | None]:
@@ -88,6 +89,13 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
 
     def set_topic_configs(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
         return cluster.set_configs(ResourceType.TOPIC, grouped(topic_configs), validate_only)
+
+    def claim_groups(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
+        """Group ids are claimed before their configs or ACLs change: a failed apply leaves no
+        group queueplane touched that plan would call unclaimed."""
+        if validate_only:
+            return {}
+        return cluster.record_group_owners({c.target: plan.group_claims[c.target] for c in group_claims})
 
     def set_group_configs(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
         return cluster.set_configs(ResourceType.GROUP, grouped(group_configs), validate_only)
@@ -130,6 +138,7 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
     # queued behind it would stay invisible for tens of seconds.
     return [
         ("adopt topics", adopts, adopt_topics),
+        ("claim groups", group_claims, claim_groups),
         ("set group configs", group_configs, set_group_configs),
         ("set topic configs", topic_configs, set_topic_configs),
         ("create topics", creates, new_topics),

@@ -17,12 +17,12 @@ from queueplane.provision.acls import Acl, AclChanges, acl_changes, wanted_acls
 from queueplane.spec.model import QueueSpec, TopicSpec
 
 Action = Literal["create", "adopt", "change", "delete", "refuse"]
-Kind = Literal["topic", "partitions", "replication", "topic-config", "group-config", "acl"]
+Kind = Literal["topic", "partitions", "replication", "topic-config", "group", "group-config", "acl"]
 # "=" for a topic taken over as it is (Pulumi's mark for an import).
 SYMBOLS: dict[str, str] = {"create": "+", "adopt": "=", "change": "~", "delete": "-", "refuse": "!"}
 # The two halves an orchestrator applies as separate steps (each with its own log).
 TOPIC_KINDS: frozenset[str] = frozenset({"topic", "partitions", "replication", "topic-config"})
-GROUP_KINDS: frozenset[str] = frozenset({"group-config", "acl"})
+GROUP_KINDS: frozenset[str] = frozenset({"group", "group-config", "acl"})
 Role = Literal["queue", "dead-letter", "markers", "output"]
 
 
@@ -68,7 +68,7 @@ class Change:
             return f"{self.field}: {self.old} -> {self.new}: {self.reason}" if self.field else self.reason
         if self.kind == "acl":
             return self.reason
-        if self.kind == "topic":
+        if self.kind in ("topic", "group"):
             return self.new or ""
         if self.old is None:
             return f"{self.field}={self.new}"
@@ -90,6 +90,8 @@ class Plan:
     new_topics: dict[str, DesiredTopic] = field(default_factory=dict, repr=False)
     # The owner record apply writes for each topic it creates or adopts, before touching it.
     claims: dict[str, Owner] = field(default_factory=dict, repr=False)
+    # The owner record apply writes for each group id no queue has claimed yet.
+    group_claims: dict[str, Owner] = field(default_factory=dict, repr=False)
     # Per queue (team/name) whose ACLs change: the ACLs to create and delete, and the record of
     # the ACLs queueplane made for it once they are applied.
     acls: dict[str, AclChanges] = field(default_factory=dict, repr=False)
@@ -119,6 +121,7 @@ class Plan:
             kept,
             {n: t for n, t in self.new_topics.items() if topics},
             {n: o for n, o in self.claims.items() if topics},
+            {g: o for g, o in self.group_claims.items() if "group" in kinds},
             {q: c for q, c in self.acls.items() if "acl" in kinds},
         )
 
@@ -383,11 +386,50 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
         plan.changes += _config_changes(
             "topic-config", topic.name, topic.spec, topic.config, live.topic_configs.get(topic.name, {})
         )
+    for queue in queues:
+        _plan_group_owner(plan, queue, live)
+        _plan_foreign_output(plan, queue, live)
     for group in groups:
         plan.changes += _group_changes(group, live)
     for queue in queues:
         _plan_acls(plan, queue, live)
     return plan
+
+
+def _plan_group_owner(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
+    """A group id belongs to the first queue apply claimed it for: another queue's is refused,
+    an unclaimed one is claimed (recorded before anything else of the plan's group half)."""
+    group = queue.group.id
+    owner = live.group_owners.get(group)
+    if owner is not None and owner.queue == queue.owner:
+        return
+    if owner is not None:
+        reason = (
+            f"the group belongs to queue {owner.queue} ({owner.spec}); two queues never share a group "
+            "(each would steal the other's records), so rename this one"
+        )
+        plan.changes.append(Change("refuse", "group", group, queue.source, reason=reason))
+        return
+    plan.changes.append(Change("create", "group", group, queue.source, new=f"claimed for queue {queue.owner}"))
+    plan.group_claims[group] = Owner(queue.owner, queue.source, "group")
+
+
+def _plan_foreign_output(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
+    """An output topic another team's queue owns takes this queue's outputs only when that
+    queue's applied spec lists the worker as a producer (its recorded WRITE ACL)."""
+    topic = queue.output_topic
+    owner = live.owners.get(topic) if topic else None
+    if topic is None or owner is None or owner.queue.split("/", 1)[0] == queue.team:
+        return
+    listed = {Acl(**a) for a in live.acl_records.get(owner.queue, [])}
+    worker = queue.worker_principal
+    if worker is not None and Acl(worker, "TOPIC", topic, "WRITE") in listed:
+        return
+    reason = (
+        f"the output topic belongs to queue {owner.queue} ({owner.spec}) of another team, whose applied "
+        f"spec does not list this queue's worker ({worker or 'no spec.access.worker'}) in spec.access.producers"
+    )
+    plan.changes.append(Change("refuse", "topic", topic, queue.source, reason=reason))
 
 
 def _plan_acls(plan: Plan, queue: QueueSpec, live: LiveState) -> None:

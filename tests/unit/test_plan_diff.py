@@ -27,7 +27,7 @@ def _state(**kw) -> LiveState:
 def test_empty_cluster_plans_creates_for_every_owned_and_output_topic():
     queue = _queue(spec("share"))
     plan = diff([queue], _state(), "test")
-    created = {c.target for c in plan.changes if c.action == "create"}
+    created = {c.target for c in plan.changes if c.action == "create" and c.kind == "topic"}
     assert created == {"brew.orders.v1", "brew.orders.v1.dlq", "brew.ready.v1"}
     groups = {c.field: c.new for c in plan.changes if c.kind == "group-config"}
     assert groups == {
@@ -87,16 +87,17 @@ def test_inherited_value_equal_to_spec_is_pinned_and_explicit_equal_value_is_not
     topics, _ = desired_state([queue])
     live_topics = {t.name: LiveTopic(t.partitions, 1) for t in topics}
     owners = {t.name: Owner(t.queue, t.spec, t.role) for t in topics if t.managed}
+    group_owners = {queue.group.id: Owner(queue.owner, queue.source, "group")}
     doc = spec("consumer")
     doc["spec"]["topic"]["config"] = {"retention.ms": "1000"}
     queue = _queue(doc)
     dlq = {queue.dead_letter.name: {"max.message.bytes": LiveConfig(str(1_048_588 + 65536), True)}}
     configs = {"pay.events.v1": {"retention.ms": LiveConfig("1000", False)}, **dlq}
-    inherited = _state(topics=live_topics, topic_configs=configs, owners=owners)
+    inherited = _state(topics=live_topics, topic_configs=configs, owners=owners, group_owners=group_owners)
     (change,) = diff([queue], inherited, "t").changes
     assert change.old == "1000 (inherited)" and change.new == "1000"
     configs = {"pay.events.v1": {"retention.ms": LiveConfig("1000", True)}, **dlq}
-    explicit = _state(topics=live_topics, topic_configs=configs, owners=owners)
+    explicit = _state(topics=live_topics, topic_configs=configs, owners=owners, group_owners=group_owners)
     assert diff([queue], explicit, "t").changes == []
 
 
@@ -145,3 +146,46 @@ def test_a_topic_another_queue_owns_is_refused_even_with_adopt():
     (refused,) = diff([_queue(doc)], live, "t").refused
     assert "belongs to queue bakery/bread-orders (specs/bakery/bread.yaml)" in refused.reason
     assert "brew.orders.v1" not in diff([_queue(doc)], live, "t").claims
+
+
+def test_an_unclaimed_group_is_claimed_for_its_queue_and_anothers_is_refused():
+    queue = _queue(spec("share"))
+    plan = diff([queue], _state(), "t")
+    (claim,) = [c for c in plan.changes if c.kind == "group"]
+    assert (claim.action, claim.target, claim.new) == (
+        "create",
+        "kitchen-service",
+        "claimed for queue kitchen/brew-orders",
+    )
+    assert plan.group_claims == {"kitchen-service": Owner("kitchen/brew-orders", "spec.yaml", "group")}
+    # Another queue that takes the same group id later (another checkout, another team) is refused.
+    taken = {"kitchen-service": Owner("victim-team/ledger", "specs/victim-team/ledger.yaml", "group")}
+    refused = diff([queue], _state(group_owners=taken), "t")
+    (change,) = [c for c in refused.refused if c.kind == "group"]
+    assert "the group belongs to queue victim-team/ledger (specs/victim-team/ledger.yaml)" in change.reason
+    assert refused.group_claims == {}
+    # Its own claim plans nothing.
+    own = {"kitchen-service": Owner("kitchen/brew-orders", "spec.yaml", "group")}
+    assert [c for c in diff([queue], _state(group_owners=own), "t").changes if c.kind == "group"] == []
+
+
+def test_an_output_topic_another_team_owns_needs_its_recorded_producer_acl():
+    doc = spec("share")
+    doc["spec"]["access"] = {"worker": "User:kitchen-worker"}
+    queue = _queue(doc)
+    owned = {"brew.ready.v1": Owner("victim-team/ledger", "specs/victim-team/ledger.yaml", "queue")}
+    live = {"topics": {"brew.ready.v1": LiveTopic(1, 1)}, "owners": owned, "acls": None}
+
+    (change,) = [c for c in diff([queue], _state(**live), "t").refused if c.target == "brew.ready.v1"]
+    assert "belongs to queue victim-team/ledger" in change.reason
+    assert "does not list this queue's worker (User:kitchen-worker)" in change.reason
+
+    listed = {"victim-team/ledger": [{"principal": "User:kitchen-worker", "resource": "TOPIC", "name": "brew.ready.v1",
+                                      "operation": "WRITE", "prefixed": False}]}  # fmt: skip
+    allowed = diff([queue], _state(**live, acl_records=listed), "t").refused
+    assert [c for c in allowed if c.target == "brew.ready.v1"] == []
+    # The same team's topic needs no listing.
+    mine = {"brew.ready.v1": Owner("kitchen/other", "specs/kitchen/other.yaml", "queue")}
+    assert [
+        c for c in diff([queue], _state(**{**live, "owners": mine}), "t").refused if c.target == "brew.ready.v1"
+    ] == []
