@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from queueplane.run import crash_journal
 from queueplane.run.crash_journal import DEAD, NO_DELIVERY, SLOT, SLOTS, SUFFIX, CrashJournal, Delivery
+from queueplane.run.private_dirs import PrivateDirRefused
 
 
 def _die_in_a_call(folder, partition: int, offset: int) -> None:
@@ -257,3 +261,31 @@ def test_a_death_is_a_records_own_only_when_it_was_the_processes_only_call(tmp_p
 
     journal.cleared(0, 3)
     assert CrashJournal(tmp_path, alone_s=5).died_alone == {(0, 2)}, "a call that returned clears it"
+
+
+# -- the folder: this user's alone ------------------------------------------------------------------
+
+
+def test_a_journal_makes_its_missing_folder_0700(tmp_path):
+    CrashJournal(tmp_path / "kitchen", alone_s=5).close()
+    assert stat.S_IMODE(os.lstat(tmp_path / "kitchen").st_mode) == 0o700
+
+
+@pytest.mark.parametrize("planted", ["another user's", "world-writable", "a symlink"])
+def test_a_journal_refuses_a_folder_another_user_could_have_written_in(tmp_path, planted):
+    folder = tmp_path / "kitchen"
+    if planted == "a symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(tmp_path / "elsewhere")
+    else:
+        folder.mkdir(mode=0o700)
+        if planted == "another user's":
+            os.chown(folder, 12345, 12345)
+        else:
+            folder.chmod(0o777)
+    # What another user would leave: a dead process's calls, blaming a record of their choice.
+    SLOT.pack_into(calls := bytearray(SLOT.size * SLOTS), 0, 1, 2, 40, int(time.time() * 1000), *NO_DELIVERY)
+    (folder / f"2147483646-1{SUFFIX}").write_bytes(calls)
+    with pytest.raises(PrivateDirRefused):
+        CrashJournal(folder, alone_s=5)
+    assert sorted(p.name for p in folder.iterdir()) == [f"2147483646-1{SUFFIX}"], "nothing read, nothing written"

@@ -5,15 +5,20 @@ so that their redelivery on this machine is accepted without a call and counted 
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from confluent_kafka import AcknowledgeType, Message
 
 from queueplane.run import crash_journal
 from queueplane.run.crash_journal import CrashJournal, tag_alive
 from queueplane.run.handler import MessageRecord
 from queueplane.run.outcomes import OFFSET_COLUMN, OutcomeColumns, accepted_columns
+from queueplane.run.private_dirs import PrivateDirRefused
 from queueplane.run.share import outbox as outbox_module
 from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.fetcher import InOrder, ShareFetcher
@@ -240,3 +245,103 @@ def test_a_redelivered_record_a_dead_process_counted_is_accepted_without_a_call_
     again = [*_messages(0, [5], delivery=3), *_messages(0, [9], delivery=2)]
     poll = Poll(again, time.monotonic() + 60)
     assert list(fetcher._calls(again, poll)[0]) == [1], "a later delivery of it is found again; 9 was never counted"
+
+
+# -- what another user could leave: the folder is refused, and the files are data ----------------
+
+
+class _Planted:
+    """A pickle that runs code when loaded: here it makes a file, the marker of its having run."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_an_outbox_file_holding_a_pickle_is_not_run_and_its_rows_are_not_counted(tmp_path):
+    marker = tmp_path.parent / f"{tmp_path.name}-ran"
+    settled = _block(0, [1])
+    dead = Outbox(tmp_path, tag=DEAD)
+    dead.add([settled])
+    dead.close()
+    # After a whole entry: a pickle that would run code, then a settled entry of its own making.
+    with dead.path.open("ab") as handle:
+        handle.write(pickle.dumps((0, 0, [_Planted(marker)])) + b"\n")
+        handle.write(pickle.dumps((0, 0, [_block(0, [666])]), protocol=0))
+
+    assert Outbox(tmp_path).take() == [settled], "the rows before it, and nothing from it or after it"
+    assert not marker.exists(), "the pickle was not loaded"
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        [0, 0, [[["t"], [0], [5]]]],  # three columns of nine
+        [0, 0, [[["t"], [0], ["five"], [None], [1], ["accepted"], [None], [1.0], [1]]]],  # an offset as text
+        [0, 0, [[["t"], [0, 1], [5], [None], [1], ["accepted"], [None], [1.0], [1]]]],  # columns of two lengths
+        [0, 0, [[{"all": "t", "rows": 1, "more": 2}, [0], [5], [None], [1], ["accepted"], [None], [1.0], [1]]]],
+        [1, "token", []],
+        [2, 1, [["t", "0"]]],  # a partition as text
+        [7, 0, None],  # no such kind
+        {"kind": 0},
+    ],
+)
+def test_an_entry_that_is_not_one_an_outbox_writes_ends_the_reading(tmp_path, entry):
+    settled = _block(0, [1])
+    dead = Outbox(tmp_path, tag=DEAD)
+    dead.add([settled])
+    dead.close()
+    with dead.path.open("ab") as handle:
+        handle.write(json.dumps(entry).encode() + b"\n")
+        handle.write(json.dumps([0, 0, [[list(column) for column in _block(0, [2])]]]).encode() + b"\n")
+
+    assert Outbox(tmp_path).take() == [settled]
+
+
+def test_an_entry_cut_short_ends_the_reading(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    settled = _block(0, [1])
+    dead.add([settled])
+    dead.add([_block(0, [2, 3])])
+    dead.close()
+    whole = dead.path.read_bytes()
+    dead.path.write_bytes(whole[: whole.index(b"\n") + 1 + 20])  # it died writing the second entry
+
+    assert Outbox(tmp_path).take() == [settled]
+
+
+def test_rows_of_every_column_type_cross_the_file_as_they_were(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    rows = (
+        ["t", "t"],
+        [0, 1],
+        [2**40, 5],
+        ["ключ", None],
+        [1, 2],
+        ["accepted", "released"],
+        [None, 'Retry: "quoted"\nand a line'],
+        [0.125, 3.0],
+        [1, 1],
+    )
+    dead.add_provisional([rows])
+    dead.add([_block(0, [1, 2, 3])])
+    assert _by_offset(Outbox(tmp_path).take()) == [_block(0, [1, 2, 3]), rows]
+
+
+@pytest.mark.parametrize("planted", ["another user's", "world-writable", "a symlink"])
+def test_an_outbox_refuses_a_folder_another_user_could_have_written_in(tmp_path, planted):
+    folder = tmp_path / "kitchen"
+    if planted == "a symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(tmp_path / "elsewhere")
+    else:
+        folder.mkdir(mode=0o700)
+        if planted == "another user's":
+            os.chown(folder, 12345, 12345)
+        else:
+            folder.chmod(0o777)
+    with pytest.raises(PrivateDirRefused):
+        Outbox(folder)
+    assert list(folder.iterdir()) == [], "no file of its own made there"

@@ -29,6 +29,11 @@ reads it, so no two processes hand the same rows on. A claimer that dies before 
 its own file leaves the claimed file behind, and the next process takes it over the same way.
 One that dies between writing them into its own file and removing the claimed one hands them on
 twice: those two system calls are the window.
+
+The files are the queue's folder's (queueplane.run.private_dirs: 0700, this user's, checked on
+open), and what they hold is data: JSON lines, each parsed and checked against the outcome
+columns' types, never code to run. A reader stops at a line it cannot take (cut short, or not
+one this module writes) and hands on what came before it.
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ import contextlib
 import itertools
 import json
 import logging
-import pickle
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from queueplane.run.crash_journal import (
     DELIVERY_MEMORY_S,
@@ -53,14 +59,22 @@ from queueplane.run.crash_journal import (
     replace_whole,
     tag_alive,
 )
-from queueplane.run.outcomes import DELIVERY_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, TOPIC_COLUMN, OutcomeColumns
+from queueplane.run.outcomes import (
+    DELIVERY_COLUMN,
+    OFFSET_COLUMN,
+    OUTCOME_ARROW,
+    PARTITION_COLUMN,
+    TOPIC_COLUMN,
+    OutcomeColumns,
+)
+from queueplane.run.private_dirs import private_dir
 
 log = logging.getLogger("queueplane.worker")
 
 SUFFIX = ".outbox"
 COUNTED = "counted.json"  # records handed on as counted whose commit may not have landed
 
-# The entries of a process's file, each one pickle: (kind, token, payload).
+# The entries of a process's file, each one line of JSON: [kind, token, payload].
 ROWS = 0  # settled rows: payload is a list of blocks
 PROVISIONAL = 1  # rows whose commit has not answered: payload is a list of blocks
 CONFIRM = 2  # the commit answered: the token's rows count, except those of payload's (topic, partition)s
@@ -76,7 +90,7 @@ class Outbox:
     def __init__(self, folder: Path, tag: str | None = None):
         """``tag`` names the file (``process_tag()``, this process's); a test may pose as another process."""
         self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder)  # made 0700, or refused when another user could have written in it
         self.path = folder / f"{tag or process_tag()}{SUFFIX}"
         self._lock = threading.Lock()
         self._blocks: list[OutcomeColumns] = []
@@ -244,8 +258,21 @@ class Outbox:
 
 
 def _entry(kind: int, token: int, payload: Any) -> bytes:
-    """One entry of a process's file, in one pickle: one write each, and a reader stops at a cut one."""
-    return pickle.dumps((kind, token, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    """One entry of a process's file, one line of JSON: one write each, and a reader stops at a cut one
+    (a line without its end). Data, parsed and checked when read: nothing in the file is run."""
+    if kind in (ROWS, PROVISIONAL):
+        payload = [[_packed(column) for column in block] for block in payload]
+    return json.dumps([kind, token, payload], separators=(",", ":")).encode() + b"\n"
+
+
+def _packed(column: list[Any]) -> list[Any] | dict[str, Any]:
+    """A column as written: ``{"all": value, "rows": n}`` when every row holds the same value (the
+    topic, the outcome, no error, a poll's latency), the list otherwise. Half the time of writing
+    such columns out in full, which put JSON behind pickle on the fetcher's path."""
+    rows = len(column)
+    if rows > 1 and column.count(column[0]) == rows:
+        return {"all": column[0], "rows": rows}
+    return column
 
 
 def _recorded(blocks: list[OutcomeColumns], unrecorded: Collection[tuple[str, int]]) -> list[OutcomeColumns]:
@@ -270,30 +297,102 @@ def _recorded(blocks: list[OutcomeColumns], unrecorded: Collection[tuple[str, in
 def _read(path: Path) -> tuple[list[OutcomeColumns], list[OutcomeColumns]]:
     """A dead process's file: its settled blocks, and its provisional ones never settled.
 
-    Every whole entry counts; one it was writing when it died is cut short. A file of an older
-    worker holds lists of blocks, all settled.
+    Every whole entry counts; one it was writing when it died is cut short (no line end), and
+    the reading stops there. So it does at an entry that is not what this module writes (a file
+    from an older worker, a damaged one): what follows it is not trusted either.
     """
     blocks: list[OutcomeColumns] = []
     provisional: dict[int, list[OutcomeColumns]] = {}
-    with path.open("rb") as handle:
-        while True:
-            try:
-                entry = pickle.load(handle)
-                if isinstance(entry, list):
-                    blocks += entry
-                    continue
-                kind, token, payload = entry
-            except (EOFError, pickle.UnpicklingError, ValueError, AttributeError, IndexError, TypeError):
-                break
-            if kind == ROWS:
-                blocks += payload
-            elif kind == PROVISIONAL:
-                provisional[token] = payload
-            elif kind == CONFIRM:
-                blocks += _recorded(provisional.pop(token, []), payload)
-            elif kind == DROP:
-                provisional.pop(token, None)
+    lines = path.read_bytes().split(b"\n")
+    for line in lines[:-1]:  # the last one has no end: empty, or cut short
+        try:
+            kind, token, payload = _parsed(line)
+        except (ValueError, TypeError, RecursionError):
+            log.warning("%s: an entry this worker does not write; the rest of the file is left out", path)
+            break
+        if kind == ROWS:
+            blocks += payload
+        elif kind == PROVISIONAL:
+            provisional[token] = payload
+        elif kind == CONFIRM:
+            blocks += _recorded(provisional.pop(token, []), payload)
+        elif kind == DROP:
+            provisional.pop(token, None)
     return blocks, [block for kept in provisional.values() for block in kept]
+
+
+def _parsed(line: bytes) -> tuple[int, int, Any]:
+    """One entry as ``_entry`` wrote it, its payload checked for its kind; ValueError or TypeError if it is not."""
+    kind, token, payload = json.loads(line)
+    if type(kind) is not int or type(token) is not int:
+        raise ValueError("kind and token are integers")
+    if kind in (ROWS, PROVISIONAL):
+        return kind, token, [_block(block) for block in payload]
+    if kind == CONFIRM:
+        return kind, token, {(_text(topic), _integer(partition)) for topic, partition in payload}
+    if kind == DROP and payload is None:
+        return kind, token, None
+    raise ValueError(f"no entry of kind {kind!r} with such a payload")
+
+
+def _block(columns: Any) -> OutcomeColumns:
+    """A block of outcome columns as read: one list per OUTCOME_ARROW column, all as long, each
+    value of its column's type."""
+    if type(columns) is not list or len(columns) != len(OUTCOME_ARROW):
+        raise ValueError("a block has one list per outcome column")
+    unpacked = [_unpacked(values, _CHECKS[column.type]) for values, column in zip(columns, OUTCOME_ARROW, strict=True)]
+    if len({len(values) for values in unpacked}) != 1:
+        raise ValueError("a block's columns are all as long")
+    return tuple(unpacked)
+
+
+def _unpacked(values: Any, check: Callable[[Any], None]) -> list[Any]:
+    """A column as ``_packed`` wrote it, each value checked."""
+    if type(values) is dict:
+        if values.keys() != {"all", "rows"} or type(values["rows"]) is not int or values["rows"] < 0:
+            raise ValueError("a packed column is {all, rows}")
+        check(values["all"])
+        return [values["all"]] * values["rows"]
+    if type(values) is not list:
+        raise ValueError("a column is a list")
+    for value in values:
+        check(value)
+    return values
+
+
+def _text(value: Any) -> str:
+    if type(value) is not str:
+        raise TypeError("text expected")
+    return value
+
+
+def _integer(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError("an integer expected")
+    return value
+
+
+def _optional_text(value: Any) -> None:
+    if value is not None and type(value) is not str:
+        raise TypeError("text or null expected")
+
+
+def _optional_integer(value: Any) -> None:
+    if value is not None and type(value) is not int:
+        raise TypeError("an integer or null expected")
+
+
+def _optional_number(value: Any) -> None:
+    if value is not None and type(value) is not float and type(value) is not int:
+        raise TypeError("a number or null expected")
+
+
+_CHECKS = {
+    pa.string(): _optional_text,
+    pa.int32(): _optional_integer,
+    pa.int64(): _optional_integer,
+    pa.float64(): _optional_number,
+}
 
 
 def _read_counted(folder: Path) -> dict[tuple[int, int], tuple[int, int]]:
