@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from queueplane.run.health import Verdict
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DLQ_WRITE_FAILED, RELEASED
+from queueplane.run.parking import FATES, fate_prefix
 
 
 class Checks(Protocol):
@@ -93,8 +94,10 @@ class _Families:
         )
         self.dlq_write_failures = Counter(
             "queueplane_dead_letter_write_failures",
-            "Dead letters the DLQ refused (each parked in the queue's topic until it takes them).",
-            ["queue"],
+            "Dead letters the DLQ refused, by what became of them: parked in the queue's topic until the "
+            "DLQ takes them, retrying (parking failed too: delivered again), lost (a share record's last "
+            "delivery ran out with both writes failing).",
+            ["queue", "outcome"],
             registry=registry,
         )
         self.latency = Histogram(
@@ -179,7 +182,8 @@ class WorkerMetrics:
         # with its first increment misses that increment, and an absent series reads as no data.
         for outcome in (ACCEPTED, RELEASED, DEAD_LETTERED):
             families.records.labels(queue, outcome)
-        families.dlq_write_failures.labels(queue)
+        for fate in FATES:
+            families.dlq_write_failures.labels(queue, fate)
         families.latency.labels(queue)
         families.deliveries.labels(queue)
         families.inflight.labels(queue)
@@ -193,9 +197,12 @@ class WorkerMetrics:
         for outcome, n in counts.items():
             self.f.records.labels(self.queue, outcome).inc(n)
         if counts.get(RELEASED):
-            refused = pc.sum(pc.starts_with(table.column("error"), DLQ_WRITE_FAILED)).as_py()
-            if refused:
-                self.f.dlq_write_failures.labels(self.queue).inc(refused)
+            errors = table.column("error")
+            if pc.sum(pc.starts_with(errors, DLQ_WRITE_FAILED)).as_py():
+                for fate in FATES:
+                    refused = pc.sum(pc.starts_with(errors, fate_prefix(fate))).as_py()
+                    if refused:
+                        self.f.dlq_write_failures.labels(self.queue, fate).inc(refused)
         if table.num_rows:
             _observe_many(self.f.latency.labels(self.queue), table.column("latency_ms").to_numpy() / 1000)
             _observe_many(self.f.deliveries.labels(self.queue), table.column("delivery_count").to_numpy())

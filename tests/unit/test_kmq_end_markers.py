@@ -16,7 +16,7 @@ from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.tasks import KmqTask
 
 LOCK_MS = 1000
-MARKERS, OUTPUT, DLQ = "q.markers", "q.out", "q.dlq"
+MARKERS, OUTPUT, DLQ, QUEUE = "q.markers", "q.out", "q.dlq", "q"
 
 
 class _Producer:
@@ -131,11 +131,29 @@ def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter():
 def test_a_failed_dead_letter_write_fails_the_task_and_writes_no_marker():
     task, producer, delivery, _ = _task(records=1)
     task._write_then_end(0, [(DLQ, b"k", b"v", [])], km.END)
-    producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+    producer.produced[0][3](KafkaError(KafkaError._MSG_TIMED_OUT), None)
     delivery.idle = True
     task._end_round(0.0)
     assert _markers(producer) == []
     assert task._error is not None and "0:0" in task._error
+
+
+def test_a_dead_letter_the_dlq_refuses_is_parked_in_the_queue_topic_and_then_ends():
+    """Refused on every try alike, it would fail every retry of the task: the partition would stall."""
+    task, producer, delivery, jobs = _task(records=1)
+    task.records[0] = SimpleNamespace(topic=QUEUE, partition=0, offset=0, delivery_count=3, key=b"k", headers=None)
+    task._write_then_end(0, [(DLQ, b"k", b"v", [])], km.END)
+    producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+    delivery.idle = True
+    task._end_round(0.0)
+    assert _markers(producer) == [] and task._error is None, "no end marker before the parked copy is durable"
+    assert jobs.get_nowait() == (task, 0)
+    task.run(0)
+    assert producer.topics() == [DLQ, QUEUE]
+    task._end_round(0.0)
+    assert _markers(producer) == [0] and task._error is None
+    (row,) = task.drain()
+    assert row.outcome == "released" and row.error.startswith("DeadLetterWriteFailed: parked:")
 
 
 @pytest.mark.parametrize("code", [KafkaError._MSG_TIMED_OUT, KafkaError.MSG_SIZE_TOO_LARGE], ids=["lost", "refused"])

@@ -31,7 +31,7 @@ from confluent_kafka import TopicPartition
 from queueplane.run.consumer.ordering import ContiguousOffsets, key_slot
 from queueplane.run.consumer.process import ConsumerSettings, TransactionalWriter, WorkerProcess
 from queueplane.run.consumer.slots import Done, Slot
-from queueplane.run.dead_letters import Failure
+from queueplane.run.dead_letters import Failure, failure_of_headers
 from queueplane.run.failed_writes import fingerprints
 from queueplane.run.handler import InvalidOutput, Record
 from queueplane.run.kafka_input import input_records
@@ -39,14 +39,20 @@ from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
     DELIVERY_TIMEOUT_S,
+    RELEASED,
     SKIPPED,
     Outcome,
     ProducedRecord,
     dead_letter_record,
+    error_text,
+    is_parked,
     outcome_batch,
+    parked_record,
     produce,
     refused_write,
+    unparked_dead_letter,
 )
+from queueplane.run.parking import PARKED, REFUSALS, cause_of, refused_failure
 from queueplane.run.processes import PerProcess
 
 log = logging.getLogger("queueplane.worker")
@@ -68,6 +74,10 @@ class PartitionTask:
         self._error: BaseException | None = None
         self._pending: list[ProducedRecord] = []  # exactly-once: released outputs awaiting the next transaction
         self._refused: list[tuple[Record, Failure, float, int]] = []  # outputs refused: to the DLQ next
+        # Dead letters the DLQ refused, to park in the queue's topic before their offsets are
+        # committed; and the offsets parked, whose rows say so once they are shown.
+        self._unparked: list[tuple[Record, ProducedRecord, str]] = []
+        self._parked: dict[int, Failure] = {}
         # At-least-once: rows of records released from the tracker, shown once their writes are
         # acknowledged; records whose outputs went to the producer, by offset, with the outputs,
         # until their rows are committed (the broker may refuse one until then).
@@ -103,6 +113,10 @@ class PartitionTask:
             if not records:
                 return
         self.tracker.add([r.offset for r in records])
+        if self._has_parked(records):
+            records = [r for r in records if not self._parked_to_dlq(r)]
+            if not records:
+                return
         per_slot: list[list[Record]] = [[] for _ in self.slots]
         if len(self.slots) == 1:
             per_slot[0] = records
@@ -126,6 +140,20 @@ class PartitionTask:
             for slot, mine in zip(self.slots, per_slot, strict=True):
                 if start < len(mine):
                     self._put(slot, mine[start : start + step])
+
+    @staticmethod
+    def _has_parked(records: list[Record]) -> bool:
+        """Whether any record is parked; most batches have no headers at all."""
+        return any(r.headers and is_parked(r.headers) for r in records)
+
+    def _parked_to_dlq(self, record: Record) -> bool:
+        """A parked record is a dead letter already: to the DLQ as it is, without a handler call,
+        and without a slot (it was handled in its turn; the partition's order is about calls)."""
+        if not is_parked(record.headers):
+            return False
+        dead = unparked_dead_letter(record, self.settings.dlq_topic)
+        self.settle(record, DEAD_LETTERED, failure_of_headers(record.headers), [dead], 0.0, 0)
+        return True
 
     def _put(self, slot: Slot, item: list[Record] | None) -> None:
         """A full slot queue holds the reader back (backpressure), unless the task has failed."""
@@ -189,8 +217,9 @@ class PartitionTask:
         ``commit`` find its own among them.
 
         An output the broker refuses (InvalidOutput: too large, not writable) turns the record
-        into a dead letter instead, written before its offset is committed. A refused dead
-        letter fails the task: its offset is not committed and the record comes again.
+        into a dead letter instead, written before its offset is committed. A dead letter the
+        DLQ refuses is parked in the queue's topic, also before its offset is committed
+        (``_park_refused``).
         """
         if self.writer is not None:
             self.report(record, outcome, failure, latency_ms, inflight)
@@ -239,17 +268,72 @@ class PartitionTask:
         self.tracker.complete_many([record.offset for record, _, _, _ in done], rows)
 
     def _write_dead_letter(self, record: Record, dead: ProducedRecord) -> None:
-        """A DLQ record, with a callback of its own (dead letters are few): a refused or failed
-        one fails the task, and the record comes again."""
+        """A DLQ record, with a callback of its own (dead letters are few). One the DLQ refuses
+        (too large, invalid: refused on every try alike) is parked before the commit passes its
+        offset; any other failure fails the task, and the record comes again."""
         where = f"{record.topic}[{record.partition}]@{record.offset}"
 
         def failed(err: Any, _msg: Any) -> None:
-            self.fail(RuntimeError(f"DLQ write for {where}: {refused_write(err) or err}"))
+            refused = refused_write(err)
+            if refused is None:
+                self.fail(RuntimeError(f"DLQ write for {where}: {err}"))
+                return
+            with self._lock:
+                self._unparked.append((record, dead, str(refused)))
 
         try:
             produce(self.process.producer, dead, failed)
         except InvalidOutput as exc:
-            self.fail(RuntimeError(f"DLQ write for {where}: {exc}"))
+            with self._lock:
+                self._unparked.append((record, dead, str(exc)))
+
+    def _park_refused(self) -> bool:
+        """Park the dead letters the DLQ refused (on a thread that is not the producer's); True
+        when it wrote any, which the commit waits for too.
+
+        A parked copy goes to the end of its record's own partition, where the worker meets it
+        again and tries the DLQ once more (``_parked_to_dlq``): a dead letter the DLQ refuses
+        holds back neither the partition nor the records after it. Called once the producer
+        acknowledged every write so far, so every refusal below the commit's offset is here.
+        A parked copy that fails too fails the task: the record comes again, and so do its tries.
+        """
+        with self._lock:
+            unparked, self._unparked = self._unparked, []
+        dlq = self.settings.dlq_topic
+        for record, dead, why in unparked:
+            where = f"{record.topic}[{record.partition}]@{record.offset}"
+
+            def failed(err: Any, _msg: Any, where: str = where, why: str = why) -> None:
+                REFUSALS.error(
+                    cause_of(dlq, why) + f" / {cause_of(self.topic, err)}",
+                    f"DLQ write failed for {where} ({why}) and parking it failed ({err}): retrying",
+                )
+                self.fail(RuntimeError(f"DLQ write for {where} refused ({why}), and parking it failed: {err}"))
+
+            try:
+                produce(self.process.producer, parked_record(dead, record.topic), failed, partition=record.partition)
+            except InvalidOutput as exc:
+                failed(exc, None)
+                continue
+            self._parked[record.offset] = refused_failure(PARKED, why)
+            REFUSALS.error(
+                cause_of(dlq, why),
+                f"DLQ write failed for {where} ({why}): parked at the end of {record.topic}[{record.partition}] "
+                "until the DLQ takes it",
+            )
+        return bool(unparked)
+
+    def _shown(self, rows: list[Outcome]) -> list[Outcome]:
+        """Rows about to be shown; those of parked records say where their dead letters went."""
+        if not self._parked:
+            return rows
+        parked = self._parked
+        return [
+            row._replace(outcome=RELEASED, error=error_text(parked.pop(row.offset)))
+            if row.offset in parked and row.outcome == DEAD_LETTERED
+            else row
+            for row in rows
+        ]
 
     def _dead_letter_refused(self) -> None:
         """Records whose outputs the broker refused go to the DLQ (on the watcher's thread: never
@@ -372,9 +456,13 @@ class PartitionTask:
             if self._turn_refused_outputs() and not delivery.all_delivered(within_s):
                 return False  # the dead letters are not acknowledged yet: the next try commits
             self.raise_if_failed()
+            if self._park_refused() and not delivery.all_delivered(within_s):
+                return False  # the parked copies are not acknowledged yet: the next try commits
+            self.raise_if_failed()
             self.process.commit(self.topic, self.partition, mark)
+            rows = self._shown(self._awaiting)
             with self._lock:
-                self._outcomes.extend(self._awaiting)
+                self._outcomes.extend(rows)
             self._awaiting = []
         self.last_commit = mark
         return True

@@ -29,7 +29,7 @@ from operator import attrgetter
 import pyarrow as pa
 
 from queueplane.run.crash_journal import DEAD, CrashJournal, Delivery, journal_folder, worker_died
-from queueplane.run.dead_letters import Failure
+from queueplane.run.dead_letters import Failure, failure_of_headers
 from queueplane.run.failed_writes import FailedWrites
 from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
 from queueplane.run.kafka_input import input_records
@@ -46,11 +46,15 @@ from queueplane.run.outcomes import (
     Outcome,
     ProducedRecord,
     dead_letter_record,
+    is_parked,
     outcome_batch,
+    parked_record,
     produce,
     refused_write,
+    unparked_dead_letter,
 )
 from queueplane.run.outputs import output_record
+from queueplane.run.parking import PARKED, REFUSALS, cause_of, refused_failure
 from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.retry import retry_delay_ms
 from queueplane.run.settings import QueueSettings
@@ -177,6 +181,7 @@ class KmqTask:
         self._write_failures = process.failed_writes.failures  # failures before this task are not its own
         self._queued: deque[int] = deque()  # records not yet taken by a handler thread, in call order
         self._refused: dict[int, Failure] = {}  # records whose outputs the broker refused: to the DLQ next
+        self._to_park: dict[int, tuple[ProducedRecord, str]] = {}  # dead letters the DLQ refused: parked next
         self._turned: set[int] = set()  # records turned into dead letters that way (once each)
         self.deadline = 0.0
 
@@ -258,6 +263,15 @@ class KmqTask:
             if refused is not None:
                 self._dead_letter(index, refused, 0.0)
                 return
+        if self._to_park:
+            with self._lock:
+                unparked = self._to_park.pop(index, None)
+            if unparked is not None:
+                self._park(index, *unparked)
+                return
+        if record.headers and is_parked(record.headers):
+            self._parked_to_dlq(index)
+            return
         # Crashes are counted per message (where it was first produced): the tracker's copies of
         # a record that killed its process are the same message. A first delivery has no headers.
         journal = self.process.journal
@@ -354,6 +368,33 @@ class KmqTask:
         dead = dead_letter_record(at_origin, s.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
         self._write_then_end(index, [dead], km.END)
 
+    def _parked_to_dlq(self, index: int) -> None:
+        """A parked record is a dead letter already: to the DLQ as it is, without a call."""
+        with self._lock:
+            if self._claimed[index]:
+                return
+            self._claimed[index] = True
+        record = self.records[index]
+        self._report(record, DEAD_LETTERED, failure_of_headers(record.headers), 0.0)
+        self._write_then_end(index, [unparked_dead_letter(record, self.settings.dlq_topic)], km.END)
+
+    def _park(self, index: int, dead: ProducedRecord, why: str) -> None:
+        """The DLQ refused ``dead``: write it to the queue's topic, parked, then the end marker.
+        A task meets it there later and tries the DLQ again (``_parked_to_dlq``); the record
+        holds nothing back meanwhile. A parked copy that fails too fails the task (its records
+        come again, from the task's retry or the tracker)."""
+        record, s = self.records[index], self.settings
+        where = f"{record.topic}-{record.partition}@{record.offset}"
+        failure = refused_failure(PARKED, why)
+        with self._lock:
+            self._outcomes = [o for o in self._outcomes if (o.partition, o.offset) != (record.partition, record.offset)]
+        self._report(record, RELEASED, failure, 0.0)
+        REFUSALS.error(
+            cause_of(s.dlq_topic, why),
+            f"DLQ write failed for {where} ({why}): parked in {record.topic} until the DLQ takes it",
+        )
+        self._write_then_end(index, [parked_record(dead, record.topic)], km.END)
+
     def _write_then_end(self, index: int, writes: list[ProducedRecord], kind: str) -> None:
         """Produce the record's writes; its marker follows in the task thread's next round in
         which every write produced so far is acknowledged (``_end_round``)."""
@@ -361,10 +402,11 @@ class KmqTask:
         s = self.settings
         delay = int(retry_delay_ms(record.delivery_count, s.backoff_ms, s.max_backoff_ms)) if kind == km.RETRY else 0
         ending = _Ending(index, kind, delay)
-        # Only an END's outputs turn into a dead letter when refused; a refused DLQ record cannot.
+        # Only an END's outputs turn into a dead letter when refused; a refused DLQ record is parked.
         turnable = kind == km.END and bool(writes) and writes[0][0] != s.dlq_topic
+        parked = writes[0] if kind == km.END and len(writes) == 1 and writes[0][0] == s.dlq_topic else None
         if writes:
-            on_error = functools.partial(self._write_failed, ending, turnable)
+            on_error = functools.partial(self._write_failed, ending, turnable, parked)
             self._may_produce.wait()
             for item in writes:
                 produce(self.process.producer, item, on_error)
@@ -377,12 +419,15 @@ class KmqTask:
         if len(self._ending) >= self._unsettled:  # nothing else to wait for: the round can go
             self._settled.notify_all()
 
-    def _write_failed(self, ending: _Ending, turnable: bool, err: object, _msg: object) -> None:
+    def _write_failed(
+        self, ending: _Ending, turnable: bool, dead: ProducedRecord | None, err: object, _msg: object
+    ) -> None:
         """On the delivery thread, for a write the broker or client failed: the record gets no
-        marker from it; refused outputs turn into a dead letter (on a handler thread), any other
-        failure fails the task (its records come back from the tracker)."""
+        marker from it; refused outputs turn into a dead letter, a refused dead letter (``dead``)
+        is parked (both on a handler thread), any other failure fails the task (its records
+        come back from the tracker)."""
         index = ending.index
-        refused = refused_write(err) if turnable else None
+        refused = refused_write(err) if turnable or dead is not None else None
         with self._lock:
             if refused is None:
                 ending.failed = FAILED
@@ -391,10 +436,13 @@ class KmqTask:
                     self._error = f"write for {record.partition}:{record.offset}: {err}"
                 return
             ending.failed = TURNED
-            if index in self._turned:
-                return
-            self._turned.add(index)
-            self._refused[index] = Failure.of(refused)
+            if dead is not None:
+                self._to_park[index] = (dead, str(refused))
+            else:
+                if index in self._turned:
+                    return
+                self._turned.add(index)
+                self._refused[index] = Failure.of(refused)
         self.process.threads.jobs.put((self, index))
 
     def _end_round(self, within_s: float) -> None:

@@ -21,7 +21,6 @@ from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
     DELIVERY_TIMEOUT_S,
-    DLQ_WRITE_FAILED,
     RELEASED,
     Outcome,
     OutcomeColumns,
@@ -33,6 +32,7 @@ from queueplane.run.outcomes import (
     parked_record,
     unparked_dead_letter,
 )
+from queueplane.run.parking import LOST, PARKED, REFUSALS, RETRYING, cause_of, refused_failure
 from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.outbox import Outbox, Unrecorded
 from queueplane.run.share.pool import Chunk, HandlerPool, Poll
@@ -56,6 +56,12 @@ RESERVE_FAILURE = Failure(
     "DeliveryLimitReached", "its last allowed delivery ended without an outcome (worker stopped or lock ran out)"
 )
 PARK_PAUSE_S = 1.0  # a fetcher's pause after parking: the DLQ refuses writes, retrying at once would spin
+# A record on its last delivery whose DLQ write and parking both failed: both are tried again,
+# after these pauses (doubling), until this much of its lock is left for the acknowledgements.
+PARK_RETRY_S = 0.5
+PARK_RETRY_MAX_S = 4.0
+HOLD_MARGIN_S = 2.0
+HOLD_MARGIN_SHARE = 0.1
 COMMIT_TIMEOUT_S = 60.0  # commit_sync's own default, stated: the call guard bounds the call by it
 # close() takes no timeout: librdkafka bounds its last commit and the group's leave by socket.timeout.ms.
 CLOSE_TIMEOUT_S = 60.0
@@ -512,34 +518,72 @@ class ShareFetcher:
             try:
                 self.runtime.produce_and_wait([dead])
             except Exception as exc:
-                return self._park(record, dead, Failure(DLQ_WRITE_FAILED, str(exc)), latency_ms, inflight)
+                return self._park(record, dead, failure, str(exc), polled_at, latency_ms, inflight)
             self.runtime.journal.cleared(record.partition, record.offset)  # no delivery of it comes again
             return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight), AcknowledgeType.REJECT
         return Outcome.of(record, RELEASED, failure, latency_ms, inflight), AcknowledgeType.RELEASE
 
     def _park(
-        self, record: Record, dead: ProducedRecord, failed: Failure, latency_ms: float, inflight: int
+        self,
+        record: Record,
+        dead: ProducedRecord,
+        failure: Failure | None,
+        why: str,
+        polled_at: float,
+        latency_ms: float,
+        inflight: int,
     ) -> tuple[Outcome, int]:
         """The DLQ refused ``dead``: keep it in the queue's topic (parked) and accept the delivery.
 
-        Never REJECT what the DLQ did not take, and never RELEASE a record the broker may
-        archive. Only when the queue's topic refuses the parked copy too is the record released:
-        the broker delivers it again unless this was the last delivery it allows, and then it is
-        lost, which the error line says.
+        Never ACCEPT or REJECT what is in neither the DLQ nor parked: when the queue's topic
+        refuses the parked copy too, the record is released and the broker delivers it again,
+        a reserve delivery (``SHARE_RESERVE_DELIVERIES``) that tries both writes once more. On
+        the last delivery the broker allows, a RELEASE, like a lock that runs out, archives the
+        record: there the record stays acquired while both writes are tried again with backoff,
+        until its lock nearly runs out (the client has no lock renewal). Only a fault that
+        outlasts all of that loses the record, which its row (``lost``) and an error line say.
         """
         where = f"{record.topic}-{record.partition}@{record.offset}"
-        try:
-            self.runtime.produce_and_wait([parked_record(dead, record.topic)])
-        except Exception as exc:
-            last = record.delivery_count >= self.runtime.settings.broker_delivery_limit
-            fate = "the broker archives it: LOST" if last else "released for another delivery"
-            log.error("DLQ write failed for %s (%s) and parking it failed (%s): %s", where, failed.message, exc, fate)
-            return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.RELEASE
-        log.error(
-            "DLQ write failed for %s (%s): parked in %s until the DLQ takes it", where, failed.message, record.topic
+        settings = self.runtime.settings
+        last = record.delivery_count >= settings.broker_delivery_limit
+        lock_s = settings.lock_ms / 1000
+        hold_until = polled_at + lock_s - max(HOLD_MARGIN_S, lock_s * HOLD_MARGIN_SHARE) if last else 0.0
+        pause = PARK_RETRY_S
+        while True:
+            try:
+                self.runtime.produce_and_wait([parked_record(dead, record.topic)])
+                break
+            except Exception as exc:
+                park_error = str(exc)
+            if time.monotonic() + pause >= hold_until:
+                fate = LOST if last else RETRYING
+                REFUSALS.error(
+                    cause_of(settings.dlq_topic, why) + f" / {cause_of(record.topic, park_error)}",
+                    f"DLQ write failed for {where} ({why}) and parking it failed ({park_error}): "
+                    + ("the broker archives it: LOST" if last else "released for another delivery"),
+                )
+                return (
+                    Outcome.of(record, RELEASED, refused_failure(fate, why), latency_ms, inflight),
+                    AcknowledgeType.RELEASE,
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, PARK_RETRY_MAX_S)
+            try:  # the DLQ may take it now
+                self.runtime.produce_and_wait([dead])
+            except Exception as exc:
+                why = str(exc)
+                continue
+            self.runtime.journal.cleared(record.partition, record.offset)
+            return Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight), AcknowledgeType.REJECT
+        REFUSALS.error(
+            cause_of(settings.dlq_topic, why),
+            f"DLQ write failed for {where} ({why}): parked in {record.topic} until the DLQ takes it",
         )
         self.parked = True
-        return Outcome.of(record, RELEASED, failed, latency_ms, inflight), AcknowledgeType.ACCEPT
+        return (
+            Outcome.of(record, RELEASED, refused_failure(PARKED, why), latency_ms, inflight),
+            AcknowledgeType.ACCEPT,
+        )
 
     def _commit(self) -> bool:
         """Commit the acknowledgements given: whether the broker recorded them all."""
