@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import time
 
 import pytest
@@ -11,6 +13,8 @@ from queueplane.run.crash_journal import WORKER_DIED, CrashJournal
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Output, Record, Reject
 from queueplane.run.memory_guard import MEMORY_LIMIT_EXCEEDED
+from queueplane.run.outputs import output_record
+from queueplane.run.share import isolated
 from queueplane.run.share.isolated import ChildFailed, ChildRejected, IsolatedCalls
 from queueplane.run.share.outbox import Outbox
 
@@ -36,6 +40,15 @@ def handle(record):
             held.append(b"x" * (64 << 20))
     if mode == "hang":
         time.sleep(3600)
+    if mode == "fields":
+        return [Output({"a": [1, "é"]}, key="k2", headers={"h": "v", "b": b"\\x00\\xff"}, topic="other"), "text", b""]
+    if mode == "look":  # where the child's verdict will be: the folders beside the journal's files
+        folder = record.key.decode()
+        return [
+            Output(f"{name} {os.lstat(os.path.join(folder, name)).st_mode & 0o777:o}")
+            for name in sorted(os.listdir(folder))
+            if os.path.isdir(os.path.join(folder, name))
+        ]
 """
 
 
@@ -54,8 +67,67 @@ def test_a_suspect_that_returns_is_cleared_and_its_outputs_come_back(tmp_path, c
     journal.crashed(1, 7, None)
     outputs = calls.call(journal, _record("echo"), timeout_s=60)
     assert [(type(o), o.value, o.key) for o in outputs] == [(Output, b"echo", b"k")]
-    assert outputs[0].headers["pid"] != str(os.getpid()), "called in another process"
+    assert outputs[0].headers["pid"] != str(os.getpid()).encode(), "called in another process"
     assert journal.crashes == {}, "it came back: no suspect any more"
+
+
+def test_a_suspects_outputs_are_written_as_the_parent_would_have_written_them(tmp_path, calls):
+    journal = CrashJournal(tmp_path / "journal", alone_s=5)
+    record = _record("fields")
+    outputs = calls.call(journal, record, timeout_s=60)
+    returned = [
+        Output({"a": [1, "é"]}, key="k2", headers={"h": "v", "b": b"\x00\xff"}, topic="other"),
+        Output("text"),
+        Output(b""),
+    ]
+    assert [output_record(o, record, "out") for o in outputs] == [output_record(o, record, "out") for o in returned]
+
+
+def test_the_childs_verdict_is_written_in_a_private_folder_inside_the_journals(tmp_path, calls):
+    journal = CrashJournal(tmp_path / "journal", alone_s=5)
+    record = Record(str(journal.folder).encode(), b"look", (), "t", 1, 7, 2, 0)
+    [seen] = calls.call(journal, record, timeout_s=60)
+    name, mode = seen.value.decode().split()
+    assert name.startswith("suspect-")
+    assert mode == "700"
+    assert not [p for p in journal.folder.iterdir() if p.is_dir()], "removed after the call"
+
+
+def test_a_verdict_file_is_read_as_data_and_a_pickle_in_it_is_not_run(tmp_path):
+    marker = tmp_path / "ran"
+    planted = tmp_path / "verdict"
+    planted.write_bytes(pickle.dumps(_Planted(marker)))
+    assert isolated._read(str(planted)) is None, "no verdict: counted as the child's death"
+    assert not marker.exists(), "the pickle was not loaded"
+
+
+@pytest.mark.parametrize(
+    "verdict",
+    [
+        {"returned": [{"key": None, "value": "AAAA!", "headers": None, "topic": None}]},
+        {"returned": [{"key": None, "value": None, "headers": [[1, "AAAA"]], "topic": None}]},
+        {"returned": [{"key": None, "value": None, "headers": None, "topic": 3}]},
+        {"raised": {"error_class": "Reject", "message": "no"}, "rejected": "yes"},
+        {"ended": {"error_class": 1, "message": "no"}},
+        {"returned": [], "ended": {"error_class": "E", "message": "m"}},
+        {"raised": {"error_class": "Reject", "message": "no"}, "rejected": True, "outputs": []},
+        ["returned", []],
+    ],
+)
+def test_a_verdict_that_is_not_one_a_child_writes_is_none(tmp_path, verdict):
+    path = tmp_path / "verdict"
+    path.write_text(json.dumps(verdict))
+    assert isolated._read(str(path)) is None
+
+
+class _Planted:
+    """A pickle that runs code when loaded: here it makes a file, the marker of its having run."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
 
 
 @pytest.mark.parametrize(

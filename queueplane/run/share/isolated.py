@@ -14,12 +14,19 @@ A child costs a Python start and the handler's import (a few hundred millisecond
 records that were in a call when a process died ever pay. It gets the parent's memory limit,
 and is killed at the poll's deadline like a hung call is given up.
 
-Run as ``python -m queueplane.run.share.isolated``: a pickled ``Job`` on stdin, the verdict
-pickled into ``Job.verdict_path``.
+Run as ``python -m queueplane.run.share.isolated``: a pickled ``Job`` on stdin (a pipe from the
+parent to its own child), the verdict written as JSON into ``Job.verdict_path``. That file is in
+a folder made for the call (``mkdtemp``, 0700) inside the queue's private folder
+(queueplane.run.private_dirs), and the parent reads it as data: the outputs' key, value and
+headers as the bytes they encode to (base64), the failures as their class and message. Nothing
+in it is run, so a verdict that is not the child's could at worst give a wrong answer for the
+one call, never run code in the parent.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import pickle
 import subprocess
@@ -27,6 +34,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from queueplane.run.crash_journal import CrashJournal, worker_died
 from queueplane.run.dead_letters import Carried, Failure
@@ -98,7 +106,7 @@ class IsolatedCalls:
 
     def call(self, journal: CrashJournal, record: Record, timeout_s: float) -> list[Output]:
         """The handler's outputs for ``record``, called in a child; raises ChildRejected or ChildFailed."""
-        with tempfile.TemporaryDirectory(prefix="qp-suspect-") as folder:
+        with tempfile.TemporaryDirectory(prefix="suspect-", dir=journal.folder) as folder:
             verdict_path = os.path.join(folder, "verdict")
             job = Job(
                 self.handler, self.search_paths, plain(record), self.output_topic, self.memory_limit_mi, verdict_path
@@ -131,16 +139,88 @@ class IsolatedCalls:
 
 
 def _read(path: str) -> Verdict | None:
+    """The child's verdict, or None when it left none (it died) or one that is not a verdict."""
     try:
-        return pickle.loads(Path(path).read_bytes())
-    except (OSError, EOFError, pickle.UnpicklingError):
+        return _verdict(json.loads(Path(path).read_bytes()))
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         return None
 
 
 def _answer(path: str, verdict: Verdict) -> None:
     partial = f"{path}.partial"
-    Path(partial).write_bytes(pickle.dumps(verdict))
+    Path(partial).write_bytes(json.dumps(_written(verdict)).encode())
     os.replace(partial, path)
+
+
+def _written(verdict: Verdict) -> dict[str, Any]:
+    """A verdict as the JSON the parent reads (``_verdict``)."""
+    if verdict[0] == "returned":
+        return {"returned": [_output_fields(output) for output in verdict[1]]}
+    failure: Failure = verdict[1]
+    fields = {"error_class": failure.error_class, "message": failure.message}
+    if verdict[0] == "raised":
+        return {"raised": fields, "rejected": bool(verdict[2])}
+    return {"ended": fields}
+
+
+def _verdict(raw: Any) -> Verdict:
+    """A verdict from its JSON; ValueError, TypeError or KeyError if it is not one ``_written`` makes."""
+    if type(raw) is not dict or len(raw) > 2:
+        raise ValueError("a verdict is an object")
+    if "returned" in raw and len(raw) == 1:
+        if type(raw["returned"]) is not list:
+            raise TypeError("outputs are a list")
+        return ("returned", [_output(fields) for fields in raw["returned"]])
+    if "raised" in raw and type(raw.get("rejected")) is bool:
+        return ("raised", _failure(raw["raised"]), raw["rejected"])
+    if "ended" in raw and len(raw) == 1:
+        return ("ended", _failure(raw["ended"]))
+    raise ValueError("no such verdict")
+
+
+def _output_fields(output: Output) -> dict[str, Any]:
+    """An output as the bytes it encodes to: what the parent produces is what the handler returned."""
+    key, value, headers = output.encoded()
+    return {
+        "key": _b64(key),
+        "value": _b64(value),
+        "headers": None if output.headers is None else [[name, _b64(header)] for name, header in headers],
+        "topic": output.topic,
+    }
+
+
+def _output(fields: Any) -> Output:
+    if type(fields) is not dict or fields.keys() != {"key", "value", "headers", "topic"}:
+        raise ValueError("an output is {key, value, headers, topic}")
+    headers = fields["headers"]
+    if headers is not None:
+        if type(headers) is not list or not all(type(h) is list and len(h) == 2 and type(h[0]) is str for h in headers):
+            raise TypeError("headers are [name, base64] pairs")
+        headers = {name: _unb64(header) or b"" for name, header in headers}
+    topic = fields["topic"]
+    if topic is not None and type(topic) is not str:
+        raise TypeError("a topic is text")
+    return Output(_unb64(fields["value"]), key=_unb64(fields["key"]), headers=headers, topic=topic)
+
+
+def _failure(fields: Any) -> Failure:
+    if type(fields) is not dict or fields.keys() != {"error_class", "message"}:
+        raise ValueError("a failure is {error_class, message}")
+    if type(fields["error_class"]) is not str or type(fields["message"]) is not str:
+        raise TypeError("a failure's class and message are text")
+    return Failure(fields["error_class"], fields["message"])
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: Any) -> bytes | None:
+    if text is None:
+        return None
+    if type(text) is not str:
+        raise TypeError("bytes are base64 text")
+    return base64.b64decode(text, validate=True)
 
 
 def _child() -> None:
@@ -152,7 +232,7 @@ def _child() -> None:
         for output in outputs:  # refused here as in the parent (InvalidOutput), and sure to cross back
             output_record(output, job.record, job.output_topic)
         verdict: Verdict = ("returned", outputs)
-        pickle.dumps(verdict)
+        _written(verdict)
     except Reject as exc:
         verdict = ("raised", Failure.of(exc), True)
     except BaseException as exc:  # Retry, any other exception, sys.exit(): another delivery
