@@ -22,6 +22,7 @@ from queueplane.errors import UsageError
 from queueplane.kafka import clients
 from queueplane.kafka.lag import BacklogReader
 from queueplane.kafka.target import KafkaTarget
+from queueplane.run.crash_journal import journal_folder
 from queueplane.run.health import ApplicationHealth
 from queueplane.run.metrics import MetricsServer, WorkerMetrics
 from queueplane.run.options import BatchProgress, RunOptions, RunSummary
@@ -67,6 +68,9 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
         raise UsageError(f"queue names repeat in one application: {', '.join(sorted(names))}")
     for job in jobs:
         await_topics(job.queue, target)
+        # Its processes' private folder (crash journal, outboxes), refused here in one line rather
+        # than in every task when another user could have written in it.
+        journal_folder(job.queue.group.id)
     runs = [QueueRun(job, target, _options_for(job.queue, options, len(jobs))) for job in jobs]
     several = len(runs) > 1
     name = jobs[0].queue.name if not several else f"{jobs[0].queue.name}-and-{len(jobs) - 1}-more"
