@@ -64,7 +64,8 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
         "wait_until_ready": "skipped",
     }
     planned = _xcom(first, "plan")
-    assert planned["summary"] == {"create": 3, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
+    # Three topics and the group's claim.
+    assert planned["summary"] == {"create": 4, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
     admin = _admin(kafka)
     topics = admin.list_topics(timeout=10).topics
     for name in (f"{tag}.cafe.coffee-orders.v1", f"{tag}.cafe.coffee-orders.v1.dlq", f"{tag}.cafe.drinks-ready.v1"):

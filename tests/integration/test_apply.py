@@ -272,7 +272,8 @@ def test_plan_json_and_live_broker_bounds(kafka, tmp_path, cli_env):
     result = run_cli(["plan", str(path), "-o", "json", "--bootstrap-servers", kafka.bootstrap], cli_env)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
-    assert plan["summary"] == {"create": 3, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
+    # Three topics and the group's claim.
+    assert plan["summary"] == {"create": 4, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
     assert {c["target"] for c in plan["changes"] if c["kind"] == "topic"} == {
         f"{tag}.json",
         f"{tag}.json.dlq",
@@ -287,7 +288,7 @@ def test_cli_uses_the_running_local_stack_by_default(local_kafka, tmp_path, cli_
     first = run_cli(["apply", str(path), "--yes"], cli_env)
     assert first.returncode == 0, first.stderr
     assert f"{local_kafka.bootstrap} (local stack)" in first.stdout
-    assert "Apply complete: 3 created, 0 changed." in first.stdout
+    assert "Apply complete: 4 created, 0 changed." in first.stdout  # three topics and the group's claim
     second = run_cli(["apply", str(path), "--yes"], cli_env)
     assert "No changes. The cluster matches 1 spec(s)." in second.stdout
 
@@ -367,7 +368,7 @@ def test_apply_asks_first_and_only_yes_applies(kafka, tmp_path, cli_env):
     assert code == 0 and "Apply cancelled; nothing was changed." in screen
     assert _topics_with_prefix(kafka, tag) == set()
     code, screen = _run_in_terminal(args, cli_env, "yes")
-    assert code == 0 and "Apply complete: 2 created, 0 changed." in screen
+    assert code == 0 and "Apply complete: 3 created, 0 changed." in screen  # two topics and the group's claim
     assert _topics_with_prefix(kafka, tag) == {f"{tag}.ask", f"{tag}.ask.dlq"}
 
 
@@ -387,7 +388,7 @@ def test_plan_detailed_exitcode_gates_on_drift_and_colour_is_off_when_asked(kafk
     assert run_cli(args, cli_env).returncode == EXIT_OK, "without the flag, changes are not an error"
     drift = run_cli([*args, "--detailed-exitcode"], cli_env)
     assert drift.returncode == EXIT_CHANGES, drift.stderr
-    assert "Plan: 2 to create, 0 to change, 0 refused." in drift.stdout
+    assert "Plan: 3 to create, 0 to change, 0 refused." in drift.stdout
     steps.apply(steps.plan([str(path)], kafka))
     assert run_cli([*args, "--detailed-exitcode"], cli_env).returncode == EXIT_OK
     doc = spec("consumer", name=f"d-{tag}", group=f"gd-{tag}", topic=f"{tag}.drift")
