@@ -60,7 +60,8 @@ def provisioned_alias(queue: QueueSpec) -> str:
 def checked_specs(root: Path) -> tuple[list[QueueSpec], list[Problem]]:
     """The specs under ``root`` with no problem at all, and every problem of the others."""
     try:
-        loaded = check_specs([str(root)], persist=False).with_bounds(ShareBounds())
+        # root: where the DAG processor's specs were copied without .git, their platform files still govern
+        loaded = check_specs([str(root)], persist=False, root=str(root)).with_bounds(ShareBounds())
     except UsageError as exc:  # no spec files at all: nothing to build, nothing broken
         return [], [Problem(str(root), "", str(exc))]
     broken = {p.file for p in loaded.problems}

@@ -78,6 +78,30 @@ def test_a_broken_spec_is_one_import_error_naming_file_and_field_while_the_other
     assert "queue__tearoom__tea-orders" not in bag.dag_ids
 
 
+def test_a_spec_no_platform_file_governs_is_an_import_error_and_gets_no_dag(airflow_db, monkeypatch, tmp_path):
+    """The DAG processor's specs folder, copied without .git: its platform files still govern it,
+    and a new team's folder beside the governed one fails closed."""
+    specs = tmp_path / "specs"
+    shutil.copytree(EXAMPLES, specs / "examples")
+    stray = yaml.safe_load((EXAMPLES / "payments" / "payment-events.yaml").read_text())
+    stray["metadata"]["name"] = "payment-events-copy"
+    stray["spec"]["topic"]["name"] = "payments.events-copy.v1"
+    stray["spec"]["group"]["id"] = "payments-ledger-copy"
+    stray["spec"]["processing"].pop("output", None)
+    stray["spec"]["deployment"]["namespace"] = "kube-system"
+    (specs / "newteam").mkdir()
+    (specs / "newteam" / "events.yaml").write_text(yaml.safe_dump(stray, sort_keys=False))
+    monkeypatch.setenv(SPECS_DIR_ENV, str(specs))
+
+    bag = _bag()
+
+    assert list(bag.import_errors) == ["queue_spec_check.py"]
+    message = bag.import_errors["queue_spec_check.py"]
+    assert "newteam/events.yaml: /metadata/team: the spec sits outside every platform file's folder" in message
+    assert "queue__payments__payment-events-copy" not in bag.dag_ids
+    assert set(bag.dag_ids) == {*_expected_ids(EXAMPLES), RECONCILE_DAG_ID}
+
+
 def test_the_reconcile_schedule_is_configurable(airflow_db, monkeypatch):
     monkeypatch.setenv("QUEUEPLANE_RECONCILE_SCHEDULE", "*/15 * * * *")
     assert _bag().dags[RECONCILE_DAG_ID].timetable.expression == "*/15 * * * *"
