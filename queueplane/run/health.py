@@ -6,13 +6,16 @@ hung batch holds every record behind it). Ready: live, the query has started, Ka
 answered the last backlog read within ``kafka_stale_s``, and records that wait are handled:
 micro-batches that keep coming back empty while the backlog says records wait mean the worker
 is not being given them (a share partition its broker no longer delivers from was measured),
-and that worker is idle, not healthy. Pure state with the clock passed in, so the rules are
-tested without Spark or a broker.
+and that worker is idle, not healthy, and what runs beside the query (the kmq tracker) is not
+degraded: a part that keeps failing against Kafka rides the outage out and says why meanwhile,
+so the worker is not ready rather than gone. Pure state with the clock passed in, so the
+rules are tested without Spark or a broker.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from queueplane.spec.model import QueueSpec
@@ -48,8 +51,15 @@ class Verdict:
 
 
 class Health:
-    def __init__(self, stall_s: float, kafka_stale_s: float = KAFKA_STALE_S, starve_s: float = MIN_STARVE_S):
+    def __init__(
+        self,
+        stall_s: float,
+        kafka_stale_s: float = KAFKA_STALE_S,
+        starve_s: float = MIN_STARVE_S,
+        degraded: Callable[[], str | None] = lambda: None,
+    ):
         self.stall_s = stall_s
+        self._degraded = degraded  # why a part beside the query cannot work now (the runtime's), or None
         self.kafka_stale_s = kafka_stale_s
         self.starve_s = starve_s
         self._waiting = 0
@@ -138,6 +148,9 @@ class Health:
             if self._kafka_ok_at is None or now - self._kafka_ok_at > self.kafka_stale_s:
                 since = "never" if self._kafka_ok_at is None else f"{now - self._kafka_ok_at:.0f}s ago"
                 return Verdict(False, f"Kafka last answered {since}: {self._kafka_error or 'no answer yet'}")
+        degraded = self._degraded()
+        if degraded is not None:
+            return Verdict(False, degraded)
         starved = self.starved(now)
         if starved is not None:
             return Verdict(False, starved)

@@ -133,7 +133,9 @@ class QueueRun:
         self.runtime: QueueRuntime = runtime_class(job.queue)(job.queue, target, options)
         self.counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
         self.dead = DeadLetters()
-        self.health = Health(stall_seconds(job.queue), starve_s=starve_seconds(job.queue))
+        self.health = Health(
+            stall_seconds(job.queue), starve_s=starve_seconds(job.queue), degraded=self.runtime.degraded
+        )
         self.watcher = BacklogWatcher(job.backlog or (lambda: None), self.health)
         # Idleness counts from the first micro-batch: a worker that waited for its broker or for
         # Spark to start has not been idle, whatever the clock says.

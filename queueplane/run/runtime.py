@@ -96,6 +96,11 @@ class QueueRuntime(ABC):
         """An error of something running beside the worker query, which ends the run."""
         return None
 
+    def degraded(self) -> str | None:
+        """Why something running beside the worker query cannot do its work now (Kafka away, which
+        it rides out), or None; the worker is not ready while there is a reason."""
+        return None
+
     def stop(self, counts: Counter[str], dead: DeadLetters) -> None:
         """Stop what ``start`` started and add what it did to the run's counts and dead letters."""
         return None

@@ -115,3 +115,17 @@ def test_an_application_is_ready_only_while_every_queue_is_and_says_which_is_not
 def test_an_application_of_one_queue_answers_as_the_queue_does():
     health = Health(stall_s=600)
     assert ApplicationHealth({"orders": health}).ready(0) == health.ready(0)
+
+
+def test_a_part_beside_the_query_that_rides_out_a_kafka_fault_makes_the_worker_unready_not_dead():
+    why: list[str | None] = [None]
+    health = Health(stall_s=600, degraded=lambda: why[0])
+    health.query_started()
+    health.kafka_answered(0)
+    assert health.ready(1).ok
+    why[0] = "kmq tracker: redelivering the deliveries due has failed for 12s: broker down"
+    verdict = health.ready(2)
+    assert not verdict.ok and verdict.reason == why[0]
+    assert health.live(2).ok, "it rides the fault out: live, so nothing restarts it"
+    why[0] = None
+    assert health.ready(3).ok

@@ -1,10 +1,15 @@
-"""The kmq tracker's state: the deliveries its markers leave open, when each is due, and where a restart reads from."""
+"""The kmq tracker's state: the deliveries its markers leave open, when each is due, where a restart reads
+from, and how a call to Kafka that fails is tried again while the worker stays up."""
 
 from __future__ import annotations
 
+import logging
+
+from confluent_kafka import KafkaError, KafkaException
+
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.redeliverer import GIVE_UP, REDELIVER
-from queueplane.run.kmq.tracker import OpenDeliveries
+from queueplane.run.kmq.tracker import RETRY_MAX_S, Faults, OpenDeliveries
 
 LOCK_MS, LIMIT = 1000, 3
 
@@ -101,3 +106,27 @@ def test_a_marker_record_of_runs_opens_and_ends_each_of_its_offsets():
         deliveries.fold_run(km.decode_run(key, value), 2, at)
     assert due(deliveries, 1100) == [(2, 6, 1, REDELIVER), (2, 9, 1, REDELIVER)]
     assert deliveries.restart_points({2: 2}) == {2: 0}, "the start record still holds two open deliveries"
+
+
+def test_a_failing_kafka_call_is_tried_again_after_a_growing_pause_and_says_why_the_worker_is_degraded(caplog):
+    faults = Faults("reading the partitions of the markers topic")
+    assert faults.due(0.0) and faults.degraded(0.0) is None
+    with caplog.at_level(logging.INFO, logger="queueplane.worker"):
+        faults.failed(100.0, KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down")))
+        assert not faults.due(100.5) and faults.due(101.0), "the first pause is RETRY_FIRST_S"
+        faults.failed(101.0, RuntimeError("still down"))
+        assert not faults.due(102.5) and faults.due(103.0), "then twice as long"
+        for now in range(103, 400, 30):
+            faults.failed(float(now), RuntimeError("still down"))
+        assert faults.pause_s == RETRY_MAX_S, "never longer than RETRY_MAX_S"
+        reason = faults.degraded(400.0)
+        assert reason == "kmq tracker: reading the partitions of the markers topic has failed for 300s: still down"
+        faults.answered(401.0)
+    assert faults.degraded(401.0) is None and faults.due(401.0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # The first failure at once, then a line a minute at most: 12 failures from 100 s to 373 s, 5 lines.
+    assert len(warnings) == 5, warnings
+    assert "broker down" in warnings[0] and "the worker stays up" in warnings[0]
+    assert "works again, after 301s" in caplog.records[-1].getMessage()
+    faults.failed(500.0, RuntimeError("down again"))
+    assert faults.due(501.0), "a new outage starts from the first pause again"

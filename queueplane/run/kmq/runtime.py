@@ -109,7 +109,8 @@ class GroupCommitter:
         return markers
 
     def markers_ends(self) -> dict[int, int]:
-        """Where every markers partition ends now."""
+        """Where every markers partition ends now; raises while the broker does not answer (the
+        tracker asks on its own thread, again after a pause, so an outage never ends the worker)."""
         partitions = self.admin.list_topics(self.markers_topic, timeout=10).topics[self.markers_topic].partitions
         return end_offsets(self.admin, self.markers_topic, sorted(partitions))
 
@@ -148,7 +149,7 @@ class KmqRuntime(QueueRuntime):
     def start(self, spark: Any) -> None:
         # Deliveries a run before this one left open are in the markers written so far: the
         # tracker reads them all before the queue can count as idle.
-        self.tracker.expect(self.committer.markers_ends())
+        self.tracker.expect_from(self.committer.markers_ends)
         self.tracker.start()
 
     def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
@@ -209,6 +210,9 @@ class KmqRuntime(QueueRuntime):
 
     def failed(self) -> BaseException | None:
         return self.tracker.failure
+
+    def degraded(self) -> str | None:
+        return self.tracker.degraded()
 
     def stop(self, counts: Counter[str], dead: DeadLetters) -> None:
         self.tracker.stop()

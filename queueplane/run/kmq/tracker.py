@@ -18,6 +18,12 @@ Why a thread and not a Spark query: a ``transformWithState`` query over the mark
 to a Python worker) and started a Python process outside Spark's daemon; read by one consumer
 and folded in a dict, a message costs the driver about 10 µs, its consumer's threads included
 (docs/design/consumer-throughput.md, "The kmq tracker as a thread" and "Markers in runs").
+
+A broker outage never ends the tracker. Each call it makes to Kafka (the markers topic's
+partitions, where its partitions end, a redelivery round) that fails is tried again after a
+pause that grows to RETRY_MAX_S, with a warning line at most once a minute (``Faults``);
+while one fails, ``degraded`` says which, and the worker's readiness shows it. Deliveries that
+fall due meanwhile are redelivered once the broker answers again; nothing is ended unread.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
+from queueplane.kafka.offsets import committed_positions
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.redeliverer import GIVE_UP, REDELIVER, Expired
@@ -46,17 +53,71 @@ STEP_S = 0.1  # how often it looks for deadlines passed (a scan of the open deli
 # until then (its partitions' ends, asked of the broker) before it redelivers.
 LATE_END_MARGIN_MS = 1000
 COMMIT_EVERY_S = 1.0
+LAST_COMMIT_WAIT_S = 5.0
 METADATA_EVERY_S = 30.0  # how often it looks for partitions added to the markers topic
-# A redelivery round that keeps failing (the broker gone) is tried again with a growing pause;
-# failing for this long, the tracker gives up and the run ends, so the worker looks broken.
+# A call to Kafka that fails (the broker away) is tried again after a pause that grows, as long
+# as it takes: the worker stays up, not ready, and goes on once the broker answers.
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
-FAILING_FOR_S = 300.0
 WARN_EVERY_S = 60.0
 
 
 def redelivery_grace_ms(lock_ms: int) -> int:
     """How long past its deadline a delivery is redelivered: what an end marker may be late by."""
     return int(lock_ms * km.LATE_END_SHARE) + LATE_END_MARGIN_MS
+
+
+class Faults:
+    """One kind of call the tracker makes to Kafka while it fails: when to try it again, when to
+    say so in a line, and why the worker is degraded meanwhile. No I/O; the clock is passed in.
+
+    The first failure is logged at once, then at most one line every WARN_EVERY_S with the count
+    since; the pause before the next try doubles from RETRY_FIRST_S up to RETRY_MAX_S. The first
+    success after failures logs how long they lasted and resets the pause.
+    """
+
+    def __init__(self, what: str):
+        self.what = what
+        self.since: float | None = None  # when the failures began
+        self.error = ""
+        self.retry_at = float("-inf")
+        self.pause_s = RETRY_FIRST_S
+        self._logged_at = float("-inf")
+        self._failures = 0  # since the last line
+
+    def due(self, now: float) -> bool:
+        """Whether the call may be tried at ``now`` (always, unless it is waiting out a pause)."""
+        return now >= self.retry_at
+
+    def failed(self, now: float, exc: BaseException) -> None:
+        first = self.since is None
+        self.since = now if first else self.since
+        self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self._failures += 1
+        pause = self.pause_s
+        self.retry_at, self.pause_s = now + pause, min(RETRY_MAX_S, pause * 2)
+        if first or now - self._logged_at >= WARN_EVERY_S:
+            assert self.since is not None
+            log.warning(
+                "kmq tracker: %s failed (%s), %d time(s) in %.0fs; the worker stays up and tries again in %.0fs",
+                self.what,
+                self.error,
+                self._failures,
+                now - self.since,
+                pause,
+            )
+            self._logged_at, self._failures = now, 0
+
+    def answered(self, now: float) -> None:
+        if self.since is not None:
+            log.info("kmq tracker: %s works again, after %.0fs of failures", self.what, now - self.since)
+        self.since, self.retry_at, self.pause_s, self._failures = None, float("-inf"), RETRY_FIRST_S, 0
+        self._logged_at = float("-inf")
+
+    def degraded(self, now: float) -> str | None:
+        """Why the worker is degraded by this call, while it fails; else None."""
+        if self.since is None:
+            return None
+        return f"kmq tracker: {self.what} has failed for {now - self.since:.0f}s: {self.error}"
 
 
 class OpenDelivery(NamedTuple):
@@ -138,10 +199,14 @@ class Tracker:
         self.positions: dict[int, int] = {}  # per markers partition, the next offset to read
         self.expected: dict[int, int] = {}  # markers the tracker must have read before it can be idle
         self.failure: BaseException | None = None
-        self.failing_since: float | None = None
-        self._retry_at = 0.0
-        self._retry_s = RETRY_FIRST_S
+        # Where the markers partitions ended when the worker started, read on this thread: until
+        # it is, the tracker cannot be idle (a delivery a run before this one left open may be there).
+        self._ends_reader: Callable[[], dict[int, int]] | None = None
+        self.metadata_faults = Faults("reading the partitions of the markers topic")
+        self.ends_faults = Faults("reading where the markers partitions end")
+        self.round_faults = Faults("redelivering the deliveries due")
         self._committed: dict[int, int] = {}
+        self._commit_in_flight: dict[int, int] | None = None
         self._warned: dict[int, float] = {}  # per error code, when a read error was last logged
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="qp-kmq-tracker", daemon=True)
@@ -153,6 +218,16 @@ class Tracker:
         self._stop.set()
         self._thread.join(timeout=60)
 
+    def expect_from(self, read_ends: Callable[[], dict[int, int]]) -> None:
+        """``expect`` what ``read_ends`` answers, asked on the tracker's thread until it answers."""
+        self._ends_reader = read_ends
+
+    def degraded(self) -> str | None:
+        """Why the tracker cannot do all its work now (the broker away), or None."""
+        now = time.monotonic()
+        reasons = [f.degraded(now) for f in (self.metadata_faults, self.ends_faults, self.round_faults)]
+        return "; ".join(r for r in reasons if r) or None
+
     def expect(self, ends: dict[int, int]) -> None:
         """Markers up to ``ends`` exist (after a worker batch, or at the start): read them before idle."""
         for partition, end in ends.items():
@@ -160,6 +235,8 @@ class Tracker:
 
     def idle(self) -> bool:
         """Nothing open, and every marker written before the last ``expect`` read."""
+        if self._ends_reader is not None:
+            return False
         positions = self.positions
         caught_up = all(positions.get(p, -1) >= end for p, end in list(self.expected.items()))
         return caught_up and not self.deliveries.open
@@ -175,6 +252,7 @@ class Tracker:
                     "enable.auto.commit": False,
                     "enable.partition.eof": True,  # an end of partition says where "read to the end" is
                     "auto.offset.reset": "earliest",  # never committed: every retained marker
+                    "on_commit": self._on_commit,
                 },
             )
             assigned: set[int] = set()
@@ -183,9 +261,16 @@ class Tracker:
             expire_at = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
-                if now >= metadata_at:
-                    assigned = self._assign(consumer, assigned)
-                    metadata_at = now + METADATA_EVERY_S
+                if self._ends_reader is not None and self.ends_faults.due(now):
+                    self._read_ends(self._ends_reader, now)
+                if now >= metadata_at and self.metadata_faults.due(now):
+                    try:
+                        assigned = self._assign(consumer, assigned)
+                    except Exception as exc:  # the broker away: what is assigned is read on, and asked again
+                        self.metadata_faults.failed(now, exc)
+                    else:
+                        self.metadata_faults.answered(now)
+                        metadata_at = now + METADATA_EVERY_S
                 for message in consumer.consume(READ_AT_ONCE, STEP_S):
                     self._read(message)
                 if time.monotonic() >= expire_at:
@@ -194,8 +279,8 @@ class Tracker:
                 if time.monotonic() >= commit_at:
                     self._commit(consumer)
                     commit_at = time.monotonic() + COMMIT_EVERY_S
-            self._commit(consumer)
-        except BaseException as exc:  # the run ends on it (KmqRuntime.failed): a stopped tracker must look broken
+            self._last_commit(consumer)
+        except BaseException as exc:  # not Kafka's (those are ridden out): the run ends on it (KmqRuntime.failed)
             log.error("kmq: the redelivery tracker stopped: %s", exc, exc_info=True)
             self.failure = exc
         finally:
@@ -203,13 +288,36 @@ class Tracker:
                 with contextlib.suppress(Exception):
                     consumer.close()
 
+    def _read_ends(self, read_ends: Callable[[], dict[int, int]], now: float) -> None:
+        try:
+            ends = read_ends()
+        except Exception as exc:  # the broker away: asked again after a pause, and not idle until then
+            self.ends_faults.failed(now, exc)
+            return
+        self.ends_faults.answered(now)
+        self.expect(ends)
+        self._ends_reader = None
+
     def _assign(self, consumer: Consumer, assigned: set[int]) -> set[int]:
-        """Every partition of the markers topic, each from the group's committed offset."""
+        """Every partition of the markers topic, each from the group's committed offset; raises
+        when the broker does not answer (those assigned are read on).
+
+        The committed offsets are read here and given with the assignment: a partition assigned
+        without one waits on the client's own offset fetch, and one that failed as the broker
+        came back (NOT_COORDINATOR while its coordinator loaded) left the partition unread.
+        """
         metadata = consumer.list_topics(self.topic, timeout=10)
-        found = set(metadata.topics[self.topic].partitions)
-        new = found - assigned
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise KafkaException(topic.error if topic is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+        new = set(topic.partitions) - assigned
         if new:
-            consumer.incremental_assign([TopicPartition(self.topic, p) for p in sorted(new)])
+            committed = committed_positions(consumer, self.topic, sorted(new))
+            start = [
+                TopicPartition(self.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                for tp in committed
+            ]
+            consumer.incremental_assign(start)
         return assigned | new
 
     def _read(self, message: object) -> None:
@@ -236,27 +344,20 @@ class Tracker:
     def _expire(self, consumer: Consumer) -> None:
         """Redeliver what is due past its grace, once every marker written until then is read."""
         now = time.monotonic()
-        if now < self._retry_at:
+        if not self.round_faults.due(now):
             return
         try:
             expired = self._due(consumer)
             if not expired:
+                if self._fence is None:  # nothing due (end markers closed what a failed round had): nothing fails
+                    self.round_faults.answered(now)
                 return
             done = self.redeliver(expired)
-        except Exception as exc:  # the broker away: the same deliveries again after a pause
-            self.failing_since = self.failing_since or now
-            if now - self.failing_since >= FAILING_FOR_S:
-                raise
-            log.warning(
-                "kmq tracker: deliveries are due and could not be redelivered (%s); trying again in %.0fs",
-                exc,
-                self._retry_s,
-            )
+        except Exception as exc:  # the broker away: the same deliveries again after a pause, however long
             self._fence = None
-            self._retry_at = now + self._retry_s
-            self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
+            self.round_faults.failed(now, exc)
             return
-        self.failing_since, self._retry_s = None, RETRY_FIRST_S
+        self.round_faults.answered(now)
         self.deliveries.ended(expired)
         self.on_done(done)
 
@@ -280,15 +381,36 @@ class Tracker:
         return self.deliveries.due(cutoff)
 
     def _commit(self, consumer: Consumer) -> None:
+        """Commit where a restart reads from, asynchronously: a synchronous commit waits as long as
+        the broker is away, and the tracker with it. One commit at a time; ``_committed`` moves
+        when the broker confirms it (``_on_commit``, called from ``consume``)."""
+        if self._commit_in_flight is not None:
+            return
         points = self.deliveries.restart_points(self.positions)
         changed = {p: o for p, o in points.items() if self._committed.get(p) != o}
         if not changed:
             return
         try:
             consumer.commit(
-                offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(changed.items())], asynchronous=False
+                offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(changed.items())], asynchronous=True
             )
         except Exception as exc:  # the next commit carries it; until then a restart reads more markers again
             log.warning("kmq tracker: committing its markers position failed: %s", exc)
             return
-        self._committed.update(changed)
+        self._commit_in_flight = changed
+
+    def _on_commit(self, error: KafkaError | None, _partitions: list[TopicPartition]) -> None:
+        changed, self._commit_in_flight = self._commit_in_flight, None
+        if error is not None:  # the next commit carries it; until then a restart reads more markers again
+            log.info("kmq tracker: committing its markers position failed: %s", error)
+        elif changed is not None:
+            self._committed.update(changed)
+
+    def _last_commit(self, consumer: Consumer) -> None:
+        """The position at stop, waited for a few seconds (the broker may be away: then not)."""
+        deadline = time.monotonic() + LAST_COMMIT_WAIT_S
+        while time.monotonic() < deadline:
+            self._commit(consumer)
+            if self._commit_in_flight is None:
+                return  # nothing left to commit
+            consumer.consume(READ_AT_ONCE, STEP_S)  # serves the commit's callback; markers read now are not folded
