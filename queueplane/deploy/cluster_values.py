@@ -2,28 +2,28 @@
 
 A spec says what the queue is (its sizes, autoscaling, image). The cluster says where the
 worker's Kafka credentials, TLS files and checkpoint volume are, how images are pulled, and
-may pin another image for one rollout. Those come from the deployer: `--values FILE` and
-`--set key.path=value` on the command line (helm's flags, in helm's order: files, then sets);
-in Airflow, the Variable ``queueplane_cluster_values`` (JSON, every release) with the trigger
-form's ``cluster_values`` on top (one run). The spec's own values are refused here, so a deployer
-cannot resize or rename a team's queue behind its spec.
+may pin another image for one rollout. Those come from the platform that deploys: `--values
+FILE` and `--set key.path=value` on the command line (helm's flags, in helm's order: files, then
+sets); in Airflow, the Variable ``queueplane_cluster_values`` (JSON, every release) and nothing
+else: whoever may trigger a queue's DAG chooses only what the trigger form offers. The spec's own
+values are refused here, so a deployer cannot resize or rename a team's queue behind its spec,
+and so is any Spark setting that would switch off RPC authentication or encryption, mount a host
+path or name credentials (queueplane.deploy.spark_conf), whoever gives it.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from queueplane.deploy.spark_conf import CREDENTIAL_NAME, check_conf
 from queueplane.errors import UsageError
 
 AIRFLOW_VARIABLE = "queueplane_cluster_values"
 SPEC_OWNED = ("application", "queues", "driver", "executor", "autoscaling")
-# Spark settings named like a credential; the chart's values schema refuses the same names.
-CREDENTIAL_NAME = re.compile(r"[Pp]assword|[Ss]ecret|[Jj]aas|[Tt]oken|[Cc]redential")
 
 
 def merge_values(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -50,13 +50,17 @@ def checked(values: Any, source: str) -> dict[str, Any]:
             "(cluster values may set kafka, checkpoint, image, imagePullSecrets, cpuRequests, metrics, spark "
             "and pod placement)"
         )
-    settings = (values.get("spark") or {}).get("conf") or {}
+    spark = values.get("spark") or {}
+    settings = (spark.get("conf") or {}) if isinstance(spark, dict) else {}
+    if not isinstance(settings, dict):
+        raise UsageError(f"{source}: /spark/conf must be a mapping of Spark settings, got {type(settings).__name__}")
     credentials = [key for key in settings if isinstance(key, str) and CREDENTIAL_NAME.search(key)]
     if credentials:
         raise UsageError(
             f"{source}: /spark/conf/{credentials[0]}: credentials never go into chart values (helm keeps values "
             "readable in the release); put them in a Secret (kafka.configSecret, kafka.tlsSecret)"
         )
+    check_conf(settings, f"{source}: /spark/conf")
     return values
 
 

@@ -41,6 +41,26 @@ queueplane.io/team: {{ .Values.application.team | quote }}
 queueplane.io/application: {{ .Values.application.name | quote }}
 {{- end -}}
 
+{{/*
+Spark settings no value may set (queueplane/deploy/spark_conf.py holds the same patterns, and
+values.schema.json refuses the same names): RPC authentication and encryption, TLS, host-path
+volumes, pod templates, the driver's Kubernetes credentials, credentials by name, and the
+environment variables that name the Kafka properties file or Spark's secret.
+*/}}
+{{- define "queue-worker.refusedSparkKey" -}}
+(?i)password|secret|jaas|token|credential|access[._-]?key|account\.key|key[._-]?file|keytab|keystore|truststore|^spark\.authenticate($|\.)|^spark\.network\.crypto\.|^spark\.network\.sasl\.|^spark\.io\.encryption\.|^spark\.ssl($|\.)|^spark\.kubernetes\.(driver|executor)\.volumes\.hostpath\.|^spark\.kubernetes\.(driver|executor)\.podtemplate|^spark\.kubernetes\.authenticate\.|^spark\.(executorenv|kubernetes\.driverenv|yarn\.appmasterenv)\.(queueplane_|_?spark_|java_tool_options$|jdk_java_options$|_java_options$)
+{{- end -}}
+
+{{/* What Java options of a Spark process may not hold: -Dspark.* (unchecked settings), @files,
+credential-file properties, quotes and escapes. */}}
+{{- define "queue-worker.refusedJavaOptions" -}}
+(?i)['\"\\]|(^|\s)(@|-Dspark\.|-Djava\.security\.auth\.|-Djavax\.net\.ssl\.)
+{{- end -}}
+
+{{- define "queue-worker.javaOptionsKey" -}}
+(?i)^spark\.(driver|executor|yarn\.am)\.(extra|default)JavaOptions$
+{{- end -}}
+
 {{/* Mount points, shared by the driver, the executor pod template and the Spark settings. */}}
 {{- define "queue-worker.specDir" -}}/etc/queueplane/spec{{- end -}}
 {{- define "queue-worker.executorDir" -}}/etc/queueplane/executor{{- end -}}
