@@ -8,7 +8,13 @@ take over objects another release or nothing of Helm owns ("invalid ownership me
 
 A namespace the deploy has to create gets Pod Security ``restricted`` enforced (and the
 labels that say queueplane made it), where helm's ``--create-namespace`` would leave it
-without any Pod Security level. A namespace that exists is the platform's and is left as it is.
+without any Pod Security level. A namespace that exists is the platform's and is left as it
+is, but only one that enforces ``restricted`` is deployed into: a laxer level (``baseline``,
+``privileged``, no label at all, which the cluster's default admits as ``privileged``, or
+``restricted`` pinned to a policy version older than the cluster's) would let the team's image
+run as root or mount the node. A namespace queueplane created is checked the same way: its
+labels may have been loosened since. The deploy is refused before helm runs, so nothing is
+installed, and the error says which label to set.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 from queueplane.deploy.helm import run_helm
 from queueplane.deploy.kube_access import KubeAccess, kube_client
 from queueplane.deploy.render import CHART_NAME, Rendered
-from queueplane.errors import Problem, SpecInvalid
+from queueplane.errors import DeployError, Problem, SpecInvalid
 
 # Pod Security admission's labels; "latest" follows the cluster's version of the policy.
 POD_SECURITY_LABELS = {
@@ -27,6 +33,8 @@ POD_SECURITY_LABELS = {
     **{f"pod-security.kubernetes.io/{mode}-version": "latest" for mode in ("enforce", "audit", "warn")},
 }
 MANAGED_BY = {"app.kubernetes.io/managed-by": "queueplane"}
+ENFORCE, ENFORCE_VERSION = "pod-security.kubernetes.io/enforce", "pod-security.kubernetes.io/enforce-version"
+NAMESPACE_FIELD = "/spec/deployment/namespace"
 
 
 def _helm_json(args: list[str], access: KubeAccess) -> Any | None:
@@ -85,25 +93,89 @@ def check_release(source: str, rendered: Rendered, access: KubeAccess) -> list[s
     )
 
 
-def ensure_namespace(rendered: Rendered, access: KubeAccess) -> bool:
-    """Create the release's namespace, Pod Security ``restricted``, unless it exists; True if created."""
+def namespace_policy_problem(namespace: str, labels: dict[str, str] | None, cluster_minor: int | None) -> str | None:
+    """Why a deploy must not go into ``namespace`` with these labels, or None when it enforces
+    Pod Security ``restricted`` at a policy version no older than the cluster's (``cluster_minor``:
+    the API server's 1.x minor version; None when unknown, and then only ``latest`` will do)."""
+    labels = labels or {}
+    level, version = labels.get(ENFORCE), labels.get(ENFORCE_VERSION, "latest")
+    ours = labels.get("app.kubernetes.io/managed-by") == MANAGED_BY["app.kubernetes.io/managed-by"]
+    if level is None:
+        found = (
+            f"namespace {namespace} has no {ENFORCE} label, so it gets the cluster's default Pod Security level, "
+            'which is "privileged" unless the API server\'s admission configuration sets another: laxer than '
+            '"restricted"'
+        )
+    elif level != "restricted":
+        found = f'namespace {namespace} enforces Pod Security "{level}" ({ENFORCE}={level}), laxer than "restricted"'
+    else:
+        minor = _policy_minor(version)
+        if version == "latest" or (minor is not None and cluster_minor is not None and minor >= cluster_minor):
+            return None
+        older = f"older than the cluster's v1.{cluster_minor}" if cluster_minor is not None else "not latest"
+        at = f"policy version {version}, {older}" if minor is not None else f'"{version}", not a policy version'
+        found = (
+            f'namespace {namespace} enforces Pod Security "restricted" at {at} ({ENFORCE_VERSION}={version}): '
+            "laxer than restricted now, without the checks added since"
+        )
+    loosened = "; queueplane created it restricted, so its labels were loosened since" if ours else ""
+    return (
+        f'{found}{loosened}. A queue\'s worker deploys only into a namespace that enforces "restricted" at the '
+        "cluster's current policy, so a team's image can neither run as root nor reach the node; nothing was "
+        f"deployed. Set the labels with `kubectl label namespace {namespace} {ENFORCE}=restricted "
+        f"{ENFORCE_VERSION}=latest --overwrite`, or name a namespace that does not exist yet (the deploy creates "
+        "it restricted)."
+    )
+
+
+def _policy_minor(version: str) -> int | None:
+    """The N of a ``v1.N`` policy version; None for anything else (``latest`` included)."""
+    head, _, minor = version.partition("v1.")
+    return int(minor) if head == "" and minor.isdigit() else None
+
+
+def ensure_namespace(rendered: Rendered, access: KubeAccess, source: str = "") -> bool:
+    """Create the release's namespace, Pod Security ``restricted``, unless it exists; True if created.
+
+    An existing namespace (whoever made it) must enforce ``restricted``: else DeployError, one
+    paragraph naming the spec's namespace field, the level found and the label to set.
+    """
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
+    namespace = rendered.namespace
     with kube_client(access) as api:
         core = client.CoreV1Api(api)
         try:
-            core.read_namespace(rendered.namespace)
-            return False
+            existing = core.read_namespace(namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        labels = {**POD_SECURITY_LABELS, **MANAGED_BY, "kubernetes.io/metadata.name": rendered.namespace}
-        body = client.V1Namespace(metadata=client.V1ObjectMeta(name=rendered.namespace, labels=labels))
+        else:
+            _check_policy(source, namespace, existing.metadata.labels, api)
+            return False
+        labels = {**POD_SECURITY_LABELS, **MANAGED_BY, "kubernetes.io/metadata.name": namespace}
+        body = client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels=labels))
         try:
             core.create_namespace(body)
         except ApiException as exc:
-            if exc.status != 409:  # created meanwhile by someone else: theirs, left as it is
+            if exc.status != 409:
                 raise
+            # Created meanwhile by someone else: theirs, and checked as any existing namespace is.
+            _check_policy(source, namespace, core.read_namespace(namespace).metadata.labels, api)
             return False
         return True
+
+
+def _check_policy(source: str, namespace: str, labels: dict[str, str] | None, api: object) -> None:
+    from kubernetes import client
+
+    minor = None
+    if (labels or {}).get(ENFORCE_VERSION, "latest") != "latest":  # only a pinned version needs the cluster's
+        code = client.VersionApi(api).get_code()
+        digits = "".join(ch for ch in str(code.minor) if ch.isdigit())  # "35", or "35+" on some providers
+        minor = int(digits) if digits else None
+    problem = namespace_policy_problem(namespace, labels, minor)
+    if problem is not None:
+        where = f"{source}: {NAMESPACE_FIELD}: " if source else ""
+        raise DeployError(where + problem)

@@ -32,7 +32,7 @@ def upgrade_args(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_T
         rendered.release,
         str(rendered.chart),
         "--namespace",
-        rendered.namespace,  # made beforehand, Pod Security restricted (ownership.ensure_namespace)
+        rendered.namespace,  # made or checked beforehand: Pod Security restricted (ownership.ensure_namespace)
         "--values",
         str(rendered.values_file),
         "--rollback-on-failure",  # a failed upgrade rolls back to the release that worked
@@ -50,10 +50,11 @@ def upgrade(source: str, rendered: Rendered, access: KubeAccess, timeout_s: int 
     it; returns helm's output, after a line naming any queue the release ran and no longer does.
 
     Refuses (SpecInvalid, nothing deployed) when the release exists and is not this application's,
-    and creates a missing namespace Pod Security ``restricted`` first (see ownership.py).
+    and (DeployError, nothing deployed) when its namespace exists and enforces a Pod Security level
+    laxer than ``restricted``; creates a missing namespace ``restricted`` first (see ownership.py).
     """
     left_out = ownership.check_release(source, rendered, access)
-    ownership.ensure_namespace(rendered, access)
+    ownership.ensure_namespace(rendered, access, source)
     result = run_helm(upgrade_args(rendered, access, timeout_s), kubeconfig=access.kubeconfig, timeout=timeout_s + 60)
     if not left_out:
         return result.stdout
