@@ -15,7 +15,7 @@ from queueplane.kafka.cluster import Cluster
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision.acls import wanted_acls
 from queueplane.provision.apply import ApplyFailed, ApplyReport, apply_plan
-from queueplane.provision.plan import Plan, brief, desired_state, diff
+from queueplane.provision.plan import MAX_MESSAGE_BYTES, Plan, brief, desired_state, diff
 from queueplane.spec.cache import SpecCache
 from queueplane.spec.files import expand_paths, read_spec_file
 from queueplane.spec.model import QueueSpec
@@ -67,6 +67,9 @@ def plan(paths: list[str], target: KafkaTarget) -> Planned:
 def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
     topics, groups = desired_state(queues)
     configured = {t.name: list(t.config) for t in topics if t.managed and t.config}
+    for topic in topics:  # a queue topic's size bounds its DLQ's (plan.dead_letter_config), set or not
+        if topic.role == "queue":
+            configured[topic.name] = sorted({*configured.get(topic.name, []), MAX_MESSAGE_BYTES})
     principals = {acl.principal for q in queues for acl in wanted_acls(q)}
     live = cluster.read_state(
         [t.name for t in topics], [g.id for g in groups], configured, principals, [q.owner for q in queues]

@@ -226,13 +226,15 @@ def test_an_apply_that_fails_midway_says_exactly_what_it_applied_and_a_rerun_fin
         steps.apply(planned, race)
     report = caught.value.report.as_dict()
     created = "partitions=3 replicationFactor=1 (cluster default)"
+    dlq_size = f"max.message.bytes={1_048_588 + 64 * 1024}"  # the broker's default, and room for the headers
     assert report["failed"] == [
         {
-            "change": f"+ topic {tag}.new.dlq {created} (dead-letter)",
+            "change": f"+ topic {tag}.new.dlq {created} {dlq_size} (dead-letter)",
             "error": f"TOPIC_ALREADY_EXISTS: Topic '{tag}.new.dlq' already exists.",
         }
     ]
     assert report["applied"] == [
+        f"+ group gn-{tag} claimed for queue payments/n-{tag}",
         f"~ topic-config {tag}.grown retention.ms: 604800000 -> 7200000",
         f"+ topic {tag}.new {created}",
     ]
@@ -242,7 +244,7 @@ def test_an_apply_that_fails_midway_says_exactly_what_it_applied_and_a_rerun_fin
     ]
     message = str(caught.value)
     assert "\n" not in message and f"{tag}.new.dlq" in message
-    assert "already exists; applied 2: topic-config" in message and "Not attempted 2: partitions" in message
+    assert "already exists; applied 3: group" in message and "Not attempted 2: partitions" in message
     # The cluster holds what the report says, no more and no less.
     assert _configs(kafka, ResourceType.TOPIC, f"{tag}.grown")["retention.ms"] == "7200000"
     assert _describe_topics(kafka, [f"{tag}.grown", f"{tag}.new", f"{tag}.new.dlq"]) == {
@@ -256,6 +258,7 @@ def test_an_apply_that_fails_midway_says_exactly_what_it_applied_and_a_rerun_fin
         ("partitions", f"{tag}.grown", "5"),
         ("partitions", f"{tag}.grown.dlq", "5"),
         ("partitions", f"{tag}.new.dlq", "3"),
+        ("topic-config", f"{tag}.new.dlq", str(1_048_588 + 64 * 1024)),  # made by the other applier's defaults
     }
     steps.apply(rest)
     assert steps.plan([str(tmp_path)], kafka).plan.changes == []
