@@ -1,6 +1,7 @@
 """Network faults between the worker and its broker, through a real fault proxy (Toxiproxy):
 responses slowed, connections reset, connections stalled, while records keep arriving.
-Every runtime; nothing lost, duplicates counted (exactlyOnce: none visible).
+Every runtime; nothing lost, duplicates counted (exactlyOnce: none visible), and no worker ends:
+each rides the faults out (a restart fails the test).
 
 The broker here is the test's own, with a listener that advertises the proxy's port: the
 worker bootstraps at the proxy and every connection it makes passes through it. Set-up
@@ -85,7 +86,7 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
             max_in_flight=FAULT_TESTS_IN_FLIGHT,
         )
         logs[runtime] = folder / "worker.log"
-        workers[runtime] = Supervised(queues[runtime], behind, "--until-idle", "8s", log=logs[runtime])
+        workers[runtime] = Supervised(queues[runtime], behind, "--until-idle", "8s", log=logs[runtime], limit=0)
     load = SteadyLoad(direct, [q.topic for q in queues.values()], RATE, sleep_ms=5)
     load.start()
     deadline = time.monotonic() + 240
@@ -125,6 +126,7 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
         if runtime.endswith("-exactly-once"):
             assert duplicates == 0, "read_committed readers see each output once"
         assert summary["lag_at_exit"] == 0, runtime
+        assert workers[runtime].restarts == 0, f"{runtime}: the worker rode the faults out"
         table[runtime] = {
             "lost": 0,
             "duplicates": duplicates,

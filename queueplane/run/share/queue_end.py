@@ -64,7 +64,8 @@ class QueueEnd:
 
 def topic_end_reader(kafka: Mapping[str, Any], topic: str) -> Callable[[], int | None]:
     """A reader of the topic's summed end offsets, with an admin client made at its first read
-    (a process that never drains never makes one)."""
+    (a process that never drains never makes one). A read that fails is said once, when reads
+    begin to fail, not at each of the reads an outage fails every READ_EVERY_S."""
     made: dict[str, Any] = {}
 
     def read() -> int | None:
@@ -74,9 +75,13 @@ def topic_end_reader(kafka: Mapping[str, Any], topic: str) -> Callable[[], int |
             if "partitions" not in made:
                 metadata = made["admin"].list_topics(topic, timeout=READ_TIMEOUT_S)
                 made["partitions"] = sorted(metadata.topics[topic].partitions)
-            return sum(end_offsets(made["admin"], topic, made["partitions"], READ_TIMEOUT_S).values())
+            total = sum(end_offsets(made["admin"], topic, made["partitions"], READ_TIMEOUT_S).values())
         except Exception as exc:  # advisory: a drain without it only waits less
-            log.info("the queue's end offsets could not be read (%s); the drain goes by its own polls", exc)
+            if not made.get("failing"):
+                log.info("the queue's end offsets could not be read (%s); the drain goes by its own polls", exc)
+            made["failing"] = True
             return None
+        made["failing"] = False
+        return total
 
     return read
