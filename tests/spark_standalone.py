@@ -1,10 +1,16 @@
-"""A real Spark standalone cluster on loopback: one master and one worker from the pyspark install."""
+"""A real Spark standalone cluster on loopback: one master and one worker from the pyspark install.
+
+With ``auth_args``, its daemons run as a platform's would under queueplane's spark-submit target:
+Spark RPC authenticated and encrypted, the secret read from a Java argument file
+(``-Dspark.authenticate.secret=KEY``), the same file the submissions name.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -25,10 +31,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def spark_env() -> dict[str, str]:
+def write_auth_args(path: Path) -> Path:
+    """A Java argument file holding a new Spark RPC secret, readable by its owner alone."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"-Dspark.authenticate.secret={secrets.token_hex(32)}\n")
+    return path
+
+
+def spark_env(auth_args: Path | None = None) -> dict[str, str]:
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
     # The master and worker JVMs start like the tests' drivers (tests/conftest.py's SPARK_SUBMIT_OPTS).
-    env["SPARK_DAEMON_JAVA_OPTS"] = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    options = [os.environ.get("SPARK_SUBMIT_OPTS", "")]
+    if auth_args:
+        options += ["-Dspark.authenticate=true", "-Dspark.network.crypto.enabled=true", f"@{auth_args}"]
+    env["SPARK_DAEMON_JAVA_OPTS"] = " ".join(o for o in options if o)
     return env
 
 
@@ -62,12 +80,14 @@ class Standalone:
                 process.kill()
 
 
-def start_standalone(work: Path, cores: int, memory: str, rest: bool = False) -> Standalone:
+def start_standalone(
+    work: Path, cores: int, memory: str, rest: bool = False, auth_args: Path | None = None
+) -> Standalone:
     port, ui, worker_ui = free_port(), free_port(), free_port()
     rest_port = free_port() if rest else None
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    master_env = spark_env()
+    master_env = spark_env(auth_args)
     if rest_port:
         master_env["SPARK_MASTER_OPTS"] = f"-Dspark.master.rest.enabled=true -Dspark.master.rest.port={rest_port}"
     master = subprocess.Popen(
@@ -102,7 +122,7 @@ def start_standalone(work: Path, cores: int, memory: str, rest: bool = False) ->
             "--work-dir",
             str(work / "w"),
         ],
-        env=spark_env(),
+        env=spark_env(auth_args),
         stdout=(logs / "worker.log").open("w"),
         stderr=subprocess.STDOUT,
     )

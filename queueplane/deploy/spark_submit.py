@@ -14,13 +14,31 @@ checkout or a synced folder), and a Python with queueplane installed (``spark.py
 Kafka: Spark's standalone client ships the submitting process's environment to the driver,
 so the submission runs with a minimal environment and names the cluster with
 ``QUEUEPLANE_BOOTSTRAP_SERVERS``, or with ``QUEUEPLANE_KAFKA_CONFIG``, a librdkafka properties
-file on the nodes. Credentials never go on a command line or into that environment.
+file on the nodes that the platform assigned to the queue's team (``kafka_config``: a file per
+team, or a path holding ``{team}``). Credentials never go on a command line or into that
+environment, and a setting that names another team's file is refused.
+
+Spark RPC: every submission is authenticated and encrypted (``spark.authenticate``,
+``spark.network.crypto.enabled``) with the secret the platform installs on the Airflow workers
+and on every Spark node, the one the master and the workers run with. A standalone driver takes
+its secret from ``spark.authenticate.secret`` alone (``spark.authenticate.secret.file`` is read on
+Kubernetes only, and a worker strips ``-Dspark.authenticate.secret`` from the driver's options), so
+the platform's file is a Java argument file holding ``-Dspark.authenticate.secret=KEY``: the
+spark-submit client reads it through ``SPARK_SUBMIT_OPTS=@FILE``, the driver through
+``spark.driver.extraJavaOptions=@FILE``, and the key itself is never on a command line, in the
+submission or in Airflow. The executors get it from their worker. A submission without the file
+is refused; so is any setting that would switch authentication or encryption off
+(queueplane.deploy.spark_conf).
+
+The settings come from the platform's Airflow Variable ``queueplane_spark_submit`` only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
+import re
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from queueplane.deploy.spark_conf import check_conf
 from queueplane.errors import DeployError, UsageError
 from queueplane.kafka.target import ENV_BOOTSTRAP, ENV_KAFKA_CONFIG, KafkaTarget
 from queueplane.paths import shipped_file
@@ -47,39 +66,134 @@ _PLAIN_SETTINGS = frozenset({"bootstrap.servers", "client.id"})
 _SUBMIT_ENV = ("PATH", "JAVA_HOME", "SPARK_HOME", "HOME", "LANG", "LC_ALL", "TMPDIR", "SPARK_LOCAL_IP")
 
 
+SETTINGS_VARIABLE = "queueplane_spark_submit"
+SETTINGS_SOURCE = f"Airflow Variable {SETTINGS_VARIABLE}"
+TEAM_FIELD = "{team}"
+
+
 @dataclass(frozen=True)
 class SubmitSettings:
-    """The Spark cluster's side of a submission: the same for every queue of a platform.
-
-    Read from the Airflow Variable ``queueplane_spark_submit`` (JSON), with a run's values on top.
+    """The Spark cluster's side of a submission, the platform's alone: the Airflow Variable
+    ``queueplane_spark_submit`` (JSON). Checked whole when made, so no path reaches a submission
+    unchecked.
     """
 
     conf: dict[str, str] = field(default_factory=dict)  # Spark conf, e.g. spark.pyspark.python
-    kafka_config: str | None = None  # a librdkafka properties file on the Spark nodes
+    # A Java argument file on the Airflow workers and every Spark node: -Dspark.authenticate.secret=KEY.
+    auth_secret_file: str | None = None
+    # Each team's librdkafka properties file on the Spark nodes: {team: path}, or a path holding {team}.
+    kafka_config: dict[str, str] | str | None = None
     spark_home: str | None = None  # SPARK_HOME on the nodes; default: this machine's pyspark
     worker_script: str | None = None  # queue_worker.py on the nodes; default: the one queueplane ships
     checkpoint_dir: str | None = None  # a shared folder or object store; a folder per queue goes under it
     metrics_port: int = DEFAULT_METRICS_PORT
     start_timeout_s: float = 300.0
+    source: str = field(default=SETTINGS_SOURCE, compare=False)  # where they come from, for errors
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.conf, dict):
+            raise UsageError(f"{self.source}: /conf must be an object of Spark settings, got {_kind(self.conf)}")
+        check_conf(self.conf, f"{self.source}: /conf")
+        for name in ("auth_secret_file", "spark_home", "worker_script"):
+            value = getattr(self, name)
+            if value is not None:
+                _node_path(value, f"{self.source}: /{name}")
+        if isinstance(self.kafka_config, str):
+            _team_template(self.kafka_config, f"{self.source}: /kafka_config")
+        elif isinstance(self.kafka_config, dict):
+            owners: dict[str, str] = {}
+            for team, path in self.kafka_config.items():
+                _node_path(path, f"{self.source}: /kafka_config/{team}")
+                if path in owners:
+                    raise UsageError(
+                        f"{self.source}: /kafka_config/{team}: {path} is assigned to team {owners[path]} too; each "
+                        "team's Kafka credentials are a file of its own, so one team's worker never holds another's"
+                    )
+                owners[path] = str(team)
+        elif self.kafka_config is not None:
+            raise UsageError(
+                f"{self.source}: /kafka_config must map each team to its properties file, or be a path holding "
+                f"{TEAM_FIELD}, got {_kind(self.kafka_config)}"
+            )
 
     @classmethod
-    def layered(cls, *layers: tuple[Mapping[str, Any] | None, str]) -> SubmitSettings:
-        """Each layer's keys over the layer's before it (``conf`` key by key); each layer is a
-        mapping and where it comes from, which an unknown key or a malformed ``conf`` names."""
-        known = set(cls.__dataclass_fields__)
-        merged: dict[str, Any] = {}
-        conf: dict[str, str] = {}
-        for data, where in layers:
-            data = dict(data or {})
-            unknown = sorted(set(data) - known)
-            if unknown:
-                raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-            layer_conf = data.pop("conf", {})
-            if not isinstance(layer_conf, dict):
-                raise UsageError(f"{where}: conf must be an object of Spark settings, got {type(layer_conf).__name__}")
-            conf.update({str(k): str(v) for k, v in layer_conf.items()})
-            merged.update(data)
-        return cls(conf=conf, **merged)
+    def from_variable(cls, data: Mapping[str, Any] | None, source: str = SETTINGS_SOURCE) -> SubmitSettings:
+        """The settings of the Variable's JSON ``data``; UsageError naming ``source`` and the key when wrong."""
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise UsageError(f"{source}: must be a JSON object of spark-submit settings, got {_kind(data)}")
+        known = set(cls.__dataclass_fields__) - {"source"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        conf = data.get("conf", {})
+        if not isinstance(conf, dict):
+            raise UsageError(f"{source}: /conf must be an object of Spark settings, got {_kind(conf)}")
+        rest = {key: value for key, value in data.items() if key != "conf"}
+        return cls(conf={str(k): str(v) for k, v in conf.items()}, source=source, **rest)
+
+    def kafka_config_for(self, team: str) -> str | None:
+        """The properties file the platform assigned to ``team``, or None when it assigned none."""
+        if isinstance(self.kafka_config, str):
+            return _node_path(self.kafka_config.replace(TEAM_FIELD, team), f"{self.source}: /kafka_config")
+        if isinstance(self.kafka_config, dict):
+            return self.kafka_config.get(team)
+        return None
+
+    def refuse_other_teams_files(self, team: str) -> None:
+        """UsageError when a setting names a Kafka properties file the platform assigned to another team."""
+        if isinstance(self.kafka_config, dict):
+            others = {path: owner for owner, path in self.kafka_config.items() if owner != team}
+
+            def owner_of(text: str) -> str | None:
+                return next((owner for path, owner in others.items() if path in text), None)
+
+        elif isinstance(self.kafka_config, str):
+            head, _, tail = self.kafka_config.partition(TEAM_FIELD)
+            pattern = re.compile(re.escape(head) + r"([A-Za-z0-9._-]+)" + re.escape(tail))
+
+            def owner_of(text: str) -> str | None:
+                return next((m.group(1) for m in pattern.finditer(text) if m.group(1) != team), None)
+
+        else:
+            return
+        named = [(f"/conf/{key}", value) for key, value in self.conf.items()]
+        named += [(f"/{name}", getattr(self, name)) for name in ("spark_home", "worker_script", "checkpoint_dir")]
+        for pointer, value in named:
+            owner = owner_of(str(value)) if value else None
+            if owner:
+                raise UsageError(
+                    f"{self.source}: {pointer} names the Kafka properties file of team {owner}, which the platform "
+                    f"did not assign to team {team}: a queue's worker reads only its own team's credentials"
+                )
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _node_path(path: object, where: str) -> str:
+    """``path`` when it is an absolute, normalized path on the nodes; else UsageError naming ``where``."""
+    if (
+        not isinstance(path, str)
+        or not path.startswith("/")
+        or posixpath.normpath(path) != path
+        or path.startswith("//")
+        or any(c in path for c in "\0\n\r")
+    ):
+        raise UsageError(f"{where}: {path!r} is not an absolute, normalized path (no '..', '.', '//' or trailing '/')")
+    return path
+
+
+def _team_template(template: str, where: str) -> None:
+    rest = template.replace(TEAM_FIELD, "")
+    if template.count(TEAM_FIELD) != 1 or "{" in rest or "}" in rest:
+        raise UsageError(
+            f"{where}: {template!r} names one file for every team; give each team its own file, as a mapping of "
+            f"team to path or as a path holding {TEAM_FIELD} once (e.g. /etc/queueplane/kafka/{TEAM_FIELD}.properties)"
+        )
+    _node_path(template.replace(TEAM_FIELD, "team"), where)
 
 
 @dataclass(frozen=True)
@@ -126,9 +240,18 @@ def _pyspark_home() -> Path:
 
 
 def submission(queue: QueueSpec, kafka: KafkaTarget, settings: SubmitSettings) -> Submission:
-    """The submission of ``queue``'s worker with the platform's ``settings``."""
+    """The submission of ``queue``'s worker with the platform's ``settings``, Spark RPC authenticated."""
+    if not settings.auth_secret_file:
+        raise UsageError(
+            f"{settings.source}: /auth_secret_file is not set, and the spark-submit target submits only with Spark "
+            "RPC authentication on: name the Java argument file (-Dspark.authenticate.secret=KEY) that the platform "
+            "installs on the Airflow workers and every Spark node, the secret the master and workers run with"
+        )
+    settings.refuse_other_teams_files(queue.team)
     cores = int(queue.executor.get("cores", 1))
     python = settings.conf.get("spark.pyspark.python") or launcher()
+    secret = f"@{settings.auth_secret_file}"
+    java_options = " ".join(filter(None, [secret, settings.conf.get("spark.driver.extraJavaOptions")]))
     conf = {
         # The worker's own controller asks the master for executors (requestExecutors), between
         # minExecutors and maxExecutors: Spark's dynamic allocation would fight it.
@@ -140,6 +263,10 @@ def submission(queue: QueueSpec, kafka: KafkaTarget, settings: SubmitSettings) -
         # The master restarts a driver that exits non-zero or loses its node, as a Deployment would.
         "spark.driver.supervise": "true",
         **settings.conf,
+        # After the platform's conf, which may not set these anyway (spark_conf.check_conf).
+        "spark.authenticate": "true",
+        "spark.network.crypto.enabled": "true",
+        "spark.driver.extraJavaOptions": java_options,
     }
     args = [settings.worker_script or str(shipped_file("spark_apps/queue_worker.py")), ""]  # "": no py-files
     args += ["--spec", str(Path(queue.source).resolve()), "--metrics-port", str(settings.metrics_port)]
@@ -154,21 +281,23 @@ def submission(queue: QueueSpec, kafka: KafkaTarget, settings: SubmitSettings) -
         executor_memory=str(queue.executor.get("memory", "1g")),
         driver_memory=str(queue.driver.get("memory", "1g")),
         total_executor_cores=queue.max_executors * cores,
-        env=_environment(kafka, settings),
+        env={**_environment(queue, kafka, settings), "SPARK_SUBMIT_OPTS": secret},
     )
 
 
-def _environment(kafka: KafkaTarget, settings: SubmitSettings) -> dict[str, str]:
+def _environment(queue: QueueSpec, kafka: KafkaTarget, settings: SubmitSettings) -> dict[str, str]:
     env = {key: os.environ[key] for key in _SUBMIT_ENV if key in os.environ}
-    if settings.kafka_config:
-        env[ENV_KAFKA_CONFIG] = settings.kafka_config
+    properties = settings.kafka_config_for(queue.team)
+    if properties:
+        env[ENV_KAFKA_CONFIG] = properties
         return env
     secured = sorted(set(kafka.settings) - _PLAIN_SETTINGS)
     if secured:
         raise UsageError(
             f"the Kafka connection sets {', '.join(secured)}, which a driver on the Spark cluster cannot be "
             "handed on its command line or environment (the master keeps both); install a librdkafka "
-            "properties file on the Spark nodes and name it in kafka_config of the Variable queueplane_spark_submit"
+            f"properties file for team {queue.team} on the Spark nodes and assign it in kafka_config of "
+            f"{settings.source}"
         )
     env[ENV_BOOTSTRAP] = kafka.bootstrap
     return env

@@ -94,29 +94,24 @@ def _doc_md(queue: QueueSpec) -> str:
         f"# {queue.team}/{queue.name}\n\n{queue.description}\n\n| | |\n|---|---|\n{table}\n\n"
         "Trigger to validate, plan and apply the Kafka side, then deploy the worker "
         f"({_HOW[queue.deploy_target]}) and wait until it keeps up. `dry_run` shows the plan and applies "
-        "nothing; `deploy` off stops after Kafka.\n\n"
+        "nothing; `deploy` off stops after Kafka. Nothing else is chosen at trigger time: cluster values and "
+        "spark-submit settings are the platform's Airflow Variables.\n\n"
         f"```yaml\n{source}\n```\n"
     )
 
 
-def _target_params(queue: QueueSpec) -> dict[str, Param]:
-    """The trigger form's settings of the queue's deploy target, over the platform's Variable."""
-    if queue.deploy_target == "spark-submit":
-        return {
-            "spark_submit": Param(
-                {},
-                type="object",
-                description="Submission settings for this run over the Variable queueplane_spark_submit "
-                "(conf, kafka_config, spark_home, worker_script, checkpoint_dir, metrics_port).",
-            )
-        }
+def trigger_form(queue: QueueSpec) -> dict[str, Param]:
+    """What whoever may trigger the queue's DAG chooses: only what the queue's team may, each a closed schema.
+
+    Cluster values and spark-submit settings are not here: they are the platform's (the Airflow
+    Variables queueplane_cluster_values and queueplane_spark_submit), and the deploy task refuses
+    a run whose conf carries anything this form does not offer.
+    """
     return {
-        "cluster_values": Param(
-            {},
-            type="object",
-            description="Chart values for this run over the Variable queueplane_cluster_values "
-            "(e.g. an image override); never the spec's own values.",
-        )
+        "dry_run": Param(False, type="boolean", description="Show the plan, change nothing."),
+        "deploy": Param(
+            True, type="boolean", description=f"Deploy the worker ({_HOW[queue.deploy_target]}) after Kafka."
+        ),
     }
 
 
@@ -129,6 +124,7 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID, siblings: Se
     application, are deployed with it.
     """
     spec = str(Path(queue.source).resolve())
+    form = trigger_form(queue)
     with DAG(
         dag_id=dag_id(queue),
         description=queue.description or f"Kafka queue {queue.team}/{queue.name}",
@@ -138,13 +134,7 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID, siblings: Se
         catchup=False,
         tags=["queueplane", f"team:{queue.team}", f"group:{queue.group.type}"],
         default_args={"owner": queue.team, "retries": 1, "retry_delay": timedelta(seconds=30)},
-        params={
-            "dry_run": Param(False, type="boolean", description="Show the plan, change nothing."),
-            "deploy": Param(
-                True, type="boolean", description=f"Deploy the worker ({_HOW[queue.deploy_target]}) after Kafka."
-            ),
-            **_target_params(queue),
-        },
+        params=form,
         render_template_as_native_obj=True,
         max_active_runs=1,
     ) as dag:
@@ -162,7 +152,7 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID, siblings: Se
         if queue.deploy_target == "spark-submit":
             deploy: BaseOperator = SparkSubmitDeployOperator(
                 task_id="deploy",
-                submit_settings="{{ params.spark_submit }}",
+                run_choices=form,
                 trigger_rule=TriggerRule.NONE_FAILED,  # a dry run skips the applies but still shows the submission
                 **common,
                 **switches,
@@ -173,7 +163,7 @@ def queue_dag(queue: QueueSpec, kafka_conn_id: str = KAFKA_CONN_ID, siblings: Se
                 task_id="deploy",
                 spec_path=spec,
                 application_specs=[str(Path(q.source).resolve()) for q in siblings],
-                cluster_values="{{ params.cluster_values }}",
+                run_choices=form,
                 trigger_rule=TriggerRule.NONE_FAILED,  # a dry run skips the applies but still renders
                 **switches,
             )

@@ -4,13 +4,16 @@ Rendering always runs (and validates every object), so a run without a cluster s
 proves the chart and the spec fit together; only the `helm upgrade` needs the Kubernetes
 connection. Without one the task ends skipped, not failed: provisioning Kafka alone is a
 valid use, and the log shows the manifests that would have been applied.
+
+Cluster values are the platform's: the Airflow Variable ``queueplane_cluster_values`` and nothing
+else. Whoever may trigger a queue's DAG chooses only what its trigger form offers; a run whose
+conf carries anything else is refused before anything is rendered.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,12 +23,31 @@ from airflow.sdk import BaseOperator, BaseSensorOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
 from queueplane.deploy import release
-from queueplane.deploy.cluster_values import AIRFLOW_VARIABLE, checked, merge_values
+from queueplane.deploy.cluster_values import AIRFLOW_VARIABLE, checked
 from queueplane.deploy.release import HELM_TIMEOUT_S
+from queueplane.errors import UsageError
 from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access, kubernetes_hook
 from queueplane.operators.provision import switched_on, task_errors
 from queueplane.provision import steps
 from queueplane.spec.model import QueueSpec
+
+
+def refuse_unoffered_choices(context: Mapping[str, Any], offered: Collection[str] | None) -> None:
+    """UsageError when the run's conf sets anything but the trigger form's ``offered`` params.
+
+    ``offered`` None: the task is not a queue DAG's with a trigger form, and nothing is checked.
+    """
+    if offered is None:
+        return
+    dag_run = context.get("dag_run")
+    conf = getattr(dag_run, "conf", None) or {}
+    unoffered = sorted(set(conf) - set(offered))
+    if unoffered:
+        raise UsageError(
+            f"the run's conf sets {', '.join(unoffered)}, which the trigger form does not offer (it offers "
+            f"{', '.join(sorted(offered))}): cluster values and spark-submit settings are the platform's, kept in "
+            "the Airflow Variables queueplane_cluster_values and queueplane_spark_submit, and a run cannot change them"
+        )
 
 
 class HelmDeployOperator(BaseOperator):
@@ -34,7 +56,7 @@ class HelmDeployOperator(BaseOperator):
     application (the DAG factory finds them), since the release runs exactly the queues it is given.
     """
 
-    template_fields: Sequence[str] = ("kubernetes_conn_id", "deploy", "dry_run", "cluster_values")
+    template_fields: Sequence[str] = ("kubernetes_conn_id", "deploy", "dry_run")
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -45,13 +67,13 @@ class HelmDeployOperator(BaseOperator):
         kubernetes_conn_id: str = KUBERNETES_CONN_ID,
         deploy: bool | str = True,
         dry_run: bool | str = False,
-        cluster_values: dict[str, Any] | str | None = None,
         cluster_values_variable: str = AIRFLOW_VARIABLE,
         helm_timeout_s: int = HELM_TIMEOUT_S,
+        run_choices: Collection[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.cluster_values = cluster_values
+        self.run_choices = None if run_choices is None else tuple(run_choices)
         self.cluster_values_variable = cluster_values_variable
         self.spec_path = spec_path
         self.application_specs = list(application_specs)
@@ -61,6 +83,8 @@ class HelmDeployOperator(BaseOperator):
         self.helm_timeout_s = helm_timeout_s
 
     def execute(self, context: Any) -> dict[str, str]:
+        with task_errors():
+            refuse_unoffered_choices(context, self.run_choices)
         if not switched_on(self.deploy):
             raise AirflowSkipException("deploy is off for this run (param deploy): nothing rendered or deployed")
         from queueplane.deploy.render import render
@@ -91,13 +115,9 @@ class HelmDeployOperator(BaseOperator):
         return {"release": rendered.release, "namespace": rendered.namespace}
 
     def _cluster_values(self) -> dict[str, Any]:
-        """The Variable's values for every release, then this run's (the trigger form's) on top."""
+        """The platform's Variable: the cluster values of every release, and the only ones."""
         shared = Variable.get(self.cluster_values_variable, default=None, deserialize_json=True)
-        run = json.loads(self.cluster_values) if isinstance(self.cluster_values, str) else self.cluster_values
-        return merge_values(
-            checked(shared, f"Airflow Variable {self.cluster_values_variable}"),
-            checked(run, "the run's cluster_values"),
-        )
+        return checked(shared, f"Airflow Variable {self.cluster_values_variable}")
 
 
 class QueueLagSensor(BaseSensorOperator):

@@ -7,27 +7,35 @@ says what is submitted and why. A redeploy stops the queue's running driver firs
 per queue, as a consumer group's offsets and a share group's drain expect), then submits the new
 one; the driver's id is kept in an Airflow Variable named after the queue, so the next run,
 the readiness sensor and an operator reading the UI all find it.
+
+The submission settings are the platform's: the Airflow Variable ``queueplane_spark_submit`` and
+nothing else; a run whose conf carries anything the trigger form does not offer is refused.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import BaseHook, BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
-from queueplane.deploy.spark_submit import ENDED_STATES, PYTHON_RUNNER, StandaloneDrivers, SubmitSettings, submission
+from queueplane.deploy.spark_submit import (
+    ENDED_STATES,
+    PYTHON_RUNNER,
+    SETTINGS_VARIABLE,
+    StandaloneDrivers,
+    SubmitSettings,
+    submission,
+)
 from queueplane.errors import DeployError, UsageError
-from queueplane.operators.deploy import QueueLagSensor
+from queueplane.operators.deploy import QueueLagSensor, refuse_unoffered_choices
 from queueplane.operators.hooks import KAFKA_CONN_ID, SPARK_CONN_ID, kafka_target
 from queueplane.operators.provision import switched_on, task_errors
 from queueplane.provision import steps
 from queueplane.spec.model import QueueSpec
-
-SETTINGS_VARIABLE = "queueplane_spark_submit"
 
 
 def driver_variable(queue: QueueSpec) -> str:
@@ -55,7 +63,7 @@ def _master(conn_id: str) -> tuple[str, StandaloneDrivers]:
 class SparkSubmitDeployOperator(BaseOperator):
     """Submit the queue's worker to the Spark cluster of ``spark_conn_id``; stop the one it replaces."""
 
-    template_fields: Sequence[str] = ("spark_conn_id", "kafka_conn_id", "deploy", "dry_run", "submit_settings")
+    template_fields: Sequence[str] = ("spark_conn_id", "kafka_conn_id", "deploy", "dry_run")
     ui_color = "#fdf0e0"
 
     def __init__(
@@ -66,8 +74,8 @@ class SparkSubmitDeployOperator(BaseOperator):
         kafka_conn_id: str = KAFKA_CONN_ID,
         deploy: bool | str = True,
         dry_run: bool | str = False,
-        submit_settings: dict[str, Any] | str | None = None,
         settings_variable: str = SETTINGS_VARIABLE,
+        run_choices: Collection[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -76,11 +84,13 @@ class SparkSubmitDeployOperator(BaseOperator):
         self.kafka_conn_id = kafka_conn_id
         self.deploy = deploy
         self.dry_run = dry_run
-        self.submit_settings = submit_settings
+        self.run_choices = None if run_choices is None else tuple(run_choices)
         self.settings_variable = settings_variable
         self._hook: SparkSubmitHook | None = None
 
     def execute(self, context: Any) -> dict[str, str]:
+        with task_errors():
+            refuse_unoffered_choices(context, self.run_choices)
         if not switched_on(self.deploy):
             raise AirflowSkipException("deploy is off for this run (param deploy): nothing submitted")
         with task_errors():
@@ -123,12 +133,9 @@ class SparkSubmitDeployOperator(BaseOperator):
             self._hook.on_kill()
 
     def _settings(self) -> SubmitSettings:
-        """The Variable's settings for every queue, then this run's on top."""
+        """The platform's Variable: the settings of every queue's submission, and the only ones."""
         shared = Variable.get(self.settings_variable, default=None, deserialize_json=True)
-        run = json.loads(self.submit_settings) if isinstance(self.submit_settings, str) else self.submit_settings
-        return SubmitSettings.layered(
-            (shared, f"Airflow Variable {self.settings_variable}"), (run, "the run's spark_submit")
-        )
+        return SubmitSettings.from_variable(shared, f"Airflow Variable {self.settings_variable}")
 
 
 class SparkDriverReadySensor(QueueLagSensor):

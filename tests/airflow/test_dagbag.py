@@ -44,7 +44,7 @@ def test_every_example_spec_is_one_dag_and_nothing_fails_to_import(airflow_db, m
         assert dag.owner == meta["team"]
         assert dag.tags == {"queueplane", f"team:{meta['team']}", f"group:{doc['spec']['group']['type']}"}
         assert isinstance(dag.timetable, NullTimetable)  # schedule None: triggered by hand
-        assert dict(dag.params) == {"dry_run": False, "deploy": True, "cluster_values": {}}
+        assert dict(dag.params) == {"dry_run": False, "deploy": True}
         assert meta["description"] in dag.doc_md
         assert doc["spec"]["topic"]["name"] in dag.doc_md
         assert [t.task_id for t in dag.topological_sort()] == TASKS

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from helpers import EXAMPLES
 
 from queueplane.operators import HelmDeployOperator
@@ -55,18 +56,38 @@ def test_with_a_kubernetes_connection_helm_upgrade_runs_against_its_cluster(airf
         _deploy(helm_timeout_s=20).execute(context={})
 
 
-def test_cluster_values_come_from_the_variable_with_the_run_on_top(airflow_db, monkeypatch, capsys):
+def test_cluster_values_come_from_the_platforms_variable(airflow_db, monkeypatch, capsys):
     monkeypatch.delenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", raising=False)
-    shared = {"kafka": {"configSecret": {"name": "cafe-kafka"}}, "imagePullSecrets": ["pull-secret"]}
+    shared = {
+        "kafka": {"configSecret": {"name": "cafe-kafka"}},
+        "imagePullSecrets": ["pull-secret"],
+        "image": {"repository": "registry.example.com/queueplane/worker", "tag": "0.1.1-rc1"},
+    }
     monkeypatch.setenv("AIRFLOW_VAR_QUEUEPLANE_CLUSTER_VALUES", json.dumps(shared))
-    run = {"image": {"repository": "registry.example.com/queueplane/worker", "tag": "0.1.1-rc1"}}
     with pytest.raises(AirflowSkipException, match="no Airflow connection"):
-        _deploy(cluster_values=run).execute(context={})
+        _deploy().execute(context={})
     logged = capsys.readouterr().out
     assert 'secretName: "cafe-kafka"' in logged or "secretName: cafe-kafka" in logged
     assert "- name: pull-secret" in logged or '- name: "pull-secret"' in logged
-    assert "registry.example.com/queueplane/worker:0.1.1-rc1" in logged, "the run's image overrides the spec's"
+    assert "registry.example.com/queueplane/worker:0.1.1-rc1" in logged, "the platform's image pins the rollout"
     assert "QUEUEPLANE_BOOTSTRAP_SERVERS" not in logged, "a Kafka config Secret replaces the placeholder address"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("spark.authenticate", "false"),
+        ("spark.network.crypto.enabled", "false"),
+        ("spark.kubernetes.executor.volumes.hostPath.host.mount.path", "/host"),
+    ],
+)
+def test_not_even_the_platforms_variable_switches_spark_rpc_security_off_or_mounts_a_host_path(
+    airflow_db, monkeypatch, setting, value
+):
+    monkeypatch.setenv("AIRFLOW_VAR_QUEUEPLANE_CLUSTER_VALUES", json.dumps({"spark": {"conf": {setting: value}}}))
+    refused = rf"Variable queueplane_cluster_values: /spark/conf/{re.escape(setting)}: refused"
+    with pytest.raises(AirflowFailException, match=refused):
+        _deploy(dry_run=True).execute(context={})
 
 
 def test_cluster_values_cannot_change_what_the_spec_owns(airflow_db, monkeypatch):

@@ -16,7 +16,7 @@ def test_a_spec_path_with_template_syntax_reaches_every_task_as_written(airflow_
     spec = folder / "coffee-orders.yaml"
     shutil.copy(EXAMPLES / "cafe" / "coffee-orders.yaml", spec)
     dag = queue_dag(steps.validate([str(spec)])[0])
-    context = {"params": {"dry_run": False, "deploy": True, "cluster_values": {}}}
+    context = {"params": {"dry_run": False, "deploy": True}}
     for task in dag.tasks:
         task.render_template_fields(context)
         assert task.spec_path == str(spec.resolve()), task.task_id

@@ -1,4 +1,4 @@
-"""What the spark-submit target submits for a spec, and the settings it takes from the platform."""
+"""What the spark-submit target submits for a spec, and the settings it takes from the platform alone."""
 
 from __future__ import annotations
 
@@ -11,6 +11,15 @@ from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.rules import check_text
 
 PLAIN = KafkaTarget({"bootstrap.servers": "kafka-1:9092"}, "kafka-1:9092")
+SECURED = KafkaTarget(
+    {"bootstrap.servers": "kafka-1:9093", "security.protocol": "SASL_SSL", "sasl.password": "s3cret"}, "kafka-1:9093"
+)
+AUTH = "/etc/spark/queueplane-auth.args"
+VARIABLE = "Airflow Variable queueplane_spark_submit"
+
+
+def _settings(**settings) -> SubmitSettings:
+    return SubmitSettings.from_variable({"auth_secret_file": AUTH, **settings}, VARIABLE)
 
 
 def _queue(tmp_path, **deployment):
@@ -25,7 +34,7 @@ def _queue(tmp_path, **deployment):
 def test_the_worker_is_submitted_in_cluster_mode_through_pythonrunner_within_the_specs_bounds(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "a-secret-of-the-airflow-worker")
     queue = _queue(tmp_path, executor={"cores": 2, "memory": "3g"}, driver={"memory": "2g"})
-    plan = submission(queue, PLAIN, SubmitSettings(conf={"spark.pyspark.python": "/opt/py/bin/python"}))
+    plan = submission(queue, PLAIN, _settings(conf={"spark.pyspark.python": "/opt/py/bin/python"}))
     command = plan.command("spark://master:7077")
     assert command[command.index("--class") + 1] == PYTHON_RUNNER
     assert command[command.index("--deploy-mode") + 1] == "cluster"
@@ -43,26 +52,86 @@ def test_the_worker_is_submitted_in_cluster_mode_through_pythonrunner_within_the
 
 
 def test_a_properties_file_on_the_nodes_names_the_cluster_and_credentials_never_travel(tmp_path):
-    queue = _queue(tmp_path)
-    secured = KafkaTarget(
-        {"bootstrap.servers": "kafka-1:9093", "security.protocol": "SASL_SSL", "sasl.password": "s3cret"}, "k"
-    )
-    with pytest.raises(UsageError, match=r"sasl\.password, security\.protocol.*kafka_config"):
-        submission(queue, secured, SubmitSettings())
-    plan = submission(queue, secured, SubmitSettings(kafka_config="/etc/queueplane/kafka.properties"))
-    assert plan.env["QUEUEPLANE_KAFKA_CONFIG"] == "/etc/queueplane/kafka.properties"
+    queue = _queue(tmp_path)  # team kitchen
+    with pytest.raises(UsageError, match=r"sasl\.password, security\.protocol.*file for team kitchen.*kafka_config"):
+        submission(queue, SECURED, _settings())
+    plan = submission(queue, SECURED, _settings(kafka_config={"kitchen": "/etc/queueplane/kafka/kitchen.properties"}))
+    assert plan.env["QUEUEPLANE_KAFKA_CONFIG"] == "/etc/queueplane/kafka/kitchen.properties"
     assert "QUEUEPLANE_BOOTSTRAP_SERVERS" not in plan.env
     assert "s3cret" not in " ".join([*plan.command("spark://m:7077"), *plan.env.values()])
+    templated = submission(queue, SECURED, _settings(kafka_config="/etc/queueplane/kafka/{team}.properties"))
+    assert templated.env["QUEUEPLANE_KAFKA_CONFIG"] == "/etc/queueplane/kafka/kitchen.properties"
 
 
-def test_settings_refuse_unknown_keys_and_a_runs_values_go_over_the_platforms():
-    with pytest.raises(UsageError, match=r"Airflow Variable queueplane_spark_submit: unknown key\(s\) sparkConf"):
-        SubmitSettings.layered(({"sparkConf": {}}, "Airflow Variable queueplane_spark_submit"))
-    platform = {"conf": {"spark.pyspark.python": "/py", "spark.eventLog.enabled": "true"}, "kafka_config": "/etc/k"}
-    run = {"conf": {"spark.eventLog.enabled": "false"}, "metrics_port": 9500}
-    merged = SubmitSettings.layered((platform, "v"), (run, "run"))
-    assert merged.conf == {"spark.pyspark.python": "/py", "spark.eventLog.enabled": "false"}
-    assert (merged.kafka_config, merged.metrics_port) == ("/etc/k", 9500)
+def test_each_team_gets_only_the_kafka_file_the_platform_assigned_to_it(tmp_path):
+    queue = _queue(tmp_path)  # team kitchen
+    other = {"payments": "/etc/queueplane/kafka/payments.properties"}
+    with pytest.raises(UsageError, match=r"/kafka_config must map each team"):
+        _settings(kafka_config=["/etc/k"])
+    with pytest.raises(UsageError, match=r"'/etc/queueplane/kafka\.properties' names one file for every team"):
+        _settings(kafka_config="/etc/queueplane/kafka.properties")
+    with pytest.raises(UsageError, match=r"/kafka_config/kitchen: '/etc/kafka/\.\./payments\.properties' is not an"):
+        _settings(kafka_config={"kitchen": "/etc/kafka/../payments.properties"})
+    shared = {"payments": "/etc/kafka/p.properties", "kitchen": "/etc/kafka/p.properties"}
+    with pytest.raises(UsageError, match=r"/kafka_config/kitchen: /etc/kafka/p\.properties is assigned to team paym"):
+        _settings(kafka_config=shared)
+    # No file of its own: a secured cluster is refused, rather than handing over another team's.
+    with pytest.raises(UsageError, match="file for team kitchen"):
+        submission(queue, SECURED, _settings(kafka_config=other))
+    # Another team's file named anywhere else in the settings is refused too.
+    for where, settings in (
+        ("/conf/spark.files", {"kafka_config": other, "conf": {"spark.files": other["payments"]}}),
+        ("/conf/spark.files", {"kafka_config": "/k/{team}.p", "conf": {"spark.files": "/k/payments.p,/k/kitchen.p"}}),
+        ("/checkpoint_dir", {"kafka_config": "/k/{team}.p", "checkpoint_dir": "/k/payments.p"}),
+    ):
+        with pytest.raises(UsageError, match=f"{where} names the Kafka properties file of team payments, which"):
+            submission(queue, PLAIN, _settings(**settings))
+    own = _settings(kafka_config="/k/{team}.p", conf={"spark.files": "/k/kitchen.p"})
+    assert submission(queue, PLAIN, own).env["QUEUEPLANE_KAFKA_CONFIG"] == "/k/kitchen.p"
+
+
+def test_every_submission_authenticates_and_encrypts_spark_rpc_with_the_platforms_secret_file(tmp_path):
+    queue = _queue(tmp_path)
+    with pytest.raises(UsageError, match=rf"{VARIABLE}: /auth_secret_file is not set.*RPC authentication on"):
+        submission(queue, PLAIN, SubmitSettings.from_variable({}, VARIABLE))
+    plan = submission(queue, PLAIN, _settings(conf={"spark.driver.extraJavaOptions": "-XX:+UseG1GC"}))
+    assert plan.conf["spark.authenticate"] == "true"
+    assert plan.conf["spark.network.crypto.enabled"] == "true"
+    # A standalone driver reads spark.authenticate.secret alone: from the platform's Java argument file.
+    assert plan.conf["spark.driver.extraJavaOptions"] == f"@{AUTH} -XX:+UseG1GC"
+    assert plan.env["SPARK_SUBMIT_OPTS"] == f"@{AUTH}", "the submitting client authenticates with it too"
+    assert not [k for k in plan.conf if k.startswith("spark.authenticate.secret")], "no secret in the submission"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("spark.authenticate", "false", "Spark RPC authentication is the platform's"),
+        ("spark.network.crypto.enabled", "false", "Spark RPC encryption is the platform's"),
+        ("spark.authenticate.enableSaslEncryption", "false", "Spark RPC authentication"),
+        ("spark.ssl.enabled", "false", "Spark's TLS settings"),
+        ("spark.driver.extraJavaOptions", "-Dspark.authenticate=false", "Java options may not hold '-Dspark.'"),
+        ("spark.driver.extraJavaOptions", "@/etc/other.args", "Java options may not hold '@'"),
+        ("spark.executorEnv.QUEUEPLANE_KAFKA_CONFIG", "/etc/payments.properties", "the worker.s Kafka properties file"),
+        ("spark.authenticate.secret", "x", "credentials never go into Spark settings"),
+    ],
+)
+def test_the_platforms_conf_may_not_switch_authentication_or_encryption_off(tmp_path, key, value, why):
+    with pytest.raises(UsageError, match=rf"{VARIABLE}: /conf/{key}: refused: {why}"):
+        _settings(conf={key: value})
+
+
+def test_settings_refuse_unknown_keys_and_paths_that_are_not_plain_absolute_ones():
+    with pytest.raises(UsageError, match=rf"{VARIABLE}: unknown key\(s\) sparkConf"):
+        SubmitSettings.from_variable({"sparkConf": {}}, VARIABLE)
+    with pytest.raises(UsageError, match=rf"{VARIABLE}: /conf must be an object"):
+        SubmitSettings.from_variable({"conf": "spark.authenticate=false"}, VARIABLE)
+    for name in ("auth_secret_file", "worker_script", "spark_home"):
+        with pytest.raises(UsageError, match=rf"{VARIABLE}: /{name}: 'relative/x' is not an absolute"):
+            SubmitSettings.from_variable({name: "relative/x"}, VARIABLE)
+    settings = _settings(conf={"spark.pyspark.python": "/py"}, metrics_port=9500)
+    assert settings.conf == {"spark.pyspark.python": "/py"}
+    assert (settings.metrics_port, settings.auth_secret_file) == (9500, AUTH)
 
 
 def test_kubernetes_only_fields_are_refused_on_the_spark_submit_target():
