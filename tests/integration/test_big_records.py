@@ -118,3 +118,39 @@ def test_under_declared_acls_a_share_worker_parks_what_the_dlq_refuses(secure_ka
     assert "parking it failed" not in log, log[-3000:]
     parked = [m for m in read_all(secure_kafka.admin, queue.topic, timeout_s=3) if _header(m, dlq.HEADER_PARKED)]
     assert _ids(parked)[:1] == ["id-000900"]
+
+
+def test_an_exactly_once_consumer_parks_what_the_dlq_refuses_inside_its_transaction(kafka, tmp_path):
+    """The refused dead letter aborted the transaction on every try, which failed the task on
+    every retry: the partition stalled. The transaction is redone with the record's parked copy
+    in place of its dead letter, so outputs, the parked copy and the offsets land together."""
+    queue = make_queue(tmp_path, kafka, group_type="consumer", delivery_limit=2, partitions=1, exactly_once=True)
+    _set_limits(kafka, {queue.dlq: 1000})
+    refused = [f"id-{900 + i:06d}" for i in range(2)]
+    rejected = [order(900 + i, mode="reject", pad="x" * 3000) for i in range(2)]
+    produce(kafka, queue.topic, [*[order(i) for i in range(10)], *rejected, *[order(i) for i in range(10, 20)]])
+
+    summary, log = run_worker_logged(queue, kafka, "--max-duration", "30s")
+
+    assert summary["counts"]["accepted"] == 20, summary  # the records after the refused ones too
+    assert "until the DLQ takes it" in log, log[-3000:]
+    outputs = _ids(read_all(kafka, queue.output, expect_at_least=20))  # read_committed
+    assert sorted(outputs) == [f"id-{i:06d}" for i in range(20)], "each output once, the redone transaction's too"
+    assert read_all(kafka, queue.dlq, timeout_s=3) == []
+    parked = [m for m in read_all(kafka, queue.topic, timeout_s=3) if _header(m, dlq.HEADER_PARKED) == "1"]
+    assert set(_ids(parked)) == set(refused)
+    assert {_header(m, dlq.HEADER_ERROR_CLASS) for m in parked} == {"Reject"}
+    assert {_header(m, dlq.HEADER_SOURCE_TOPIC) for m in parked} == {queue.topic}
+
+    _set_limits(kafka, {queue.dlq: 1_048_588})  # the DLQ is fixed: the parked records reach it
+    again = run_worker(queue, kafka, "--until-idle", "6s")
+    assert again["counts"]["dlq"] == 2, again  # the latest parked copy of each: the older ones are committed past
+    dead = read_all(kafka, queue.dlq, expect_at_least=2)
+    assert sorted(_ids(dead)) == refused, "each in the DLQ once"
+    for message in dead:
+        assert _header(message, dlq.HEADER_PARKED) is None
+        assert _header(message, dlq.HEADER_ERROR_CLASS) == "Reject"
+        assert _header(message, dlq.HEADER_SOURCE_TOPIC) == queue.topic
+    handled = [e["id"] for e in queue.events() if e.get("id", "").startswith("id-0009")]
+    assert sorted(handled) == refused, "a parked record is not handled again"
+    assert sorted(_ids(read_all(kafka, queue.output, expect_at_least=20))) == [f"id-{i:06d}" for i in range(20)]

@@ -13,6 +13,12 @@ holding the outputs and DLQ records of exactly that prefix with its offsets (exa
 KIP-447 offsets-in-transaction, one transactional id per input partition so a zombie task is
 fenced). A record below the group's committed offset was already handled: skipped, so a
 restart from an older Spark checkpoint does not write it again.
+
+A dead letter the DLQ refuses (too large for it: refused on every try alike) is parked: a copy
+with the DLQ's headers and ``HEADER_PARKED`` goes to the end of its record's own partition
+before the offset passes the record, in the same transaction under exactlyOnce (the refused
+one is aborted and written again with the parked copy in the dead letter's place). A worker
+that meets a parked record writes it to the DLQ without a handler call.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -61,6 +68,20 @@ WATCH_INTERVAL_S = 0.05
 MAX_CACHED_KEYS = 100_000
 
 
+@dataclass(slots=True)
+class TxnWrites:
+    """exactlyOnce: a done record's writes for the next transaction, and its row, shown once that
+    transaction committed. What it writes changes when the broker refuses a record of it
+    (``PartitionTask._turn_refused``); ``partition`` pins a parked copy to its record's own
+    partition, and ``refused`` says why the DLQ refused its dead letter."""
+
+    record: Record
+    row: Outcome
+    produced: list[ProducedRecord]
+    partition: int | None = None
+    refused: str | None = None
+
+
 class PartitionTask:
     """One Kafka partition's records of one micro-batch: slots, the offset tracker, commits."""
 
@@ -72,7 +93,7 @@ class PartitionTask:
         self._outcomes: list[Outcome] = []
         self._lock = threading.Lock()
         self._error: BaseException | None = None
-        self._pending: list[ProducedRecord] = []  # exactly-once: released outputs awaiting the next transaction
+        self._pending: list[TxnWrites] = []  # exactly-once: released records awaiting the next transaction
         self._refused: list[tuple[Record, Failure, float, int]] = []  # outputs refused: to the DLQ next
         # Dead letters the DLQ refused, to park in the queue's topic before their offsets are
         # committed; and the offsets parked, whose rows say so once they are shown.
@@ -210,7 +231,8 @@ class PartitionTask:
     ) -> None:
         """A record is done: it completes now, and its writes become durable before its offset is committed.
 
-        exactlyOnce writes them in the next transaction. At-least-once hands them to the producer
+        exactlyOnce writes them in the next transaction, and shows the record's row once that
+        transaction committed (``_commit_transaction``). At-least-once hands them to the producer
         here, and ``commit`` waits until the producer has acknowledged everything before it
         commits or shows the rows. No write carries a callback of its own: the process's
         producer reports the few that fail (failed_writes), and the record's fingerprints let
@@ -222,8 +244,8 @@ class PartitionTask:
         (``_park_refused``).
         """
         if self.writer is not None:
-            self.report(record, outcome, failure, latency_ms, inflight)
-            self.tracker.complete(record.offset, produced)
+            row = Outcome.of(record, outcome, failure, latency_ms, inflight)
+            self.tracker.complete(record.offset, TxnWrites(record, row, produced))
             return
         row = (
             Outcome.accepted(record, latency_ms, inflight)
@@ -322,6 +344,51 @@ class PartitionTask:
                 "until the DLQ takes it",
             )
         return bool(unparked)
+
+    def _commit_transaction(self, writer: TransactionalWriter, mark: int) -> None:
+        """The pending records' writes and the offset ``mark`` in one transaction; their rows then."""
+        pending = self._pending
+        writer.commit(pending, TopicPartition(self.topic, self.partition, mark), self._turn_refused)
+        self._pending = []
+        for entry in pending:
+            if entry.refused is not None and entry.partition is not None:
+                record = entry.record
+                REFUSALS.error(
+                    cause_of(self.settings.dlq_topic, entry.refused),
+                    f"DLQ write failed for {record.topic}[{record.partition}]@{record.offset} ({entry.refused}): "
+                    f"parked at the end of {record.topic}[{record.partition}] until the DLQ takes it",
+                )
+        rows = [entry.row for entry in pending]
+        with self._lock:
+            self._outcomes.extend(rows)
+
+    def _turn_refused(self, entry: TxnWrites, why: InvalidOutput) -> None:
+        """A record of ``entry`` was refused in its transaction, which is written again: what the
+        entry writes instead. A refused output makes the record a dead letter, as at-least-once;
+        a refused dead letter is parked in the record's own partition, never both; a refused
+        parked copy fails the task, and the record comes again (so do its tries)."""
+        record, row = entry.record, entry.row
+        where = f"{record.topic}[{record.partition}]@{record.offset}"
+        if entry.partition is not None:
+            dlq_why = entry.refused or ""
+            REFUSALS.error(
+                cause_of(self.settings.dlq_topic, dlq_why) + f" / {cause_of(self.topic, why)}",
+                f"DLQ write failed for {where} ({dlq_why}) and parking it failed ({why}): retrying",
+            )
+            raise RuntimeError(f"DLQ write for {where} refused ({dlq_why}), and parking it failed: {why}")
+        if row.outcome == DEAD_LETTERED:
+            (dead,) = entry.produced
+            entry.produced = [parked_record(dead, record.topic)]
+            entry.partition = record.partition
+            entry.refused = str(why)
+            entry.row = row._replace(outcome=RELEASED, error=error_text(refused_failure(PARKED, str(why))))
+            return
+        failure = Failure.of(why)
+        now_ms = int(time.time() * 1000)
+        first_ms = now_ms - int(row.latency_ms)
+        dead = dead_letter_record(record, self.settings.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
+        entry.produced = [dead]
+        entry.row = Outcome.of(record, DEAD_LETTERED, failure, row.latency_ms, row.inflight)
 
     def _shown(self, rows: list[Outcome]) -> list[Outcome]:
         """Rows about to be shown; those of parked records say where their dead letters went."""
@@ -436,17 +503,14 @@ class PartitionTask:
         """
         released = self.tracker.advance(end)
         if self.writer is not None:
-            for produced in released:
-                if produced:
-                    self._pending.extend(produced)
+            self._pending.extend(released)
         else:
             self._awaiting.extend(released)
         mark = self.tracker.watermark
         if mark is None or (self.last_commit is not None and mark <= self.last_commit):
             return True
         if self.writer is not None:
-            self.writer.commit(self._pending, TopicPartition(self.topic, self.partition, mark))
-            self._pending = []
+            self._commit_transaction(self.writer, mark)
         else:
             delivery = self.process.delivery
             if not delivery.all_delivered(within_s):

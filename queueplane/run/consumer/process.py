@@ -3,13 +3,21 @@
 The group consumer only reads and commits offsets (Spark's Kafka source does the fetching);
 with exactlyOnce, one transactional producer per input partition writes outputs, DLQ records
 and offsets together (KIP-447), its id stable so a newer task fences an older one.
+
+A record the broker refuses inside a transaction (too large for its topic: the same record is
+refused on every try) makes librdkafka report it in its delivery callback and the transaction
+abortable: committing it can never succeed. The writer aborts it, lets its task put something
+else in the refused record's place (``TransactionalWriter.commit``), and writes the transaction
+again, so the outputs, the replacement and the offsets still land together or not at all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
@@ -18,12 +26,13 @@ from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.call_guard import CallGuard
 from queueplane.run.crash_journal import CrashJournal, journal_folder
-from queueplane.run.failed_writes import FailedWrites
-from queueplane.run.handler import Handler, load_handler
+from queueplane.run.failed_writes import FailedWrites, fingerprint
+from queueplane.run.handler import Handler, InvalidOutput, load_handler
 from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
     ProducedRecord,
     produce,
+    refused_write,
 )
 from queueplane.run.processes import ServedProducer
 from queueplane.run.settings import QueueSettings
@@ -100,25 +109,47 @@ class WorkerProcess:
 
 
 def transactional_producer(
-    settings: ConsumerSettings, topic: str, partition: int, calls: CallGuard | None = None
+    settings: ConsumerSettings,
+    topic: str,
+    partition: int,
+    calls: CallGuard | None = None,
+    on_failed: Callable[[Any, Any], None] | None = None,
 ) -> Producer:
     """The partition's transactional producer, initialised.
 
     init_transactions fences any earlier producer with this id and aborts its open
     transaction, so what a dead task left half-written is never read by read_committed
     consumers, and the group's committed offset for the partition is settled.
+    ``on_failed``: the delivery callback, for failed writes only.
     """
-    producer = clients.producer(
-        settings.kafka,
-        {
-            "transactional.id": settings.transactional_id(topic, partition),
-            "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
-            "linger.ms": 5,
-        },
-    )
+    role: dict[str, Any] = {
+        "transactional.id": settings.transactional_id(topic, partition),
+        "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
+        "linger.ms": 5,
+    }
+    if on_failed is not None:
+        role["on_delivery"] = on_failed
+        role["delivery.report.only.error"] = True
+    producer = clients.producer(settings.kafka, role)
     with calls.bounded("init_transactions", TXN_TIMEOUT_S) if calls else contextlib.nullcontext():
         producer.init_transactions(TXN_TIMEOUT_S)
     return producer
+
+
+class Writes(Protocol):
+    """One input record's share of a transaction: what it writes, and the partition those writes
+    are pinned to (None: their keys decide). Its task replaces both when the broker refuses one."""
+
+    produced: list[ProducedRecord]
+    partition: int | None
+
+
+# How often a transaction is tried when it fails for another reason than a refused record.
+TXN_ATTEMPTS = 3
+
+
+class _RefusedBeforeSent(Exception):
+    """The client refused a record before sending it (over its own message.max.bytes)."""
 
 
 class TransactionalWriter:
@@ -126,29 +157,77 @@ class TransactionalWriter:
 
     def __init__(self, process: WorkerProcess, topic: str, partition: int):
         self.process = process
-        self.producer = transactional_producer(process.settings, topic, partition, process.calls)
+        # Records refused in the transaction being written (fingerprints, why), reported by the
+        # delivery callback, which runs on the thread that calls the producer (this writer's).
+        self._refusals: list[tuple[int, InvalidOutput]] = []
+        self.producer = transactional_producer(process.settings, topic, partition, process.calls, self._failed)
 
-    def commit(self, records: list[ProducedRecord], offset: TopicPartition) -> None:
+    def _failed(self, err: Any, msg: Any) -> None:
+        why = refused_write(err)
+        if why is not None:
+            self._refusals.append((fingerprint(msg.topic(), msg.key(), msg.value()), why))
+
+    def commit(
+        self, writes: Sequence[Writes], offset: TopicPartition, refused: Callable[[Writes, InvalidOutput], None]
+    ) -> None:
+        """Write ``writes`` and commit ``offset`` in one transaction.
+
+        When the broker or the client refuses a record of it, the transaction is aborted, each
+        ``Writes`` holding a refused record is handed to ``refused`` (which replaces its records,
+        or raises to fail the task), and the transaction is written again from the start: an
+        aborted transaction is never read (read_committed), so nothing of the refused attempt
+        lands, and every record of the others is written again. Each refusal moves a record one
+        step (its output, then its dead letter, then its parked copy, which fails the task), so
+        the attempts end.
+        """
         bounded = self.process.calls.bounded
-        for attempt in range(1, 4):
+        failures = 0
+        while True:
+            self._refusals = []
             try:
                 self.producer.begin_transaction()
-                for item in records:
-                    produce(self.producer, item, serve=True)
+                for entry in writes:
+                    for item in entry.produced:
+                        try:
+                            produce(self.producer, item, serve=True, partition=entry.partition)
+                        except InvalidOutput as why:  # nothing of it was sent, but the entry's other records were
+                            topic, key, value, _ = item
+                            self._refusals.append((fingerprint(topic, key, value), why))
+                            raise _RefusedBeforeSent from None
                 group = self.process.group.consumer_group_metadata()
                 with bounded("send_offsets_to_transaction", TXN_TIMEOUT_S):
                     self.producer.send_offsets_to_transaction([offset], group, TXN_TIMEOUT_S)
                 with bounded("commit_transaction", TXN_TIMEOUT_S):
                     self.producer.commit_transaction(TXN_TIMEOUT_S)
                 return
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if error.txn_requires_abort() and attempt < 3:
-                    log.warning("transaction for %s aborted, trying again: %s", offset, error)
-                    with bounded("abort_transaction", TXN_TIMEOUT_S):
-                        self.producer.abort_transaction(TXN_TIMEOUT_S)
+            except (KafkaException, _RefusedBeforeSent) as exc:
+                error: KafkaError | None = exc.args[0] if isinstance(exc, KafkaException) else None
+                if error is not None and not error.txn_requires_abort():
+                    raise
+                with bounded("abort_transaction", TXN_TIMEOUT_S):
+                    self.producer.abort_transaction(TXN_TIMEOUT_S)
+                self.producer.poll(0)  # the aborted attempt's last reports
+                if self._turn_refused(writes, refused):
                     continue
-                raise
+                failures += 1
+                if error is None or failures >= TXN_ATTEMPTS:
+                    raise
+                log.warning("transaction for %s aborted, trying again: %s", offset, error)
+
+    def _turn_refused(self, writes: Sequence[Writes], refused: Callable[[Writes, InvalidOutput], None]) -> bool:
+        """Hand every entry with a refused record to ``refused``; whether there was any."""
+        if not self._refusals:
+            return False
+        whys = dict(self._refusals)
+        turned = False
+        for entry in writes:
+            for topic, key, value, _ in entry.produced:
+                why = whys.get(fingerprint(topic, key, value))
+                if why is not None:
+                    refused(entry, why)
+                    turned = True
+                    break
+        return turned
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
