@@ -154,3 +154,22 @@ def test_an_exactly_once_consumer_parks_what_the_dlq_refuses_inside_its_transact
     handled = [e["id"] for e in queue.events() if e.get("id", "").startswith("id-0009")]
     assert sorted(handled) == refused, "a parked record is not handled again"
     assert sorted(_ids(read_all(kafka, queue.output, expect_at_least=20))) == [f"id-{i:06d}" for i in range(20)]
+
+
+def test_an_exactly_once_output_the_broker_or_the_client_refuses_turns_its_record_into_a_dead_letter(kafka, tmp_path):
+    """Refused outputs in a transaction failed it on every try, as a refused dead letter did: the
+    transaction is written again with the record's dead letter in place of its outputs."""
+    queue = make_queue(tmp_path, kafka, group_type="consumer", delivery_limit=2, partitions=1, exactly_once=True)
+    _set_limits(kafka, {queue.output: 5000})
+    # Over the output topic's limit (the broker refuses it), over the producer's (refused before it is sent).
+    refused = [order(900, mode="huge", size=20_000), order(901, mode="huge", size=2_000_000)]
+    produce(kafka, queue.topic, [*[order(i) for i in range(10)], *refused, *[order(i) for i in range(10, 20)]])
+
+    summary = run_worker(queue, kafka, "--until-idle", "6s")
+
+    assert summary["counts"]["accepted"] == 20 and summary["counts"]["dlq"] == 2, summary
+    outputs = _ids(read_all(kafka, queue.output, expect_at_least=20))
+    assert sorted(outputs) == [f"id-{i:06d}" for i in range(20)], "each output once, none of the refused"
+    dead = read_all(kafka, queue.dlq, expect_at_least=2)
+    assert sorted(_ids(dead)) == ["id-000900", "id-000901"], "each in the DLQ once"
+    assert {_header(m, dlq.HEADER_ERROR_CLASS) for m in dead} == {"InvalidOutput"}

@@ -148,16 +148,25 @@ class Writes(Protocol):
 TXN_ATTEMPTS = 3
 
 
-class _RefusedBeforeSent(Exception):
-    """The client refused a record before sending it (over its own message.max.bytes)."""
+class _Refused(Exception):
+    """The attempt cannot commit: a record of it was refused, or the transaction went abortable
+    (a refused batch's answer came while its records were still being handed over)."""
 
 
 class TransactionalWriter:
-    """A transactional producer for one input partition: outputs and offsets land together or not at all."""
+    """A transactional producer for one input partition: outputs and offsets land together or not at all.
+
+    The broker refuses a whole record batch when the batch is over the topic's
+    max.message.bytes, and librdkafka reports every record of it refused: a small record
+    batched with a big one looks refused too. So a record reported refused is only a suspect
+    until it was refused in a batch of its own: from the next attempt on, the writer sends it
+    alone (a flush before it and after it), and only a record refused alone, or refused by the
+    client before it was sent, is handed to its task to be replaced.
+    """
 
     def __init__(self, process: WorkerProcess, topic: str, partition: int):
         self.process = process
-        # Records refused in the transaction being written (fingerprints, why), reported by the
+        # Records refused in the attempt being written (fingerprint, why), reported by the
         # delivery callback, which runs on the thread that calls the producer (this writer's).
         self._refusals: list[tuple[int, InvalidOutput]] = []
         self.producer = transactional_producer(process.settings, topic, partition, process.calls, self._failed)
@@ -172,62 +181,85 @@ class TransactionalWriter:
     ) -> None:
         """Write ``writes`` and commit ``offset`` in one transaction.
 
-        When the broker or the client refuses a record of it, the transaction is aborted, each
-        ``Writes`` holding a refused record is handed to ``refused`` (which replaces its records,
-        or raises to fail the task), and the transaction is written again from the start: an
-        aborted transaction is never read (read_committed), so nothing of the refused attempt
-        lands, and every record of the others is written again. Each refusal moves a record one
-        step (its output, then its dead letter, then its parked copy, which fails the task), so
-        the attempts end.
+        When a record of it is refused, the transaction is aborted and written again from the
+        start: an aborted transaction is never read (read_committed), so nothing of the refused
+        attempt lands, and every record of the others is written again. A record refused alone
+        (or before it was sent) is certain: the ``Writes`` holding it goes to ``refused``, which
+        replaces its records, or raises to fail the task. Every attempt that fails on refusals
+        either replaces a record or sends one more suspect alone, and a record is replaced at
+        most twice (its outputs, then its dead letter; its parked copy fails the task), so the
+        attempts end.
         """
         bounded = self.process.calls.bounded
+        alone: set[int] = set()  # suspects: records refused in a batch, sent alone from now on
         failures = 0
         while True:
-            self._refusals = []
+            self._refusals, certain = [], []
             try:
                 self.producer.begin_transaction()
                 for entry in writes:
                     for item in entry.produced:
+                        topic, key, value, _ = item
+                        suspect = bool(alone) and fingerprint(topic, key, value) in alone
+                        if suspect:
+                            self._flush()  # the records before it go in batches of their own
                         try:
                             produce(self.producer, item, serve=True, partition=entry.partition)
-                        except InvalidOutput as why:  # nothing of it was sent, but the entry's other records were
-                            topic, key, value, _ = item
-                            self._refusals.append((fingerprint(topic, key, value), why))
-                            raise _RefusedBeforeSent from None
+                        except InvalidOutput as why:  # refused before it was sent: certain
+                            certain.append((fingerprint(topic, key, value), why))
+                            raise _Refused(f"a record of the transaction was refused: {why}") from None
+                        except KafkaException as exc:
+                            if exc.args[0].code() != KafkaError._STATE:
+                                raise
+                            raise _Refused(f"the transaction cannot be written on: {exc.args[0]}") from None
+                        if suspect:
+                            self._flush()
                 group = self.process.group.consumer_group_metadata()
                 with bounded("send_offsets_to_transaction", TXN_TIMEOUT_S):
                     self.producer.send_offsets_to_transaction([offset], group, TXN_TIMEOUT_S)
                 with bounded("commit_transaction", TXN_TIMEOUT_S):
                     self.producer.commit_transaction(TXN_TIMEOUT_S)
                 return
-            except (KafkaException, _RefusedBeforeSent) as exc:
+            except (KafkaException, _Refused) as exc:
                 error: KafkaError | None = exc.args[0] if isinstance(exc, KafkaException) else None
                 if error is not None and not error.txn_requires_abort():
                     raise
                 with bounded("abort_transaction", TXN_TIMEOUT_S):
                     self.producer.abort_transaction(TXN_TIMEOUT_S)
                 self.producer.poll(0)  # the aborted attempt's last reports
-                if self._turn_refused(writes, refused):
+                # A suspect's batch held it alone, so its refusal is certain; any other refused
+                # record shared its batch, and is sent alone next time.
+                certain += [(print_, why) for print_, why in self._refusals if print_ in alone]
+                suspects = {print_ for print_, _ in self._refusals} - alone
+                alone |= suspects
+                if certain:
+                    self._turn(writes, dict(certain), refused)
+                    continue
+                if suspects:
                     continue
                 failures += 1
-                if error is None or failures >= TXN_ATTEMPTS:
+                if failures >= TXN_ATTEMPTS:
                     raise
-                log.warning("transaction for %s aborted, trying again: %s", offset, error)
+                log.warning("transaction for %s aborted, trying again: %s", offset, error or exc)
 
-    def _turn_refused(self, writes: Sequence[Writes], refused: Callable[[Writes, InvalidOutput], None]) -> bool:
-        """Hand every entry with a refused record to ``refused``; whether there was any."""
-        if not self._refusals:
-            return False
-        whys = dict(self._refusals)
-        turned = False
+    def _flush(self) -> None:
+        """Wait until what was sent is acknowledged or refused; a refusal ends the attempt."""
+        with self.process.calls.bounded("flush (transaction)", TXN_TIMEOUT_S):
+            self.producer.flush(TXN_TIMEOUT_S)
+        if self._refusals:
+            raise _Refused("a record of the transaction was refused")
+
+    @staticmethod
+    def _turn(
+        writes: Sequence[Writes], whys: dict[int, InvalidOutput], refused: Callable[[Writes, InvalidOutput], None]
+    ) -> None:
+        """Hand every entry holding a record refused for certain to ``refused``."""
         for entry in writes:
             for topic, key, value, _ in entry.produced:
                 why = whys.get(fingerprint(topic, key, value))
                 if why is not None:
                     refused(entry, why)
-                    turned = True
                     break
-        return turned
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
