@@ -12,7 +12,7 @@ with no permission bit for its group or for others. A directory that fails is re
 one-paragraph ``PrivateDirRefused`` that names it and says what to do; it is never repaired or
 used as it is, since what it already holds may be another user's.
 
-The root is ``QUEUEPLANE_CALLS_DIR`` when set (checked the same way), else
+The root is ``QUEUEPLANE_CALLS_DIR`` when set (an absolute path, checked the same way), else
 ``$XDG_RUNTIME_DIR/queueplane`` when the session has a runtime directory of this user's, else
 ``<tempdir>/queueplane-<uid>``. Inside the root each queue has a folder of its own
 (``queue_folder``). Once the root is checked, nothing inside it can be another user's: only its
@@ -44,6 +44,13 @@ def calls_root() -> tuple[Path, str]:
     """The root of every queue's folders on this machine, and how it was chosen (for errors)."""
     override = os.environ.get(ROOT_SETTING)
     if override:
+        if not os.path.isabs(override):  # Spark's Python workers run in folders of their own
+            raise PrivateDirRefused(
+                one_line(
+                    f"{ROOT_SETTING}={override} is a relative path, which each process of the worker would "
+                    "find somewhere else: set it to an absolute path"
+                )
+            )
         return Path(override), f"{ROOT_SETTING}={override}"
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isabs(runtime) and _is_private(Path(runtime)):

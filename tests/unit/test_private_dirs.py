@@ -107,6 +107,14 @@ def test_the_root_set_by_the_environment_is_checked_the_same_way(temp, monkeypat
     assert journal_folder("kitchen") == root / "kitchen"
 
 
+def test_a_relative_root_set_by_the_environment_is_refused(temp, monkeypatch):
+    monkeypatch.chdir(temp)
+    monkeypatch.setenv(ROOT_SETTING, "calls")
+    message = _refused()
+    assert message.startswith(f"{ROOT_SETTING}=calls is a relative path")
+    assert not (temp / "calls").exists()
+
+
 def test_a_runtime_directory_of_the_users_own_holds_the_root(temp, monkeypatch):
     runtime = temp / "run-user"
     runtime.mkdir(mode=0o700)
