@@ -10,12 +10,13 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError
 
-from queueplane.run.consumer.partition import PartitionTask
+from queueplane.run.consumer.partition import PartitionTask, TxnWrites
 from queueplane.run.consumer.process import ConsumerSettings
 from queueplane.run.crash_journal import CrashJournal
+from queueplane.run.dead_letters import HEADER_PARKED
 from queueplane.run.failed_writes import FailedWrites
-from queueplane.run.handler import Record
-from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED
+from queueplane.run.handler import InvalidOutput, Record
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED, Outcome
 
 
 class Producer:
@@ -123,3 +124,24 @@ def test_a_failure_reported_before_the_task_began_is_not_its_own(tmp_path):
     process.failed_writes(KafkaError(KafkaError._MSG_TIMED_OUT), Reported("q.out", b"k", b"earlier"))
     task = _task(process, 2)
     assert task.commit(2) and process.commits == [2]
+
+
+def test_a_record_refused_in_its_transaction_turns_into_a_dead_letter_then_a_parked_copy_never_both(tmp_path):
+    """What the transaction written again holds in the refused record's place, and its row."""
+    task = _task(_process(tmp_path), 0)
+    record = Record(b"k", b"value-7", (("h", b"1"),), "q", 0, 7, 1, 0)
+    entry = TxnWrites(record, Outcome.of(record, ACCEPTED, None, 5.0, 1), [("q.out", b"k", b"big", [])])
+
+    task._turn_refused(entry, InvalidOutput("the record was refused: too large"))  # its output
+    (dead,) = entry.produced
+    assert dead[:3] == ("q.dlq", b"k", b"value-7") and entry.partition is None
+    assert entry.row.outcome == DEAD_LETTERED and entry.row.error.startswith("InvalidOutput:")
+
+    task._turn_refused(entry, InvalidOutput("the record was refused: too large"))  # its dead letter
+    (parked,) = entry.produced
+    assert parked == ("q", b"k", b"value-7", [*dead[3], (HEADER_PARKED, b"1")]), "the parked copy only"
+    assert entry.partition == 0, "pinned to its record's own partition"
+    assert entry.row.outcome == RELEASED and entry.row.error.startswith("DeadLetterWriteFailed: parked:")
+
+    with pytest.raises(RuntimeError, match="parking it failed"):  # its parked copy: the task fails
+        task._turn_refused(entry, InvalidOutput("the record was refused: too large"))
