@@ -345,3 +345,128 @@ def test_an_outbox_refuses_a_folder_another_user_could_have_written_in(tmp_path,
     with pytest.raises(PrivateDirRefused):
         Outbox(folder)
     assert list(folder.iterdir()) == [], "no file of its own made there"
+
+
+# -- rows handed to a task stay in the file until Spark has them ---------------------------------
+
+TASK = ("stream-a", 5, 0)  # (stream, batch, slot)
+
+
+def _began(tmp_path, task, tag: str | None = None) -> Outbox:
+    """An outbox of a process running ``task``."""
+    outbox = Outbox(tmp_path, tag=tag)
+    outbox.begin(task)
+    return outbox
+
+
+def test_rows_taken_by_a_task_whose_process_died_before_it_ended_are_handed_to_its_retry_once(tmp_path):
+    taken, after = _block(0, [1, 2]), _block(0, [3])
+    pid = os.fork()
+    if pid == 0:  # the process of the task's first attempt: it takes the rows, then dies before Spark has them
+        outbox = Outbox(tmp_path)
+        outbox.begin(TASK)
+        outbox.add([taken])
+        ok = outbox.take() == [taken]
+        outbox.add([after])  # settled after the take
+        os._exit(0 if ok else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+    retry = _began(tmp_path, TASK)  # Spark runs the task again in another process
+    assert _by_offset(retry.take()) == [taken, after], "the rows the dead attempt took, and those after"
+    assert list(tmp_path.glob("handed*")) == []
+    retry.begin(("stream-a", 6, 0))
+    assert retry.take() == []
+    assert _began(tmp_path, TASK, tag="2147483645-1").take() == [], "handed on once"
+
+
+def test_rows_handed_to_a_task_that_ended_are_not_handed_again(tmp_path):
+    dead = _began(tmp_path, TASK, tag=DEAD)
+    taken, after = _block(0, [1, 2]), _block(0, [3])
+    dead.add([taken])
+    assert dead.take() == [taken]
+    dead.add([after])  # the task ended; the process died before its next task started
+
+    assert _began(tmp_path, ("stream-a", 6, 1)).take() == [after], "a later batch: the task had ended"
+    assert not dead.path.exists()
+    assert list(tmp_path.glob("handed*")) == []
+
+
+def test_rows_handed_to_a_task_of_another_stream_are_not_handed_again(tmp_path):
+    dead = _began(tmp_path, ("an older query", 57, 0), tag=DEAD)
+    dead.add([_block(0, [1])])
+    dead.take()
+    # A new query counts its batches from one again: its batch 3 says nothing of the older one's 57.
+    assert _began(tmp_path, ("stream-a", 3, 0)).take() == []
+    assert list(tmp_path.glob("handed*")) == [], "dropped, not kept for a retry that never comes"
+
+
+def test_rows_of_a_task_of_the_batch_under_way_wait_for_its_retry_or_the_next_batch(tmp_path):
+    taken = _block(0, [1, 2])
+    dead = _began(tmp_path, TASK, tag=DEAD)
+    dead.add([taken])
+    dead.take()
+
+    sibling = _began(tmp_path, ("stream-a", 5, 1))  # another task of the same batch takes the file over
+    assert sibling.take() == [], "the task may have ended, or may be run again"
+    assert not dead.path.exists()
+    assert _began(tmp_path, TASK, tag="2147483645-1").take() == [taken], "its retry hands them"
+    assert list(tmp_path.glob("handed*")) == []
+
+    dead = _began(tmp_path, ("stream-a", 7, 0), tag=DEAD)
+    dead.add([taken])
+    dead.take()
+    sibling.begin(("stream-a", 7, 1))
+    assert sibling.take() == []
+    sibling.begin(("stream-a", 8, 1))  # batch 7 ended: every task of it did, the dead one's too
+    assert sibling.take() == []
+    assert list(tmp_path.glob("handed*")) == []
+    assert _began(tmp_path, ("stream-a", 7, 0), tag="2147483645-1").take() == [], "dropped, not kept"
+
+
+def test_a_process_that_runs_the_same_task_again_hands_its_rows_again(tmp_path):
+    outbox = _began(tmp_path, TASK)
+    taken, after = _block(0, [1]), _block(0, [2])
+    outbox.add([taken])
+    assert outbox.take() == [taken]
+    outbox.add([after])
+    outbox.begin(TASK)  # the task failed after this worker gave Spark its rows: Spark runs it here again
+    assert _by_offset(outbox.take()) == [taken, after]
+    outbox.begin(("stream-a", 6, 0))
+    assert outbox.take() == []
+
+
+def test_the_next_task_removes_the_rows_handed_to_the_last_from_the_file(tmp_path):
+    outbox = _began(tmp_path, TASK, tag=DEAD)
+    provisional, confirmed_later, taken, after = _block(0, [1]), _block(0, [2]), _block(0, [3]), _block(0, [4])
+    outbox.add_provisional([provisional])
+    token = outbox.add_provisional([confirmed_later])
+    outbox.add([taken])
+    assert outbox.take() == [taken]
+    outbox.settle(token, set())  # after the take: written after its mark
+    outbox.add([after])
+    outbox.begin(("stream-a", 6, 0))  # then the process dies in its next task, before a take
+    assert outbox_module._read(outbox.path)[2] == {}, "no rows handed to a task left in the file"
+
+    # Taken over by the retry of that next task: the rows of task 5 are not in the file any more,
+    # whatever the adopter makes of a mark.
+    assert _by_offset(_began(tmp_path, ("stream-a", 6, 0)).take()) == [provisional, confirmed_later, after]
+    assert _registered(tmp_path) == [[0, 1, 1]]
+
+
+def test_an_outbox_closed_with_rows_handed_to_a_task_leaves_them_to_the_next_process(tmp_path):
+    outbox = _began(tmp_path, TASK)
+    outbox.add([_block(0, [1])])
+    outbox.take()
+    outbox.close()
+    assert outbox.path.exists()
+    assert _began(tmp_path, ("stream-a", 6, 0), tag="2147483645-1").take() == []
+
+
+def test_a_mark_that_is_not_a_task_ends_the_reading(tmp_path):
+    dead = Outbox(tmp_path, tag=DEAD)
+    settled = _block(0, [1])
+    dead.add([settled])
+    dead.close()
+    with dead.path.open("ab") as handle:
+        handle.write(json.dumps([4, 0, ["stream-a", "5", 0]]).encode() + b"\n")
+    assert _began(tmp_path, ("stream-a", 9, 0)).take() == [settled], "not read as handed to a task"

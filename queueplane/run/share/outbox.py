@@ -4,8 +4,32 @@ A share fetcher acknowledges a record as soon as its outcome is durable, and the
 waits in the process for the next micro-batch (a time slice, seconds). A process that dies
 meanwhile (a handler's ``os._exit``, its memory limit) took those rows with it: the records
 are settled on the broker but missing from the run's counts and metrics. So each block of rows
-is also appended to a file per process, emptied when a batch takes them; the next process of
-the queue on the machine takes over the files of dead processes and hands their rows on.
+is also appended to a file per process; the next process of the queue on the machine takes over
+the files of dead processes and hands their rows on.
+
+A batch's task takes the rows, and they stay in the file until Spark has them: a process can die
+between the take and the task's end (the memory guard ends it, a handler kills it), and Spark
+then runs the task again in another process, which would find nothing. So a take only appends a
+mark, "the rows settled so far are handed to task T" (T: the query's stream, the batch, the
+task's slot), and those rows leave the file when the process's next task starts: Spark starts
+another task in a Python worker only once the last one ended. A process that dies with a mark in
+its file may have died before its task ended or after (idle, between two tasks; the common case),
+and which one is told by the task of the process that takes the file over:
+
+- a task of the same slot and batch: the marked task failed, this is its retry, and the rows are
+  handed again (to the task that is running, or to its process's next one);
+- a later batch of the same stream, or another stream (a new query, whose batches count from one
+  again): the marked task ended, as every task of a batch does before the next batch starts, and
+  Spark has the rows; they are dropped;
+- another slot of the same batch, or a later one: not known yet. The rows go to the folder's
+  ``handed.jsonl`` (under its lock), where every take looks: the retry of the task finds them
+  there, and the first task of a later batch drops them.
+
+A process that runs the same task again itself (the task failed after its Python worker had
+given Spark the rows, and Spark retried it in the same worker) hands the rows again too. The
+batch numbers and the stream come from the source's offsets (source.py), which a restart from
+the query's checkpoint keeps: a batch run again after such a restart has its rows handed again,
+as none of that batch's rows were committed.
 
 Rows of records accepted while their poll runs are written *provisional*, before the commit of
 their acknowledgements, and settled when the commit answers: confirmed for the partitions it
@@ -27,8 +51,8 @@ is handled again and counted twice: that is the one case left.
 A process takes a dead one's file over by renaming it to ``<owner>.outbox.<claimer>`` before it
 reads it, so no two processes hand the same rows on. A claimer that dies before the rows are in
 its own file leaves the claimed file behind, and the next process takes it over the same way.
-One that dies between writing them into its own file and removing the claimed one hands them on
-twice: those two system calls are the window.
+One that dies between writing them into its own file (or ``handed.jsonl``) and removing the claimed
+one hands them on twice: those two system calls are the window.
 
 The files are the queue's folder's (queueplane.run.private_dirs: 0700, this user's, checked on
 open), and what they hold is data: JSON lines, each parsed and checked against the outcome
@@ -73,15 +97,39 @@ log = logging.getLogger("queueplane.worker")
 
 SUFFIX = ".outbox"
 COUNTED = "counted.json"  # records handed on as counted whose commit may not have landed
+HANDED = "handed.jsonl"  # rows a dead process handed to a task that may still be run again
 
 # The entries of a process's file, each one line of JSON: [kind, token, payload].
 ROWS = 0  # settled rows: payload is a list of blocks
 PROVISIONAL = 1  # rows whose commit has not answered: payload is a list of blocks
 CONFIRM = 2  # the commit answered: the token's rows count, except those of payload's (topic, partition)s
 DROP = 3  # the commit failed: the token's rows are dropped
+TAKEN = 4  # the settled rows so far are handed to a task: payload is the task
 
 # (topic, partition)s whose acknowledgements a commit did not record; None: the commit failed.
 Unrecorded = Collection[tuple[str, int]] | None
+
+# A micro-batch's task: (stream, batch, slot). The stream names the query (kept by its checkpoint);
+# batches count up within it; a task run again has the same slot and batch.
+Task = tuple[str, int, int]
+
+# What became of rows a dead process handed to a task (``_fate``).
+RECEIVED = "received"  # the task ended: Spark has them
+LOST = "lost"  # the task is being run again: hand them again
+UNKNOWN = "unknown"  # the task may still be run again
+
+
+def _fate(handed_to: Task, current: Task | None) -> str:
+    """What became of rows a process that died had handed to ``handed_to``, judged by the task this
+    process runs (or ran last), ``current``: one attempt of a task runs at a time, and a batch
+    starts once every task of the one before it ended."""
+    if current is None:
+        return UNKNOWN
+    if handed_to[0] != current[0] or handed_to[1] < current[1]:
+        return RECEIVED
+    if handed_to == current:
+        return LOST
+    return UNKNOWN
 
 
 class Outbox:
@@ -94,11 +142,19 @@ class Outbox:
         self.path = folder / f"{tag or process_tag()}{SUFFIX}"
         self._lock = threading.Lock()
         self._blocks: list[OutcomeColumns] = []
-        self._provisional: dict[int, list[OutcomeColumns]] = {}
+        # token → (blocks, their entry as written, kept to write them anew without encoding them again)
+        self._provisional: dict[int, tuple[list[OutcomeColumns], bytes]] = {}
         self._tokens = itertools.count(1)
         self._file = self.path.open("ab", buffering=0)
         self._counted: dict[tuple[int, int], tuple[int, int]] = {}  # counted.json as last read
         self._counted_seen: tuple[int, int, int] | None = None
+        self._task: Task | None = None  # the task this process runs, or ran last (``begin``)
+        # The rows of the last mark in the file (``take``), until the next task starts.
+        self._handed: list[OutcomeColumns] = []
+        self._handed_to: Task | None = None  # None: no mark in the file
+        self._after_mark = 0  # the file's length after that mark
+        self._open_at_mark: list[bytes] = []  # the provisional entries not settled when it was written
+        self._handed_seen: tuple[tuple[int, int, int] | None, Task | None] | None = None
 
     def add(self, blocks: list[OutcomeColumns]) -> None:
         """Rows settled by one fetcher cycle: one write, before the fetcher's next poll."""
@@ -112,7 +168,7 @@ class Outbox:
         token = next(self._tokens)  # one step under the interpreter lock: each token once
         data = _entry(PROVISIONAL, token, blocks)
         with self._lock:
-            self._provisional[token] = blocks
+            self._provisional[token] = (blocks, data)
             self._file.write(data)
         return token
 
@@ -122,7 +178,7 @@ class Outbox:
         The rows that count."""
         data = _entry(DROP, token, None) if unrecorded is None else _entry(CONFIRM, token, tuple(unrecorded))
         with self._lock:
-            blocks = self._provisional.pop(token, None)
+            blocks, _ = self._provisional.pop(token, (None, b""))
             if blocks is None:
                 return []
             self._file.write(data)
@@ -136,40 +192,86 @@ class Outbox:
         """Whether settled rows wait to be taken."""
         return bool(self._blocks)
 
-    def take(self) -> list[OutcomeColumns]:
-        """Every settled row not yet taken, this process's and dead processes' of the same queue.
+    def begin(self, task: Task) -> None:
+        """A task of a micro-batch starts in this process: the rows handed to the last one are
+        Spark's (it ended, or Spark would not start another here) and leave the file, unless
+        ``task`` is that same task run again, whose rows are handed again."""
+        with self._lock:
+            self._task = task
+            if self._handed_to is None:
+                return
+            again = self._handed if self._handed_to == task else []
+            with self.path.open("rb") as handle:
+                handle.seek(self._after_mark)
+                tail = handle.read()  # what was written after the mark: every write is under the lock
+            head = _entry(ROWS, 0, again) if again else b""
+            self._rewrite(head + b"".join(self._open_at_mark) + tail)
+            self._blocks = again + self._blocks
+            self._handed, self._handed_to, self._open_at_mark = [], None, []
+        if again:
+            log.warning("task %s is run again in this process: handing its %d outcome block(s) again", task, len(again))
 
-        The file keeps the provisional rows: it is written anew with them alone and renamed into
-        place, so a process that dies at any point leaves them for the next one.
+    def take(self) -> list[OutcomeColumns]:
+        """Every settled row not yet taken, this process's and dead processes' of the same queue,
+        handed to the task ``begin`` started: marked so in the file, where they stay until the
+        next task starts.
+
+        A process driven by hand, with no task begun (a test, a tool), takes the rows for good:
+        its file keeps only the provisional ones.
         """
         self.adopt()
         with self._lock:
             blocks, self._blocks = self._blocks, []
-            if not self._provisional:
-                self._file.truncate(0)
+            if self._task is None or (not blocks and self._handed_to is None):
+                # Nothing handed is pending: the file needs only the provisional rows.
+                kept = [data for _, data in self._provisional.values()]
+                if blocks or kept or self._file.tell():
+                    self._rewrite(b"".join(kept))
                 return blocks
-            replace_whole(self.path, b"".join(_entry(PROVISIONAL, t, kept) for t, kept in self._provisional.items()))
-            with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = self.path.open("ab", buffering=0)
+            if not blocks:
+                return []
+            self._file.write(_entry(TAKEN, 0, self._task))
+            self._handed += blocks
+            self._handed_to = self._task
+            self._after_mark = self._file.tell()
+            self._open_at_mark = [data for _, data in self._provisional.values()]
         return blocks
+
+    def _rewrite(self, data: bytes) -> None:
+        """This process's file written anew (under ``_lock``), renamed into place: a process that dies
+        at any point leaves the whole of the old file or of the new one."""
+        if data:
+            replace_whole(self.path, data)
+        else:
+            self._file.truncate(0)
+            return
+        with contextlib.suppress(OSError):
+            self._file.close()
+        self._file = self.path.open("ab", buffering=0)
 
     def adopt(self) -> None:
         """Take over the files of this queue's processes on this machine that died: their settled
         rows and their provisional ones never settled join this process's rows (in memory and in
-        its file), and the records of the latter are registered in ``counted.json`` first.
+        its file), and the records of the latter are registered in ``counted.json`` first. Rows
+        they had handed to a task join them if that task is being run again, are dropped if it
+        ended, and wait in ``handed.jsonl`` if that is not known yet (``_fate``).
 
         Under the folder's lock from the claim to the registration, so a process that looks a
         record up (``redelivered_counted``) after this started sees it registered.
         """
         dead = self._left_by_the_dead()
-        if not dead:
+        task = self._task
+        stamp = file_stamp(self.folder / HANDED)
+        handed_due = stamp is not None and (stamp, task) != self._handed_seen
+        if not dead and not handed_due:
             return
         blocks: list[OutcomeColumns] = []
         unsettled: list[OutcomeColumns] = []
+        again: list[OutcomeColumns] = []
         claimed_paths: list[Path] = []
         me = self.path.name.removesuffix(SUFFIX)
         with folder_lock(self.folder):
+            waiting: dict[Task, list[OutcomeColumns]] = {}
             for path in dead:
                 claimed = path.with_name(f"{path.name.partition(SUFFIX)[0]}{SUFFIX}.{me}")
                 try:
@@ -177,22 +279,41 @@ class Outbox:
                 except FileNotFoundError:
                     continue
                 claimed_paths.append(claimed)
-                settled, provisional = _read(claimed)
+                settled, provisional, handed = _read(claimed)
                 blocks += settled
                 unsettled += provisional
+                for handed_to, rows in handed.items():
+                    waiting.setdefault(handed_to, []).extend(rows)
+            store = self.folder / HANDED
+            stored = _read(store)[2] if file_stamp(store) is not None else {}
+            for handed_to, rows in stored.items():
+                waiting.setdefault(handed_to, []).extend(rows)
+            unknown: dict[Task, list[OutcomeColumns]] = {}
+            for handed_to, rows in waiting.items():
+                fate = _fate(handed_to, task)
+                if fate == LOST:
+                    again += rows
+                elif fate == UNKNOWN:
+                    unknown[handed_to] = rows
+            if unknown:
+                replace_whole(store, b"".join(_entry(ROWS, 0, r) + _entry(TAKEN, 0, t) for t, r in unknown.items()))
+            elif stored:
+                store.unlink(missing_ok=True)
+            self._handed_seen = (file_stamp(store), task)
             if unsettled:
                 self._register(unsettled)
-        if blocks or unsettled:
-            handed = blocks + unsettled
+        handed = blocks + unsettled + again
+        if handed:
             data = _entry(ROWS, 0, handed)
             with self._lock:
                 self._blocks += handed
                 self._file.write(data)
             log.warning(
                 "handing on %d outcome block(s) settled by a worker process that died (%d of them "
-                "whose commit had not answered)",
+                "whose commit had not answered, %d handed to a task that is being run again)",
                 len(handed),
                 len(unsettled),
+                len(again),
             )
         for claimed in claimed_paths:
             claimed.unlink(missing_ok=True)
@@ -253,7 +374,7 @@ class Outbox:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._file.close()
-        if not self._blocks and not self._provisional:
+        if not self._blocks and not self._provisional and self._handed_to is None:
             self.path.unlink(missing_ok=True)
 
 
@@ -294,8 +415,9 @@ def _recorded(blocks: list[OutcomeColumns], unrecorded: Collection[tuple[str, in
     return kept
 
 
-def _read(path: Path) -> tuple[list[OutcomeColumns], list[OutcomeColumns]]:
-    """A dead process's file: its settled blocks, and its provisional ones never settled.
+def _read(path: Path) -> tuple[list[OutcomeColumns], list[OutcomeColumns], dict[Task, list[OutcomeColumns]]]:
+    """A dead process's file: its settled blocks not handed to a task, its provisional ones never
+    settled, and those it handed to each task (``handed.jsonl`` is read the same way).
 
     Every whole entry counts; one it was writing when it died is cut short (no line end), and
     the reading stops there. So it does at an entry that is not what this module writes (a file
@@ -303,6 +425,7 @@ def _read(path: Path) -> tuple[list[OutcomeColumns], list[OutcomeColumns]]:
     """
     blocks: list[OutcomeColumns] = []
     provisional: dict[int, list[OutcomeColumns]] = {}
+    handed: dict[Task, list[OutcomeColumns]] = {}
     lines = path.read_bytes().split(b"\n")
     for line in lines[:-1]:  # the last one has no end: empty, or cut short
         try:
@@ -318,7 +441,10 @@ def _read(path: Path) -> tuple[list[OutcomeColumns], list[OutcomeColumns]]:
             blocks += _recorded(provisional.pop(token, []), payload)
         elif kind == DROP:
             provisional.pop(token, None)
-    return blocks, [block for kept in provisional.values() for block in kept]
+        elif kind == TAKEN:
+            handed.setdefault(payload, []).extend(blocks)
+            blocks = []
+    return blocks, [block for kept in provisional.values() for block in kept], handed
 
 
 def _parsed(line: bytes) -> tuple[int, int, Any]:
@@ -332,6 +458,9 @@ def _parsed(line: bytes) -> tuple[int, int, Any]:
         return kind, token, {(_text(topic), _integer(partition)) for topic, partition in payload}
     if kind == DROP and payload is None:
         return kind, token, None
+    if kind == TAKEN and type(payload) is list and len(payload) == 3:
+        stream, batch, slot = payload
+        return kind, token, (_text(stream), _integer(batch), _integer(slot))
     raise ValueError(f"no entry of kind {kind!r} with such a payload")
 
 

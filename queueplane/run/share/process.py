@@ -15,13 +15,14 @@ acquired and nothing unreported.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
 
 from queueplane.run.call_guard import CallGuard
-from queueplane.run.crash_journal import CrashJournal, journal_folder
+from queueplane.run.crash_journal import CrashJournal, journal_folder, process_tag
 from queueplane.run.handler import Handler, Output, Record, load_handler
 from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
@@ -35,7 +36,7 @@ from queueplane.run.processes import PerProcess, ServedProducer
 from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.fetcher import ShareFetcher
 from queueplane.run.share.isolated import IsolatedCalls
-from queueplane.run.share.outbox import Outbox, Unrecorded
+from queueplane.run.share.outbox import Outbox, Task, Unrecorded
 from queueplane.run.share.pool import HandlerPool
 from queueplane.run.share.queue_end import QueueEnd, topic_end_reader
 from queueplane.run.share.settings import (
@@ -80,6 +81,7 @@ class ProcessRuntime:
         self._lease = threading.Condition()
         self._lease_until = 0.0
         self._last_outcome = time.monotonic()  # when a batch last returned outcomes (or the process started)
+        self._batches_by_hand = itertools.count(1)  # the batches of a process driven without Spark
         # When a poll of any of its consumers last brought records (monotonic): a draining consumer
         # whose own polls come back empty stays while its siblings' do not (fetcher.py, _may_leave).
         self.records_polled_at = 0.0
@@ -101,13 +103,21 @@ class ProcessRuntime:
     def produce_and_wait(self, records: list[ProducedRecord]) -> None:
         produce_and_wait(self.producer, records)
 
-    def run_batch(self, final: bool = False) -> list[OutcomeColumns]:
+    def run_batch(self, final: bool = False, task: Task | None = None) -> list[OutcomeColumns]:
         """Renew the lease for one time slice and return the outcomes the fetchers settled meanwhile.
 
         ``final`` drains instead: the lease ends now, every fetcher settles and commits what it
         holds, and the task returns all of it, so the driver can stop with nothing in flight.
+
+        ``task`` is the micro-batch's task (source.py): the outcomes stay in the outbox's file,
+        handed to it, until this process's next task starts (outbox.py), so a process that dies
+        before Spark has them leaves them to the task's retry. Called without one (a process
+        driven by hand), each call is a batch of a stream of this process's own.
         """
+        if task is None:
+            task = (process_tag(), next(self._batches_by_hand), 0)
         with self._batch_lock:  # two tasks in one process never share fetchers
+            self.outbox.begin(task)
             # At least two: one polls while the other waits for the tail of its poll. None join
             # for a drain: a consumer that joined and left at once had its first fetch acquire
             # records it never handed out, which came back one delivery higher (measured).

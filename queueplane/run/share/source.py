@@ -11,6 +11,7 @@ the executors it scales away (a killed process takes its unreported outcomes wit
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,10 +28,16 @@ QUEUE_ENV = "QUEUEPLANE_SHARE_QUEUE"
 
 
 class SlotTask(InputPartition):
-    def __init__(self, index: int, final: bool):
+    """One task of a micro-batch: its slot, the batch and the stream (the query) it belongs to,
+    which name it in its process's outbox (outbox.py) so that a retry of it is told from a task that
+    ended."""
+
+    def __init__(self, index: int, final: bool, stream: str = "", batch: int = 0):
         super().__init__(index)
         self.index = index
         self.final = final
+        self.stream = stream
+        self.batch = batch
 
 
 class ShareStreamReader(DataSourceStreamReader):
@@ -39,23 +46,29 @@ class ShareStreamReader(DataSourceStreamReader):
         self.tasks = tasks
         self.drain_file = drain_file
         self.batch = 0
+        # Names the query in the offsets, so its checkpoint keeps it across a restart; a new query
+        # (a new checkpoint) counts its batches from one again under another name (outbox.py).
+        self.stream = uuid.uuid4().hex
 
     def initialOffset(self) -> dict:
-        return {"batch": 0}
+        return {"batch": 0, "stream": self.stream}
 
     def latestOffset(self, start: dict | None = None, limit: object = None) -> dict:
         # Every trigger is a new time slice: there is always a next batch to run.
-        self.batch = max(self.batch, (start or {}).get("batch", 0)) + 1
-        return {"batch": self.batch}
+        start = start or {}
+        self.batch = max(self.batch, start.get("batch", 0)) + 1
+        return {"batch": self.batch, "stream": start.get("stream") or self.stream}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         # Planned on the driver's side, so a file is how the driver's decision reaches it.
         final = bool(self.drain_file) and os.path.exists(self.drain_file)
-        return [SlotTask(i, final) for i in range(self.tasks)]
+        stream = end.get("stream") or self.stream
+        return [SlotTask(i, final, stream, end["batch"]) for i in range(self.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         runtime = RUNTIMES.get(self.settings_json)
-        blocks = runtime.run_batch(final=getattr(partition, "final", False))
+        task = (partition.stream, partition.batch, partition.index)
+        blocks = runtime.run_batch(final=partition.final, task=task)
         if blocks:
             yield columns_batch(blocks)
 
