@@ -256,8 +256,10 @@ class Outbox:
         they had handed to a task join them if that task is being run again, are dropped if it
         ended, and wait in ``handed.jsonl`` if that is not known yet (``_fate``).
 
-        Under the folder's lock from the claim to the registration, so a process that looks a
-        record up (``redelivered_counted``) after this started sees it registered.
+        Under the folder's lock from the claim to the registration and the rewriting of
+        ``handed.jsonl``, so a process that looks a record up (``redelivered_counted``) after this
+        started sees it registered, and two processes never take the same rows out of
+        ``handed.jsonl``.
         """
         dead = self._left_by_the_dead()
         task = self._task
@@ -272,6 +274,7 @@ class Outbox:
         me = self.path.name.removesuffix(SUFFIX)
         with folder_lock(self.folder):
             waiting: dict[Task, list[OutcomeColumns]] = {}
+            joined = False  # whether a dead process's file had rows handed to a task
             for path in dead:
                 claimed = path.with_name(f"{path.name.partition(SUFFIX)[0]}{SUFFIX}.{me}")
                 try:
@@ -284,36 +287,50 @@ class Outbox:
                 unsettled += provisional
                 for handed_to, rows in handed.items():
                     waiting.setdefault(handed_to, []).extend(rows)
+                    joined = True
             store = self.folder / HANDED
             stored = _read(store)[2] if file_stamp(store) is not None else {}
             for handed_to, rows in stored.items():
                 waiting.setdefault(handed_to, []).extend(rows)
             unknown: dict[Task, list[OutcomeColumns]] = {}
+            received: list[Task] = []
             for handed_to, rows in waiting.items():
                 fate = _fate(handed_to, task)
                 if fate == LOST:
                     again += rows
                 elif fate == UNKNOWN:
                     unknown[handed_to] = rows
-            if unknown:
-                replace_whole(store, b"".join(_entry(ROWS, 0, r) + _entry(TAKEN, 0, t) for t, r in unknown.items()))
-            elif stored:
-                store.unlink(missing_ok=True)
-            self._handed_seen = (file_stamp(store), task)
+                else:
+                    received.append(handed_to)
             if unsettled:
                 self._register(unsettled)
-        handed = blocks + unsettled + again
+            handed = blocks + unsettled + again
+            if handed:  # in this process's file before they leave handed.jsonl: never in neither
+                data = _entry(ROWS, 0, handed)
+                with self._lock:
+                    self._blocks += handed
+                    self._file.write(data)
+            if not unknown:
+                if stored:
+                    store.unlink(missing_ok=True)
+            elif joined or unknown.keys() != stored.keys():  # written anew only when it changed
+                replace_whole(store, b"".join(_entry(ROWS, 0, r) + _entry(TAKEN, 0, t) for t, r in unknown.items()))
+            self._handed_seen = (file_stamp(store), task)
         if handed:
-            data = _entry(ROWS, 0, handed)
-            with self._lock:
-                self._blocks += handed
-                self._file.write(data)
             log.warning(
                 "handing on %d outcome block(s) settled by a worker process that died (%d of them "
                 "whose commit had not answered, %d handed to a task that is being run again)",
                 len(handed),
                 len(unsettled),
                 len(again),
+            )
+        if received or unknown:
+            log.info(
+                "outcome rows a worker process that died had handed to tasks: those of %s ended (Spark has "
+                "them), those of %s wait for a retry of their task or the next batch (this task: %s)",
+                received,
+                list(unknown),
+                task,
             )
         for claimed in claimed_paths:
             claimed.unlink(missing_ok=True)
