@@ -93,3 +93,27 @@ class Reported:
 
     def value(self) -> bytes | None:
         return self._value
+
+
+class AloneProducer:
+    """Stands in for the producer that writes a suspect alone: it answers each write at the next
+    flush, refusing those whose (topic, value) the test names, as the broker refuses a batch of
+    one record too large for its topic; ``written`` keeps every write handed to it."""
+
+    def __init__(self, refused: set[tuple[str, bytes]] | None = None):
+        self.refused = refused or set()
+        self.written: list[tuple[str, bytes | None, bytes | None]] = []
+        self._waiting: list[tuple[Reported, object]] = []
+
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None, partition=None) -> None:
+        self.written.append((topic, key, value))
+        self._waiting.append((Reported(topic, key, value), on_delivery))
+
+    def flush(self, timeout: float = -1) -> int:
+        from confluent_kafka import KafkaError
+
+        waiting, self._waiting = self._waiting, []
+        for message, callback in waiting:
+            refused = (message.topic(), message.value()) in self.refused
+            callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if refused else None, message)
+        return 0

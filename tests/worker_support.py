@@ -63,7 +63,7 @@ MISBEHAVIOUR = {  # handlers that break the contract, each in its own way (or re
     "bad_return": lambda order: 42,
     "bad_header": lambda order: Output({"id": order["id"]}, headers={"h": 5}),
     "unserialisable": lambda order: {"id": order["id"], "at": object()},
-    "huge": lambda order: Output(b"x" * order["size"]),
+    "huge": lambda order: Output(b"x" * order["size"], topic=order.get("to")),
     "hang_forever": lambda order: time.sleep(3600),  # on every delivery
     "memory_hog": _hog,
 }
@@ -112,7 +112,7 @@ def handle(record):
         if order.get("random_ms"):
             time.sleep(random.uniform(0, order["random_ms"]) / 1000)
         event["result"] = "ok"
-        return Output({"id": order["id"]}, key=record.key)
+        return Output({"id": order["id"]}, key=record.key, topic=order.get("to"))  # "to": a topic of its choosing
     except Retry:
         event["result"] = "retry"
         raise

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError
-from helpers import Reported
+from helpers import AloneProducer, Reported
 
-from queueplane.run.failed_writes import FailedWrites
+from queueplane.run.failed_writes import AloneWrites, FailedWrites
+from queueplane.run.handler import Record
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.tasks import KmqTask
 
@@ -51,8 +52,9 @@ class _Delivery:
 
 
 def _task(
-    records: int = 2, failed_writes: FailedWrites | None = None
+    records: int = 2, failed_writes: FailedWrites | None = None, alone: AloneProducer | None = None
 ) -> tuple[KmqTask, _Producer, _Delivery, queue.SimpleQueue]:
+    """``alone``: where the task writes its suspects again, each alone."""
     producer = _Producer()
     holder: list[KmqTask] = []
     delivery = _Delivery(lambda: holder[0])
@@ -66,6 +68,7 @@ def _task(
         delivery=delivery,
         threads=SimpleNamespace(jobs=jobs),
         failed_writes=failed_writes or FailedWrites(),
+        alone=AloneWrites(lambda: alone or AloneProducer()),
     )
     rows = [SimpleNamespace(partition=0, offset=offset, delivery_count=1) for offset in range(records)]
     task = KmqTask(process, rows)
@@ -115,23 +118,52 @@ def test_a_handler_thread_waits_with_its_writes_while_they_are_held():
     assert producer.topics() == [OUTPUT]
 
 
-def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter():
-    task, producer, delivery, jobs = _task()
-    task._write_then_end(0, [(OUTPUT, b"k", b"v", [])], km.END)
+def _records(task: KmqTask) -> None:
+    for offset in range(len(task.records)):
+        task.records[offset] = Record(b"k", b"in", (), QUEUE, 0, offset, 1, 0)
+    task.first_ms = 0
+
+
+def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter_once_refused_alone():
+    alone = AloneProducer({(OUTPUT, b"big")})
+    task, producer, delivery, jobs = _task(alone=alone)
+    _records(task)
+    task._write_then_end(0, [(OUTPUT, b"k", b"big", [])], km.END)
     task._write_then_end(1, [(OUTPUT, b"k", b"v", [])], km.END)
     refused_callback = producer.produced[0][3]
-    refused_callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+    refused_callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported(OUTPUT, b"k", b"big"))
     delivery.idle = True
     task._end_round(0.0)
-    assert _markers(producer) == [1], "record 0's outputs were refused: it ends later, as a dead letter"
+    assert _markers(producer) == [1], "record 0's outputs were refused: it ends later"
     assert jobs.get_nowait() == (task, 0)
     assert task._unsettled == 1
+    task.run(0)
+    assert alone.written == [(OUTPUT, b"k", b"big")], "written again alone first"
+    assert producer.topics()[-1] == DLQ, "refused alone: a dead letter"
+
+
+def test_an_output_refused_with_its_batch_but_taken_alone_ends_its_record_accepted():
+    """The broker refuses a batch whole: record 0's small output shared a batch with a big one."""
+    alone = AloneProducer()
+    task, producer, delivery, jobs = _task(records=1, alone=alone)
+    _records(task)
+    task._report(task.records[0], "accepted", None, 1.0)
+    task._write_then_end(0, [(OUTPUT, b"k", b"v", [])], km.END)
+    producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported(OUTPUT, b"k", b"v"))
+    delivery.idle = True
+    task._end_round(0.0)
+    assert _markers(producer) == [] and jobs.get_nowait() == (task, 0)
+    task.run(0)
+    assert alone.written == [(OUTPUT, b"k", b"v")]
+    task._end_round(0.0)
+    assert _markers(producer) == [0] and DLQ not in producer.topics() and task._error is None
+    assert [row.outcome for row in task.drain()] == ["accepted"]
 
 
 def test_a_failed_dead_letter_write_fails_the_task_and_writes_no_marker():
     task, producer, delivery, _ = _task(records=1)
     task._write_then_end(0, [(DLQ, b"k", b"v", [])], km.END)
-    producer.produced[0][3](KafkaError(KafkaError._MSG_TIMED_OUT), None)
+    producer.produced[0][3](KafkaError(KafkaError._MSG_TIMED_OUT), Reported(DLQ, b"k", b"v"))
     delivery.idle = True
     task._end_round(0.0)
     assert _markers(producer) == []
@@ -140,16 +172,17 @@ def test_a_failed_dead_letter_write_fails_the_task_and_writes_no_marker():
 
 def test_a_dead_letter_the_dlq_refuses_is_parked_in_the_queue_topic_and_then_ends():
     """Refused on every try alike, it would fail every retry of the task: the partition would stall."""
-    task, producer, delivery, jobs = _task(records=1)
+    alone = AloneProducer({(DLQ, b"v")})
+    task, producer, delivery, jobs = _task(records=1, alone=alone)
     task.records[0] = SimpleNamespace(topic=QUEUE, partition=0, offset=0, delivery_count=3, key=b"k", headers=None)
     task._write_then_end(0, [(DLQ, b"k", b"v", [])], km.END)
-    producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), None)
+    producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported(DLQ, b"k", b"v"))
     delivery.idle = True
     task._end_round(0.0)
     assert _markers(producer) == [] and task._error is None, "no end marker before the parked copy is durable"
     assert jobs.get_nowait() == (task, 0)
     task.run(0)
-    assert producer.topics() == [DLQ, QUEUE]
+    assert alone.written == [(DLQ, b"k", b"v"), (QUEUE, b"k", b"v")], "refused alone, then parked alone"
     task._end_round(0.0)
     assert _markers(producer) == [0] and task._error is None
     (row,) = task.drain()

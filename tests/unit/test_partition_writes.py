@@ -9,12 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError
+from helpers import AloneProducer
 
 from queueplane.run.consumer.partition import PartitionTask, TxnWrites
 from queueplane.run.consumer.process import ConsumerSettings
 from queueplane.run.crash_journal import CrashJournal
 from queueplane.run.dead_letters import HEADER_PARKED
-from queueplane.run.failed_writes import FailedWrites
+from queueplane.run.failed_writes import AloneWrites, FailedWrites
 from queueplane.run.handler import InvalidOutput, Record
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED, Outcome
 
@@ -87,18 +88,58 @@ def _task(process: SimpleNamespace, count: int) -> PartitionTask:
     return task
 
 
+def _alone(task: PartitionTask, refused: set[tuple[str, bytes]]) -> AloneProducer:
+    """The task writes its suspects again alone to a stand-in that refuses ``refused``."""
+    producer = AloneProducer(refused)
+    task.alone = AloneWrites(lambda: producer)
+    return producer
+
+
 def test_a_refused_output_turns_its_own_record_into_a_dead_letter_at_the_commit(tmp_path):
     process = _process(tmp_path)
     task = _task(process, 5)
-    # The broker refused the output of offset 3, after it was sent.
+    alone = _alone(task, {("q.out", b"value-3")})
+    # The broker refused the output of offset 3, after it was sent, and again alone.
     process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"value-3"))
     assert task.commit(5)
+    assert alone.written == [("q.out", b"k", b"value-3")], "written again alone before it was turned"
     rows = {row.offset: row.outcome for row in task.drain()}
     assert rows == {0: ACCEPTED, 1: ACCEPTED, 2: ACCEPTED, 3: DEAD_LETTERED, 4: ACCEPTED}
     dead = [w for w in process.producer.written if w[0] == "q.dlq"]
     assert [value for _, _, value in dead] == [b"value-3"], "the dead letter carries the record"
     assert process.commits == [5]
     assert process.failed_writes.refusals == 0, "claimed once"
+
+
+def test_an_output_refused_with_its_batch_but_taken_alone_leaves_its_record_accepted(tmp_path):
+    """The broker refuses a batch whole: offset 1's output shared a batch with offset 3's."""
+    process = _process(tmp_path)
+    task = _task(process, 5)
+    alone = _alone(task, {("q.out", b"value-3")})
+    for offset in (1, 3):
+        process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"value-%d" % offset))
+    assert task.commit(5)
+    rows = {row.offset: row.outcome for row in task.drain()}
+    assert rows == {0: ACCEPTED, 1: ACCEPTED, 2: ACCEPTED, 3: DEAD_LETTERED, 4: ACCEPTED}
+    assert alone.written == [("q.out", b"k", b"value-1"), ("q.out", b"k", b"value-3")]
+    dead = [w for w in process.producer.written if w[0] == "q.dlq"]
+    assert [value for _, _, value in dead] == [b"value-3"], "only the output refused alone"
+    assert process.commits == [5]
+
+
+@pytest.mark.parametrize("alone_too", [False, True], ids=["taken-alone", "refused-alone"])
+def test_a_dead_letter_refused_with_its_batch_is_parked_only_when_refused_alone(tmp_path, alone_too):
+    task = _task(_process(tmp_path), 0)
+    alone = _alone(task, {("q.dlq", b"value-0")} if alone_too else set())
+    record = Record(b"k", b"value-0", (), "q", 0, 0, 1, 0)
+    task._unparked.append((record, ("q.dlq", b"k", b"value-0", []), "refused with its batch"))
+    task._park_refused()
+    if not alone_too:
+        assert alone.written == [("q.dlq", b"k", b"value-0")], "written again alone: in the DLQ, not parked"
+        assert task._parked == {}
+    else:
+        assert alone.written == [("q.dlq", b"k", b"value-0"), ("q", b"k", b"value-0")], "then parked, alone"
+        assert list(task._parked) == [0]
 
 
 def test_another_tasks_refusal_is_left_for_it_and_costs_this_one_nothing(tmp_path):

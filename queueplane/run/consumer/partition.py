@@ -19,6 +19,11 @@ with the DLQ's headers and ``HEADER_PARKED`` goes to the end of its record's own
 before the offset passes the record, in the same transaction under exactlyOnce (the refused
 one is aborted and written again with the parked copy in the dead letter's place). A worker
 that meets a parked record writes it to the DLQ without a handler call.
+
+At-least-once, a write reported refused shared its record batch with others, and the broker
+refuses a batch whole: it is only a suspect (queueplane.run.failed_writes), written again alone
+before its record is turned into a dead letter or its dead letter is parked. Written again, it
+lands after the outputs of records handled later; the handler calls kept their order.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from queueplane.run.consumer.ordering import ContiguousOffsets, key_slot
 from queueplane.run.consumer.process import ConsumerSettings, TransactionalWriter, WorkerProcess
 from queueplane.run.consumer.slots import Done, Slot
 from queueplane.run.dead_letters import Failure, failure_of_headers
-from queueplane.run.failed_writes import fingerprints
+from queueplane.run.failed_writes import alone_writes
 from queueplane.run.handler import InvalidOutput, Record
 from queueplane.run.kafka_input import input_records
 from queueplane.run.outcomes import (
@@ -105,6 +110,7 @@ class PartitionTask:
         self._awaiting: list[Outcome] = []
         self._written: dict[int, tuple[Record, list[ProducedRecord]]] = {}
         self._write_errors = process.failed_writes.errors  # failures before this task are not its own
+        self.alone = alone_writes(s.kafka)  # suspects written again, each in a batch of its own
         self.writer = TransactionalWriter(process, topic, partition) if s.exactly_once else None
         # At-least-once: a slot's quick path hands outputs to the producer itself (``quick_produce``)
         # and settles its accepted records in runs (``settled``).
@@ -309,41 +315,40 @@ class PartitionTask:
             with self._lock:
                 self._unparked.append((record, dead, str(exc)))
 
-    def _park_refused(self) -> bool:
-        """Park the dead letters the DLQ refused (on a thread that is not the producer's); True
-        when it wrote any, which the commit waits for too.
+    def _park_refused(self) -> None:
+        """Park the dead letters the DLQ refused (on a thread that is not the producer's).
 
-        A parked copy goes to the end of its record's own partition, where the worker meets it
-        again and tries the DLQ once more (``_parked_to_dlq``): a dead letter the DLQ refuses
-        holds back neither the partition nor the records after it. Called once the producer
-        acknowledged every write so far, so every refusal below the commit's offset is here.
-        A parked copy that fails too fails the task: the record comes again, and so do its tries.
+        A dead letter reported refused may only have shared its batch with one the DLQ refuses:
+        it is written again alone first, and parked only when the DLQ refuses it alone. A parked
+        copy goes to the end of its record's own partition, written alone too (and acknowledged
+        before this returns), where the worker meets it again and tries the DLQ once more
+        (``_parked_to_dlq``): a dead letter the DLQ refuses holds back neither the partition nor
+        the records after it. Called once the producer acknowledged every write so far, so every
+        refusal below the commit's offset is here. A parked copy refused too fails the task: the
+        record comes again, and so do its tries.
         """
         with self._lock:
             unparked, self._unparked = self._unparked, []
         dlq = self.settings.dlq_topic
-        for record, dead, why in unparked:
+        for record, dead, _ in unparked:
             where = f"{record.topic}[{record.partition}]@{record.offset}"
-
-            def failed(err: Any, _msg: Any, where: str = where, why: str = why) -> None:
+            refused = self.alone.refusal(dead)  # any other failure fails the task: the record comes again
+            if refused is None:
+                continue  # in the DLQ after all
+            why = str(refused)
+            park_refused = self.alone.refusal(parked_record(dead, record.topic), record.partition)
+            if park_refused is not None:
                 REFUSALS.error(
-                    cause_of(dlq, why) + f" / {cause_of(self.topic, err)}",
-                    f"DLQ write failed for {where} ({why}) and parking it failed ({err}): retrying",
+                    cause_of(dlq, why) + f" / {cause_of(self.topic, park_refused)}",
+                    f"DLQ write failed for {where} ({why}) and parking it failed ({park_refused}): retrying",
                 )
-                self.fail(RuntimeError(f"DLQ write for {where} refused ({why}), and parking it failed: {err}"))
-
-            try:
-                produce(self.process.producer, parked_record(dead, record.topic), failed, partition=record.partition)
-            except InvalidOutput as exc:
-                failed(exc, None)
-                continue
+                raise RuntimeError(f"DLQ write for {where} refused ({why}), and parking it failed: {park_refused}")
             self._parked[record.offset] = refused_failure(PARKED, why)
             REFUSALS.error(
                 cause_of(dlq, why),
                 f"DLQ write failed for {where} ({why}): parked at the end of {record.topic}[{record.partition}] "
                 "until the DLQ takes it",
             )
-        return bool(unparked)
 
     def _commit_transaction(self, writer: TransactionalWriter, mark: int) -> None:
         """The pending records' writes and the offset ``mark`` in one transaction; their rows then."""
@@ -421,7 +426,9 @@ class PartitionTask:
         their rows with them; True when it wrote dead letters, which the commit waits for too.
 
         Called once the producer acknowledged every write so far, so every refusal of an
-        awaiting row's outputs has been reported (failed_writes)."""
+        awaiting row's outputs has been reported (failed_writes). A refused output is written
+        again alone first (``AloneWrites``): taken, its record stays accepted; only an output
+        refused alone turns its record into a dead letter."""
         failed, written = self.process.failed_writes, self._written
         if not failed.refusals:  # the usual case: nothing of this process's was refused
             for row in self._awaiting:
@@ -432,7 +439,9 @@ class PartitionTask:
         now_ms = int(time.time() * 1000)
         for row in self._awaiting:
             entry = written.pop(row.offset, None)
-            why = failed.claim(fingerprints(entry[1])) if entry is not None else None
+            suspects = failed.claim_each(entry[1]) if entry is not None else None
+            # Any failure but a refusal fails the task: the record comes again.
+            why = self.alone.first_refusal([item for item, _ in suspects]) if entry and suspects else None
             if entry is None or why is None:
                 rows.append(row)
                 continue
@@ -520,9 +529,7 @@ class PartitionTask:
             if self._turn_refused_outputs() and not delivery.all_delivered(within_s):
                 return False  # the dead letters are not acknowledged yet: the next try commits
             self.raise_if_failed()
-            if self._park_refused() and not delivery.all_delivered(within_s):
-                return False  # the parked copies are not acknowledged yet: the next try commits
-            self.raise_if_failed()
+            self._park_refused()
             self.process.commit(self.topic, self.partition, mark)
             rows = self._shown(self._awaiting)
             with self._lock:

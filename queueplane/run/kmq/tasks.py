@@ -11,6 +11,11 @@ then hands the records to its process's handler threads. Each record ends one wa
 
 The task returns when every record ended or was given up. The group's offsets are committed
 by the driver after the batch: from then on, redelivery is the tracker's job.
+
+A write reported refused shared its record batch with others, and the broker refuses a batch
+whole: it is only a suspect (queueplane.run.failed_writes), written again alone before its
+record is turned into a dead letter or its dead letter is parked; taken alone, the record ends
+as it would have.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import groupby
 from operator import attrgetter
+from typing import Any
 
 import pyarrow as pa
 
 from queueplane.run.crash_journal import DEAD, CrashJournal, Delivery, journal_folder, worker_died
 from queueplane.run.dead_letters import Failure, failure_of_headers
-from queueplane.run.failed_writes import FailedWrites
+from queueplane.run.failed_writes import AloneWrites, FailedWrites, alone_writes, fingerprint
 from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
 from queueplane.run.kafka_input import input_records
 from queueplane.run.kmq import markers as km
@@ -78,18 +84,23 @@ class KmqSettings(QueueSettings):
     resume_started: dict[str, list[list[int]]]
 
 
-FAILED, TURNED = "failed", "turned"  # a write's failure: the task fails / the record becomes a dead letter
+# A write's failure: the task fails / the record's refused writes are suspects, written again alone.
+FAILED, TURNED = "failed", "turned"
 
 
 class _Ending:
-    """A record whose writes were produced: its marker is due once they are durable."""
+    """A record whose writes were produced: its marker is due once they are durable. ``refused``:
+    its writes reported refused, each with why, once any was (``TURNED``); ``dead``: they are its
+    dead letter (parked when refused alone), else its outputs (it becomes a dead letter)."""
 
-    __slots__ = ("at", "delay", "failed", "index", "kind")
+    __slots__ = ("at", "dead", "delay", "failed", "index", "kind", "refused")
 
     def __init__(self, index: int, kind: str, delay: int):
         self.index, self.kind, self.delay = index, kind, delay
         self.at = time.monotonic()
         self.failed: str | None = None
+        self.refused: list[tuple[ProducedRecord, InvalidOutput]] = []
+        self.dead = False
 
 
 class HandlerThreads:
@@ -150,6 +161,7 @@ class KmqProcess:
         )
         self.producer = self.delivery.producer
         self.threads = HandlerThreads(settings.threads)
+        self.alone: AloneWrites = alone_writes(settings.kafka)  # suspects written again, each alone
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
         self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
 
@@ -180,8 +192,7 @@ class KmqTask:
         self._error: str | None = None
         self._write_failures = process.failed_writes.failures  # failures before this task are not its own
         self._queued: deque[int] = deque()  # records not yet taken by a handler thread, in call order
-        self._refused: dict[int, Failure] = {}  # records whose outputs the broker refused: to the DLQ next
-        self._to_park: dict[int, tuple[ProducedRecord, str]] = {}  # dead letters the DLQ refused: parked next
+        self._suspects: dict[int, _Ending] = {}  # records whose writes were reported refused: written again alone next
         self._turned: set[int] = set()  # records turned into dead letters that way (once each)
         self.deadline = 0.0
 
@@ -257,17 +268,11 @@ class KmqTask:
         call of a quick handler, settles in one step under the task's lock: its row and its
         place in the next round of end markers."""
         record = self.records[index]
-        if self._refused:  # filled before the record's job is queued: an empty one needs no lock
+        if self._suspects:  # filled before the record's job is queued: an empty one needs no lock
             with self._lock:
-                refused = self._refused.pop(index, None)
-            if refused is not None:
-                self._dead_letter(index, refused, 0.0)
-                return
-        if self._to_park:
-            with self._lock:
-                unparked = self._to_park.pop(index, None)
-            if unparked is not None:
-                self._park(index, *unparked)
+                suspect = self._suspects.pop(index, None)
+            if suspect is not None:
+                self._confirm_refused(suspect)
                 return
         if record.headers and is_parked(record.headers):
             self._parked_to_dlq(index)
@@ -378,13 +383,57 @@ class KmqTask:
         self._report(record, DEAD_LETTERED, failure_of_headers(record.headers), 0.0)
         self._write_then_end(index, [unparked_dead_letter(record, self.settings.dlq_topic)], km.END)
 
+    def _confirm_refused(self, ending: _Ending) -> None:
+        """The record's writes reported refused, each written again alone (on a handler thread):
+        all taken, the record ends as it would have (its row stands); one refused alone turns
+        its outputs into a dead letter, or parks its dead letter. Any other failure fails the
+        task (its records come again, from the task's retry or the tracker)."""
+        index = ending.index
+        try:
+            why = self.process.alone.first_refusal([item for item, _ in ending.refused])
+        except RuntimeError as exc:
+            self._fail_unsettled(index, str(exc))
+            return
+        if why is None:
+            self._write_then_end(index, [], km.END)
+        elif ending.dead:
+            self._park(index, ending.refused[0][0], str(why))
+        else:
+            with self._lock:
+                first = index not in self._turned
+                self._turned.add(index)
+            if first:
+                self._dead_letter(index, Failure.of(why), 0.0)
+            else:  # its dead letter's outputs cannot be refused: a second turn means a fault here
+                self._fail_unsettled(index, f"outputs of {self.records[index].offset} refused twice: {why}")
+
+    def _fail_unsettled(self, index: int, error: str) -> None:
+        """The record cannot end in this task: the task fails (its records come again)."""
+        record = self.records[index]
+        with self._lock:
+            if self._error is None:
+                self._error = f"write for {record.partition}:{record.offset}: {error}"
+            self._unsettled -= 1
+            self._settled.notify_all()
+
     def _park(self, index: int, dead: ProducedRecord, why: str) -> None:
-        """The DLQ refused ``dead``: write it to the queue's topic, parked, then the end marker.
-        A task meets it there later and tries the DLQ again (``_parked_to_dlq``); the record
-        holds nothing back meanwhile. A parked copy that fails too fails the task (its records
-        come again, from the task's retry or the tracker)."""
+        """The DLQ refused ``dead`` alone: write it to the queue's topic, parked (alone, and
+        acknowledged), then the end marker. A task meets it there later and tries the DLQ again
+        (``_parked_to_dlq``); the record holds nothing back meanwhile. A parked copy that fails
+        too fails the task (its records come again, from the task's retry or the tracker)."""
         record, s = self.records[index], self.settings
         where = f"{record.topic}-{record.partition}@{record.offset}"
+        try:
+            park_refused = self.process.alone.refusal(parked_record(dead, record.topic))
+        except RuntimeError as exc:
+            park_refused = InvalidOutput(str(exc))
+        if park_refused is not None:
+            REFUSALS.error(
+                cause_of(s.dlq_topic, why) + f" / {cause_of(record.topic, park_refused)}",
+                f"DLQ write failed for {where} ({why}) and parking it failed ({park_refused}): retrying",
+            )
+            self._fail_unsettled(index, f"DLQ write refused ({why}), and parking it failed: {park_refused}")
+            return
         failure = refused_failure(PARKED, why)
         with self._lock:
             self._outcomes = [o for o in self._outcomes if (o.partition, o.offset) != (record.partition, record.offset)]
@@ -393,7 +442,7 @@ class KmqTask:
             cause_of(s.dlq_topic, why),
             f"DLQ write failed for {where} ({why}): parked in {record.topic} until the DLQ takes it",
         )
-        self._write_then_end(index, [parked_record(dead, record.topic)], km.END)
+        self._write_then_end(index, [], km.END)
 
     def _write_then_end(self, index: int, writes: list[ProducedRecord], kind: str) -> None:
         """Produce the record's writes; its marker follows in the task thread's next round in
@@ -404,9 +453,9 @@ class KmqTask:
         ending = _Ending(index, kind, delay)
         # Only an END's outputs turn into a dead letter when refused; a refused DLQ record is parked.
         turnable = kind == km.END and bool(writes) and writes[0][0] != s.dlq_topic
-        parked = writes[0] if kind == km.END and len(writes) == 1 and writes[0][0] == s.dlq_topic else None
+        ending.dead = kind == km.END and len(writes) == 1 and writes[0][0] == s.dlq_topic
         if writes:
-            on_error = functools.partial(self._write_failed, ending, turnable, parked)
+            on_error = functools.partial(self._write_failed, ending, turnable or ending.dead, writes)
             self._may_produce.wait()
             for item in writes:
                 produce(self.process.producer, item, on_error)
@@ -420,30 +469,26 @@ class KmqTask:
             self._settled.notify_all()
 
     def _write_failed(
-        self, ending: _Ending, turnable: bool, dead: ProducedRecord | None, err: object, _msg: object
+        self, ending: _Ending, turnable: bool, writes: list[ProducedRecord], err: object, msg: Any
     ) -> None:
         """On the delivery thread, for a write the broker or client failed: the record gets no
-        marker from it; refused outputs turn into a dead letter, a refused dead letter (``dead``)
-        is parked (both on a handler thread), any other failure fails the task (its records
-        come back from the tracker)."""
+        marker from it. A refused output or dead letter (``turnable``) is a suspect, written again
+        alone once every write so far is acknowledged (``_end_round``); any other failure fails
+        the task (its records come back from the tracker)."""
         index = ending.index
-        refused = refused_write(err) if turnable or dead is not None else None
+        refused = refused_write(err) if turnable else None
         with self._lock:
-            if refused is None:
+            if refused is None or ending.failed == FAILED:
                 ending.failed = FAILED
                 if self._error is None:
                     record = self.records[index]
                     self._error = f"write for {record.partition}:{record.offset}: {err}"
                 return
             ending.failed = TURNED
-            if dead is not None:
-                self._to_park[index] = (dead, str(refused))
-            else:
-                if index in self._turned:
-                    return
-                self._turned.add(index)
-                self._refused[index] = Failure.of(refused)
-        self.process.threads.jobs.put((self, index))
+            print_ = fingerprint(msg.topic(), msg.key(), msg.value())
+            item = next((w for w in writes if fingerprint(w[0], w[1], w[2]) == print_), None)
+            if item is not None:
+                ending.refused.append((item, refused))
 
     def _end_round(self, within_s: float) -> None:
         """The markers of the records whose writes are durable now: every write produced so far
@@ -470,8 +515,11 @@ class KmqTask:
         runs: dict[km.RunKey, list[int]] = {}
         records = self.records
         for item in ending:
-            if item.failed == TURNED:
-                continue  # it ends again, as a dead letter
+            if item.failed == TURNED:  # every report of its writes is in: its suspects go again alone
+                with self._lock:
+                    self._suspects[item.index] = item
+                self.process.threads.jobs.put((self, item.index))
+                continue  # it ends again, once they are
             settled += 1
             if item.failed is None:
                 record = records[item.index]

@@ -1,4 +1,9 @@
-"""A share-group fetcher: one ShareConsumer polling, acknowledging and committing in its own thread."""
+"""A share-group fetcher: one ShareConsumer polling, acknowledging and committing in its own thread.
+
+A write reported refused (an output, a dead letter, a parked copy) shared its record batch with
+others, and the broker refuses a batch whole: it is written again alone (queueplane.run.failed_writes)
+before its record is dead-lettered or its dead letter parked; taken alone, it is a success.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ from queueplane.kafka import clients
 from queueplane.run.call_guard import CallGuard
 from queueplane.run.crash_journal import CrashJournal, worker_died
 from queueplane.run.dead_letters import Failure, failure_of_headers
-from queueplane.run.handler import Record
+from queueplane.run.failed_writes import alone_writes
+from queueplane.run.handler import InvalidOutput, Record
 from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
@@ -35,7 +41,7 @@ from queueplane.run.outcomes import (
 from queueplane.run.parking import LOST, PARKED, REFUSALS, RETRYING, cause_of, refused_failure
 from queueplane.run.share.accepted import AcceptedLately
 from queueplane.run.share.outbox import Outbox, Unrecorded
-from queueplane.run.share.pool import Chunk, HandlerPool, Poll
+from queueplane.run.share.pool import SUSPECT, Chunk, HandlerPool, Poll
 from queueplane.run.share.queue_end import QueueEnd
 from queueplane.run.share.settings import (
     ACCEPTED_RESULT,
@@ -185,6 +191,7 @@ class ShareFetcher:
             },
         )
         self.consumer.subscribe([s.topic])
+        self.alone = alone_writes(s.kafka)  # suspects written again, each in a batch of its own
         self.busy = False
         self.pending = False  # acknowledgements not yet committed
         self.parked = False  # this poll parked a dead letter the DLQ refused
@@ -269,6 +276,8 @@ class ShareFetcher:
                 chunks += pool.submit(poll, suspects, isolated=True)
             self._await(poll, chunks, lambda: self._acknowledge_accepted(good, poll, polled_at, in_order))
             self.parked = False
+            if poll.suspects:
+                self._confirm_suspects(poll)
             self._acknowledge(good, poll, polled_at, outcomes, in_order)
         except BaseException:
             self._release_unacknowledged(good, poll, in_order)
@@ -490,6 +499,36 @@ class ShareFetcher:
                 if results[i] is None:
                     results[i] = late
 
+    def _confirm_suspects(self, poll: Poll) -> None:
+        """Calls whose outputs were reported refused with their batch (``SUSPECT``): those outputs
+        written again alone. All taken, the call is accepted; one refused alone, the record is a
+        dead letter (InvalidOutput, as one refused before it was sent); any other failure
+        releases it for another delivery, as a failed output does."""
+        results = poll.results
+        with poll.cond:  # a call given up on at the deadline may still settle meanwhile
+            suspected = list(poll.suspects.items())
+        for index, suspects in suspected:
+            result = results[index]
+            if result is None or result[0] != SUSPECT:
+                continue
+            started = result[2]
+            try:
+                why = self.alone.first_refusal(suspects)
+            except RuntimeError as exc:
+                results[index] = (RELEASED, Failure.of(exc), started)
+                continue
+            results[index] = ACCEPTED_RESULT if why is None else (DEAD_LETTERED, Failure.of(why), started)
+
+    def _write(self, record: ProducedRecord) -> None:
+        """A dead letter or a parked copy, durable; raises when it was not written. Refused with
+        its batch, it is written again alone, and only a refusal alone raises InvalidOutput."""
+        try:
+            self.runtime.produce_and_wait([record])
+        except InvalidOutput:
+            why = self.alone.refusal(record)
+            if why is not None:
+                raise why from None
+
     def _decide(
         self, record: Record, result: Result | None, inflight: int, polled_at: float, latency_ms: float
     ) -> tuple[Outcome | None, int]:
@@ -516,7 +555,7 @@ class ShareFetcher:
                     record, settings.dlq_topic, record.delivery_count, failure, first, int(now * 1000)
                 )
             try:
-                self.runtime.produce_and_wait([dead])
+                self._write(dead)
             except Exception as exc:
                 return self._park(record, dead, failure, str(exc), polled_at, latency_ms, inflight)
             self.runtime.journal.cleared(record.partition, record.offset)  # no delivery of it comes again
@@ -551,7 +590,7 @@ class ShareFetcher:
         pause = PARK_RETRY_S
         while True:
             try:
-                self.runtime.produce_and_wait([parked_record(dead, record.topic)])
+                self._write(parked_record(dead, record.topic))
                 break
             except Exception as exc:
                 park_error = str(exc)
@@ -569,7 +608,7 @@ class ShareFetcher:
             time.sleep(pause)
             pause = min(pause * 2, PARK_RETRY_MAX_S)
             try:  # the DLQ may take it now
-                self.runtime.produce_and_wait([dead])
+                self._write(dead)
             except Exception as exc:
                 why = str(exc)
                 continue

@@ -8,6 +8,10 @@ on to the next call: the call settles when the broker has them. A poll is a whol
 batch of the queue's topic, thousands of records however small ``max.poll.records`` is, and a
 thread that waited for each call's outputs (a broker round trip) did not get through one
 before the acquisition lock ran out.
+
+An output reported refused shared its record batch with others, and the broker refuses a batch
+whole: the call's result is then ``SUSPECT`` (its refused outputs in ``Poll.suspects``), and the
+fetcher writes them again alone before it decides (queueplane.run.failed_writes).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from confluent_kafka import Message, Producer
 
 from queueplane.run.crash_journal import CrashJournal
 from queueplane.run.dead_letters import Failure
+from queueplane.run.failed_writes import fingerprint
 from queueplane.run.handler import Handler, MessageRecord, Output, Record, Reject, outputs_of
 from queueplane.run.outcomes import (
     DEAD_LETTERED,
@@ -35,6 +40,10 @@ from queueplane.run.share.isolated import IsolatedCalls
 from queueplane.run.share.settings import ACCEPTED_RESULT, CHUNK_S, ROOM_ROUNDS, STUCK_S, Result
 
 log = logging.getLogger("queueplane.worker")
+
+# A call whose outputs were reported refused with their record batch: not decided until they are
+# written again alone (ShareFetcher._confirm_suspects). Never a row's outcome.
+SUSPECT = "suspect"
 
 
 class PoolHost(Protocol):
@@ -71,6 +80,7 @@ class Poll:
         "producing",
         "records",
         "results",
+        "suspects",
         "unsettled",
     )
 
@@ -87,6 +97,7 @@ class Poll:
         self.deadline = deadline
         self.abandoned = False  # the deadline passed: results written from now on are not waited for
         self.producing: set[int] = set()  # calls whose outputs are on their way to the broker
+        self.suspects: dict[int, list[ProducedRecord]] = {}  # SUSPECT calls' outputs reported refused
 
     def finished(self, count: int) -> None:
         with self.cond:
@@ -119,24 +130,38 @@ class Outputs:
 
     ``left`` counts outputs handed to the producer and not yet reported; ``sealed`` says every
     output was handed over (or handing over failed), so a report that brings ``left`` to 0
-    before that settles nothing. All of it is changed under the poll's condition.
+    before that settles nothing. ``items`` are the outputs handed over, ``refused`` those
+    reported refused: suspects, since their batch may have been refused for another record's
+    size. All of it is changed under the poll's condition.
     """
 
-    __slots__ = ("error", "index", "left", "poll", "sealed", "started")
+    __slots__ = ("error", "index", "items", "left", "poll", "refused", "sealed", "started")
 
     def __init__(self, poll: Poll, index: int, started: float):
         self.poll, self.index, self.started = poll, index, started
         self.left = 0
         self.sealed = False
         self.error: Exception | None = None
+        self.items: list[ProducedRecord] = []
+        self.refused: list[tuple[ProducedRecord, Exception]] = []
 
-    def delivered(self, err: Any, _message: Any) -> None:
+    def delivered(self, err: Any, message: Any) -> None:
         """The producer's delivery callback, on its serving thread."""
         with self.poll.cond:
             self.left -= 1
-            if err is not None and self.error is None:
-                self.error = refused_write(err) or RuntimeError(f"output delivery failed: {err}")
+            if err is not None:
+                refused = refused_write(err)
+                item = self._item(message) if refused is not None else None
+                if item is not None:
+                    self.refused.append((item, refused))
+                elif self.error is None:
+                    self.error = refused or RuntimeError(f"output delivery failed: {err}")
             self._settle()
+
+    def _item(self, message: Any) -> ProducedRecord | None:
+        """The output a delivery report is about, found by its bytes."""
+        print_ = fingerprint(message.topic(), message.key(), message.value())
+        return next((item for item in self.items if fingerprint(item[0], item[1], item[2]) == print_), None)
 
     def seal(self, error: Exception | None = None) -> None:
         with self.poll.cond:
@@ -151,7 +176,10 @@ class Outputs:
         poll, index = self.poll, self.index
         if poll.results[index] is None:  # not given up on by the fetcher in the meantime
             error = self.error
-            if error is None:
+            if error is None and self.refused:
+                poll.results[index] = (SUSPECT, Failure.of(self.refused[0][1]), self.started)
+                poll.suspects[index] = [item for item, _ in self.refused]
+            elif error is None:
                 poll.results[index] = ACCEPTED_RESULT
             elif isinstance(error, Reject):  # InvalidOutput: refused on every delivery alike
                 poll.results[index] = (DEAD_LETTERED, Failure.of(error), self.started)
@@ -324,6 +352,7 @@ class HandlerPool:
             for item in [self.runtime.output_record(o, record) for o in outputs]:
                 with poll.cond:
                     pending.left += 1
+                    pending.items.append(item)
                 try:
                     produce(self.runtime.producer, item, pending.delivered)
                 except BaseException:
