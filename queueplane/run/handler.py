@@ -1,99 +1,42 @@
-"""The handler contract every runtime shares.
+"""What the runtimes add to the handler contract (queueplane.handler_api): loading a handler
+and its process hooks, and the Record the share runtime reads from a Kafka message.
 
-A team's handler is one callable ``module:function`` that takes a Record. Returning
-accepts the record (optionally with outputs); raising Retry asks for another delivery;
-raising Reject sends the record to the dead-letter queue at once; any other exception
-counts as Retry, because a bug fixed and redeployed should not lose records.
-
-This module imports nothing heavy: handlers import Retry and Reject inside executors.
+The contract's types are defined in queueplane.handler_api and re-exported here, so the
+runtimes' imports stay as they are. This module imports nothing heavy: handlers import Retry
+and Reject inside executors.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
+import logging
 import sys
+import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any
 
+from queueplane.handler_api import Handler, Hook, InvalidOutput, Output, Record, Reject, Retry, outputs_of
 
-class Retry(Exception):
-    """Raise to ask for another delivery of this record (after backoff, or from the broker)."""
+__all__ = [
+    "Handler",
+    "Hook",
+    "InvalidOutput",
+    "MessageRecord",
+    "Output",
+    "ProcessHooks",
+    "Record",
+    "Reject",
+    "Retry",
+    "load_handler",
+    "outputs_of",
+]
 
+log = logging.getLogger("queueplane.worker")
 
-class Reject(Exception):
-    """Raise when the record can never succeed (poison): it goes to the dead-letter queue now."""
-
-
-class InvalidOutput(Reject):
-    """What the handler returned cannot be written (a wrong type, or more than the topic takes).
-
-    A Reject: the same record returns the same outputs on every delivery, so another delivery
-    cannot help, and the record goes to the dead-letter queue with this as its error class.
-    """
-
-
-@dataclass(frozen=True)
-class Record:
-    """One delivery of one record, as the handler sees it."""
-
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-    topic: str
-    partition: int
-    offset: int
-    delivery_count: int
-    timestamp: int  # ms since the epoch, as Kafka stored it
-
-    @classmethod
-    def make(
-        cls,
-        key: bytes | None,
-        value: bytes | None,
-        headers: tuple[tuple[str, bytes | None], ...],
-        topic: str,
-        partition: int,
-        offset: int,
-        delivery_count: int,
-        timestamp: int,
-    ) -> Record:
-        """The record with these fields, built without the frozen dataclass's ``__init__``.
-
-        Runtimes build one per delivery; that ``__init__`` sets each field through
-        ``object.__setattr__`` and cost three times this, a tenth of a trivial handler's record.
-        """
-        record = cls.__new__(cls)
-        record.__dict__.update(
-            key=key,
-            value=value,
-            headers=headers,
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            delivery_count=delivery_count,
-            timestamp=timestamp,
-        )
-        return record
-
-    def text(self) -> str:
-        return (self.value or b"").decode("utf-8")
-
-    def json(self) -> Any:
-        """The value parsed as JSON; invalid JSON raises Reject, since no retry can fix it."""
-        try:
-            return json.loads(self.value or b"")
-        except ValueError as exc:
-            raise Reject(f"value is not JSON: {exc}") from None
-
-    def header(self, name: str) -> bytes | None:
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
+# How long a drain or a stop waits for processing.teardown before it goes on without it.
+TEARDOWN_TIMEOUT_S = 30.0
 
 
 class MessageRecord(Record):
@@ -131,72 +74,6 @@ class MessageRecord(Record):
 _set_message = MessageRecord._message.__set__  # type: ignore[attr-defined]
 
 
-class Output(NamedTuple):
-    """A record the handler wants written; topic None means the spec's output topic.
-
-    A named tuple, not a frozen dataclass: a handler builds one per record, and the dataclass's
-    ``__init__`` (each field set through ``object.__setattr__``) cost five times this. Immutable
-    all the same; ``headers`` None is no headers, since a shared empty dict as the default would
-    be one that any handler could change for all.
-    """
-
-    value: bytes | str | dict | list | None
-    key: bytes | str | None = None
-    headers: Mapping[str, bytes | str] | None = None
-    topic: str | None = None
-
-    def encoded(self) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
-        """Key, value and headers as bytes; InvalidOutput for anything that is not writable."""
-        value = self.value
-        if isinstance(value, (dict, list)):
-            try:
-                value = json.dumps(value, separators=(",", ":"))
-            except (TypeError, ValueError) as exc:
-                raise InvalidOutput(f"the output value is not JSON-serialisable: {exc}") from None
-        if self.headers is not None and not isinstance(self.headers, Mapping):
-            raise InvalidOutput(f"output headers are a dict of str to bytes or str, not {type(self.headers).__name__}")
-        headers = []
-        for name, header in (self.headers or {}).items():
-            if not isinstance(name, str):
-                raise InvalidOutput(f"an output header name is {type(name).__name__}, not str")
-            _bytes(name, "an output header name")  # text the client cannot encode would crash it (a segfault)
-            headers.append((name, _bytes(header, f"output header {name!r}") or b""))
-        if self.topic is not None and not isinstance(self.topic, str):
-            raise InvalidOutput(f"the output topic is {type(self.topic).__name__}, not str")
-        if self.topic is not None:
-            _bytes(self.topic, "the output topic")
-        return (_bytes(self.key, "the output key"), _bytes(value, "the output value"), headers)
-
-
-def _bytes(value: object, what: str = "a value") -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        try:
-            return value.encode()
-        except UnicodeEncodeError as exc:
-            raise InvalidOutput(f"{what} is not valid text: {exc}") from None
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    raise InvalidOutput(f"{what} is {type(value).__name__}; outputs take bytes, str, or (values) a dict or list")
-
-
-Handler = Callable[[Record], Any]
-
-
-def outputs_of(result: Any) -> list[Output]:
-    """What a handler returned, as outputs: None, one Output or value, or an iterable of them."""
-    if result is None:
-        return []
-    if isinstance(result, Output):
-        return [result]
-    if isinstance(result, (bytes, str, dict)):
-        return [Output(result)]
-    if isinstance(result, Iterable):
-        return [r if isinstance(r, Output) else Output(r) for r in result]
-    raise InvalidOutput(f"a handler returns None, an Output, a value or a list of them; got {type(result).__name__}")
-
-
 def load_handler(reference: str, search_paths: Iterable[str] = ()) -> Handler:
     """Import ``module:function``; ``search_paths`` (the spec's folder) come before sys.path."""
     module_name, _, function_name = reference.partition(":")
@@ -208,3 +85,69 @@ def load_handler(reference: str, search_paths: Iterable[str] = ()) -> Handler:
     if not callable(handler):
         raise AttributeError(f"{module_name} has no callable {function_name!r}")
     return handler
+
+
+class ProcessHooks:
+    """A queue's ``processing.setup`` and ``processing.teardown`` in one process.
+
+    ``start`` runs setup unless it ran since the last teardown: every runtime calls it before it
+    hands the process's handler a record, so setup runs once, before the first call. ``end`` runs
+    teardown if setup ran: when a process drains (its handler gets no record until the next
+    ``start``) and when it ends. Teardown gets ``TEARDOWN_TIMEOUT_S``; one that raises or hangs
+    is logged, and the drain or the stop goes on, since every record is settled by then.
+    """
+
+    def __init__(self, setup: Hook | None = None, teardown: Hook | None = None, names: tuple[str, str] = ("", "")):
+        self.setup = setup
+        self.teardown = teardown
+        self.names = names
+        self.up = False
+        # Reentrant: a stop's signal handler may end the hooks on the thread that is starting them.
+        self._lock = threading.RLock()
+        self._ending: threading.Thread | None = None
+
+    @classmethod
+    def load(cls, setup: str | None, teardown: str | None, search_paths: Iterable[str] = ()) -> ProcessHooks:
+        """The hooks named ``module:function``, imported as handlers are (``load_handler``)."""
+        paths = list(search_paths)
+        return cls(
+            load_handler(setup, paths) if setup else None,
+            load_handler(teardown, paths) if teardown else None,
+            (setup or "", teardown or ""),
+        )
+
+    def start(self) -> None:
+        """Run setup unless it ran since the last teardown. A setup that raises raises here, as a
+        RuntimeError naming it: no record is handled without it, and the next ``start`` tries again."""
+        with self._lock:
+            if self.up:
+                return
+            if self.setup is not None:
+                try:
+                    self.setup()
+                except Exception as exc:
+                    raise RuntimeError(f"processing.setup {self.names[0]} raised {type(exc).__name__}: {exc}") from exc
+            self.up = True
+
+    def end(self, timeout_s: float = TEARDOWN_TIMEOUT_S) -> None:
+        """Run teardown if setup ran, waiting up to ``timeout_s`` for it (or for one already running)."""
+        with self._lock:
+            if self.up:
+                self.up = False
+                if self.teardown is not None:
+                    self._ending = threading.Thread(target=self._tear_down, name="qp-teardown", daemon=True)
+                    self._ending.start()
+            ending = self._ending
+        if ending is None:
+            return
+        ending.join(timeout_s)
+        if ending.is_alive():
+            name = self.names[1]
+            log.error("processing.teardown %s has not returned within %gs; going on without it", name, timeout_s)
+
+    def _tear_down(self) -> None:
+        assert self.teardown is not None
+        try:
+            self.teardown()
+        except BaseException:
+            log.exception("processing.teardown %s raised", self.names[1])
