@@ -5,6 +5,14 @@ handler, producer and threads in a module-level registry keyed by the settings J
 first task of a process builds them, later tasks find them, and they are closed when the
 process exits (share consumers leave their group then, producers flush). The three
 runtimes differ in what they keep, not in how they keep it, so the keeping lives here once.
+
+The spec's ``processing.setup`` runs here too, for every runtime: in ``PerProcess.get``, before
+the task hands the handler a record, once until a teardown. ``processing.teardown`` runs when a
+process drains (``PerProcess.drained``: a share task's draining batch) and when it ends. Spark's
+daemon ends its forked workers with ``os._exit`` (no ``atexit``) and, at a stop, with SIGHUP, so
+the ends are caught where they happen: the daemon's worker function (``teardown_at_exit``, put in
+place by queueplane.run.spark_daemon), a SIGHUP handler while a queue has a teardown, and
+``atexit`` in a process that exits as Python processes do.
 """
 
 from __future__ import annotations
@@ -12,7 +20,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import json
 import logging
+import os
+import signal
 import sys
 import threading
 import time
@@ -20,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from queueplane.kafka import clients
+from queueplane.run.handler import ProcessHooks
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
 # Handler threads mostly wait (I/O, sleeps) and then need the GIL back for a few microseconds.
@@ -61,30 +73,112 @@ class Closable(Protocol):
 T = TypeVar("T", bound=Closable)
 
 
-class PerProcess(Generic[T]):
-    """One ``T`` per settings JSON in this process, made on first use and closed at exit."""
+def hooks_in_settings(settings_json: str) -> ProcessHooks:
+    """The ``setup`` and ``teardown`` a runtime's settings name (QueueSettings), imported."""
+    fields = json.loads(settings_json)
+    return ProcessHooks.load(fields.get("setup"), fields.get("teardown"), fields.get("search_paths") or ())
 
-    def __init__(self, make: Callable[[str], T]):
+
+class PerProcess(Generic[T]):
+    """One ``T`` per settings JSON in this process, made on first use and closed at exit, beside
+    the queue's process hooks (``processing.setup``, ``processing.teardown``)."""
+
+    def __init__(self, make: Callable[[str], T], hooks: Callable[[str], ProcessHooks] = hooks_in_settings):
         self._make = make
+        self._hooks_of = hooks
         self._made: dict[str, T] = {}
+        self._hooks: dict[str, ProcessHooks] = {}
         self._lock = threading.Lock()
         atexit.register(self.close_all)
+        _REGISTRIES.append(self)
 
     def get(self, settings_json: str) -> T:
+        """The process's ``T`` for these settings, with the queue's setup run (again, after a drain)."""
         if not logging.getLogger().handlers:  # Spark's Python workers: log to stderr, which Spark keeps
             logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
             clients.report_errors()
         with self._lock:
-            made = self._made.get(settings_json)
-            if made is None:
+            made, hooks = self._made.get(settings_json), self._hooks.get(settings_json)
+            fresh = made is None or hooks is None
+            if made is None or hooks is None:
+                hooks = self._hooks_of(settings_json)  # a hook that cannot be imported fails the task
                 tune_interpreter()
                 made = self._made[settings_json] = self._make(settings_json)
-                freeze_what_lives()
-            return made
+                self._hooks[settings_json] = hooks
+            try:
+                hooks.start()
+            finally:
+                if fresh:
+                    freeze_what_lives()
+        if hooks.teardown is not None:
+            end_hooks_on_hangup()
+        return made
+
+    def drained(self, settings_json: str) -> None:
+        """The process drained this queue: its handler gets no record until the next ``get``."""
+        hooks = self._hooks.get(settings_json)
+        if hooks is not None:
+            hooks.end()
+
+    def end_hooks(self) -> None:
+        for hooks in list(self._hooks.values()):
+            hooks.end()
 
     def close_all(self) -> None:
         for made in list(self._made.values()):
             made.close()
+        self.end_hooks()
+
+
+_REGISTRIES: list[PerProcess[Any]] = []
+
+
+def end_all_hooks() -> None:
+    """Teardown of every queue whose setup ran in this process: it is about to end."""
+    for registry in list(_REGISTRIES):
+        registry.end_hooks()
+
+
+def _on_hangup(_signum: int, _frame: object) -> None:
+    """Spark's daemon ends its workers with SIGHUP at a stop: teardown first, then end as SIGHUP would."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        end_all_hooks()
+    finally:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGHUP)
+
+
+def end_hooks_on_hangup() -> None:
+    """Catch SIGHUP for teardown. Set at every task: pyspark's worker resets SIGHUP before each one.
+    Only the main thread may set handlers; a process run from another thread keeps its own."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, _on_hangup)
+
+
+def teardown_at_exit(worker: Callable[..., int]) -> Callable[..., int]:
+    """Spark's daemon's worker function (``pyspark.daemon.worker``), with teardown before the
+    process ends. A forked worker runs it once per task and ends with ``os._exit`` when it
+    returns non-zero (Spark closed the worker's socket: an idle worker, a stop; or its task
+    failed) or raises, or when workers are not reused."""
+
+    def worker_then_teardown(*args: Any) -> int:
+        try:
+            code = worker(*args)
+        except BaseException:
+            _end_before_exit()
+            raise
+        if code or not os.environ.get("SPARK_REUSE_WORKER"):
+            _end_before_exit()
+        return code
+
+    return worker_then_teardown
+
+
+def _end_before_exit() -> None:
+    with contextlib.suppress(ValueError):  # a SIGHUP now (a stop) must not cut the teardown short
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    end_all_hooks()
 
 
 class ServedProducer:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Self
 
 from queueplane.kafka import clients
@@ -42,6 +41,9 @@ class QueueSettings(JsonSettings):
     batch_bytes: int | None = None
     # processing.memoryLimit in MiB: a handler process past it ends itself (queueplane.run.memory_guard).
     memory_limit_mi: int | None = None
+    # processing.setup and processing.teardown: run once per worker process (queueplane.run.processes).
+    setup: str | None = None
+    teardown: str | None = None
 
     @staticmethod
     def common(queue: QueueSpec, target: KafkaTarget) -> dict[str, Any]:
@@ -51,7 +53,6 @@ class QueueSettings(JsonSettings):
         dead letters, parked records, kmq markers) take records as large as the largest topic
         they write, read from the broker now (``clients.sized_for``), not librdkafka's 1 MB.
         """
-        folder = Path(queue.source).resolve().parent
         return {
             "kafka": clients.sized_for(target.settings, largest_record(target, written_topics(queue))),
             "queue": queue.name,
@@ -61,9 +62,9 @@ class QueueSettings(JsonSettings):
             "lock_ms": queue.group.lock_duration_ms,
             "delivery_limit": queue.group.delivery_limit,
             "handler": queue.handler,
-            # In local mode the handler's package sits beside the spec, or is the team folder the
-            # spec sits in (specs/<team>/__init__.py makes `<team>.handlers` importable).
-            "search_paths": [str(folder), str(folder.parent)],
+            "setup": queue.setup,
+            "teardown": queue.teardown,
+            "search_paths": queue.handler_search_paths,
             "memory_limit_mi": queue.handler_memory_mi,
             "batch_bytes": smallest_record_batch(target, [queue.dead_letter.name, *filter(None, [queue.output_topic])]),
         }

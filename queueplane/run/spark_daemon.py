@@ -82,12 +82,13 @@ def preload() -> None:
 def main() -> None:
     drop_spark_archives()
     preload()
-    from pyspark.daemon import manager
+    from pyspark import daemon
 
-    from queueplane.run.processes import freeze_what_lives
+    from queueplane.run.processes import freeze_what_lives, teardown_at_exit
 
+    daemon.worker = teardown_at_exit(daemon.worker)  # the spec's processing.teardown before a worker ends
     freeze_what_lives()
-    manager()
+    daemon.manager()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ types here and never re-check the raw YAML.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from queueplane.kafka import names as kn
@@ -96,6 +97,9 @@ class QueueSpec:
     # spec.access: who the worker runs as and who may produce (ACLs, see provision/acls.py)
     worker_principal: str | None = None
     producer_principals: tuple[str, ...] = ()
+    # processing.setup and processing.teardown: module:function, run once per worker process
+    setup: str | None = None
+    teardown: str | None = None
 
     def memory_mi(self, role: str) -> int:
         """``deployment.<role>.memory`` (driver or executor) in MiB: the schema allows ``<n>m`` or ``<n>g``."""
@@ -106,6 +110,14 @@ class QueueSpec:
     def handler_memory_mi(self) -> int:
         """``processing.memoryLimit`` in MiB: what one handler process may hold (default: the executor's memory)."""
         return memory_mi(self.memory_limit) if self.memory_limit else self.memory_mi("executor")
+
+    @property
+    def handler_search_paths(self) -> list[str]:
+        """Where the handler and its hooks are imported from, before sys.path: the spec's folder
+        (a handler package beside the spec) and its parent (the team folder the spec sits in is the
+        package: specs/<team>/__init__.py makes ``<team>.handlers`` importable)."""
+        folder = Path(self.source).resolve().parent
+        return [str(folder), str(folder.parent)]
 
     @property
     def owner(self) -> str:
@@ -197,4 +209,6 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         document=d,
         worker_principal=spec.get("access", {}).get("worker"),
         producer_principals=tuple(spec.get("access", {}).get("producers", [])),
+        setup=processing.get("setup"),
+        teardown=processing.get("teardown"),
     )

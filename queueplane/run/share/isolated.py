@@ -38,7 +38,7 @@ from typing import Any
 
 from queueplane.run.crash_journal import CrashJournal, worker_died
 from queueplane.run.dead_letters import Carried, Failure
-from queueplane.run.handler import Output, Record, Reject, load_handler, outputs_of
+from queueplane.run.handler import Output, ProcessHooks, Record, Reject, load_handler, outputs_of
 from queueplane.run.memory_guard import guard
 from queueplane.run.outputs import output_record
 
@@ -69,6 +69,7 @@ class Job:
     output_topic: str | None
     memory_limit_mi: int | None
     verdict_path: str
+    hooks: tuple[str | None, str | None] = (None, None)  # processing.setup and teardown, run around the call
 
 
 # What a child answers: ("returned", outputs), ("raised", failure, rejected) or ("ended", failure)
@@ -95,9 +96,15 @@ class IsolatedCalls:
     """Runs a process's suspect calls in children and keeps their crashes in the process's journal."""
 
     def __init__(
-        self, handler: str, search_paths: list[str], output_topic: str | None, memory_limit_mi: int | None
+        self,
+        handler: str,
+        search_paths: list[str],
+        output_topic: str | None,
+        memory_limit_mi: int | None,
+        hooks: tuple[str | None, str | None] = (None, None),
     ) -> None:
         self.handler = handler
+        self.hooks = hooks
         self.search_paths = search_paths
         self.output_topic = output_topic
         self.memory_limit_mi = memory_limit_mi
@@ -109,7 +116,13 @@ class IsolatedCalls:
         with tempfile.TemporaryDirectory(prefix="suspect-", dir=journal.folder) as folder:
             verdict_path = os.path.join(folder, "verdict")
             job = Job(
-                self.handler, self.search_paths, plain(record), self.output_topic, self.memory_limit_mi, verdict_path
+                self.handler,
+                self.search_paths,
+                plain(record),
+                self.output_topic,
+                self.memory_limit_mi,
+                verdict_path,
+                self.hooks,
             )
             child = subprocess.Popen(
                 [sys.executable, "-m", "queueplane.run.share.isolated"], stdin=subprocess.PIPE, env=self._env
@@ -227,7 +240,10 @@ def _child() -> None:
     job: Job = pickle.loads(sys.stdin.buffer.read())
     guard(job.memory_limit_mi, lambda reason: _answer(job.verdict_path, ("ended", reason)))
     handler = load_handler(job.handler, job.search_paths)
+    hooks = ProcessHooks()
     try:
+        hooks = ProcessHooks.load(*job.hooks, job.search_paths)
+        hooks.start()
         outputs = outputs_of(handler(job.record))
         for output in outputs:  # refused here as in the parent (InvalidOutput), and sure to cross back
             output_record(output, job.record, job.output_topic)
@@ -238,6 +254,7 @@ def _child() -> None:
     except BaseException as exc:  # Retry, any other exception, sys.exit(): another delivery
         verdict = ("raised", Failure.of(exc), False)
     _answer(job.verdict_path, verdict)
+    hooks.end()
 
 
 if __name__ == "__main__":

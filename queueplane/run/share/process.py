@@ -67,7 +67,11 @@ class ProcessRuntime:
         self.memory_guard = guard(settings.memory_limit_mi, self.journal.ending)
         self.calls = CallGuard(self.journal.disown)
         self.isolated = IsolatedCalls(
-            settings.handler, settings.search_paths, settings.output_topic, settings.memory_limit_mi
+            settings.handler,
+            settings.search_paths,
+            settings.output_topic,
+            settings.memory_limit_mi,
+            (settings.setup, settings.teardown),
         )
         self.outbox = Outbox(folder)
         self.accepted = AcceptedLately(max(ACCEPTED_MEMORY_S, ACCEPTED_MEMORY_LOCKS * settings.lock_ms / 1000))

@@ -69,6 +69,8 @@ class ShareStreamReader(DataSourceStreamReader):
         runtime = RUNTIMES.get(self.settings_json)
         task = (partition.stream, partition.batch, partition.index)
         blocks = runtime.run_batch(final=partition.final, task=task)
+        if partition.final:
+            RUNTIMES.drained(self.settings_json)  # the spec's processing.teardown
         if blocks:
             yield columns_batch(blocks)
 
