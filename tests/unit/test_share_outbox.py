@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -470,3 +471,46 @@ def test_a_mark_that_is_not_a_task_ends_the_reading(tmp_path):
     with dead.path.open("ab") as handle:
         handle.write(json.dumps([4, 0, ["stream-a", "5", 0]]).encode() + b"\n")
     assert _began(tmp_path, ("stream-a", 9, 0)).take() == [settled], "not read as handed to a task"
+
+
+def _lock_waited_for(folder) -> bool:
+    """Whether a process or thread waits for the folder's lock (a blocked flock in /proc/locks)."""
+    inode = os.stat(folder / "lock").st_ino
+    return any("->" in line and f":{inode} " in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_retry_sees_the_rows_a_sibling_task_is_moving_to_handed_jsonl_at_that_moment(tmp_path):
+    """Another task's process claims the dead attempt's file (under the folder's lock) just as the
+    retry takes: the retry waits for the lock and finds the rows in handed.jsonl, instead of
+    finding neither a dead file nor handed.jsonl and leaving the rows to be dropped by the next batch."""
+    taken = _block(0, [1, 2])
+    dead = _began(tmp_path, TASK, tag=DEAD)
+    dead.add([taken])
+    dead.take()
+    dead.close()
+    retry = _began(tmp_path, TASK, tag="2147483645-1")
+    claimed, done = threading.Event(), threading.Event()
+
+    def sibling() -> None:  # a living process's claim, as ``adopt`` makes it, paused under the lock
+        with crash_journal.folder_lock(tmp_path):
+            path = dead.path.rename(tmp_path / f"{DEAD}.outbox.{crash_journal.process_tag()}")
+            claimed.set()
+            while not _lock_waited_for(tmp_path) and not done.wait(0.01):
+                pass
+            handed = outbox_module._read(path)[2]
+            (tmp_path / outbox_module.HANDED).write_bytes(
+                b"".join(
+                    outbox_module._entry(0, 0, rows) + outbox_module._entry(outbox_module.TAKEN, 0, task)
+                    for task, rows in handed.items()
+                )
+            )
+        path.unlink()
+
+    thread = threading.Thread(target=sibling)
+    thread.start()
+    claimed.wait()
+    try:
+        assert retry.take() == [taken]
+    finally:
+        done.set()
+        thread.join()

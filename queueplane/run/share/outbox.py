@@ -219,7 +219,7 @@ class Outbox:
         A process driven by hand, with no task begun (a test, a tool), takes the rows for good:
         its file keeps only the provisional ones.
         """
-        self.adopt()
+        self.adopt(thorough=True)
         with self._lock:
             blocks, self._blocks = self._blocks, []
             if self._task is None or (not blocks and self._handed_to is None):
@@ -249,7 +249,7 @@ class Outbox:
             self._file.close()
         self._file = self.path.open("ab", buffering=0)
 
-    def adopt(self) -> None:
+    def adopt(self, thorough: bool = False) -> None:
         """Take over the files of this queue's processes on this machine that died: their settled
         rows and their provisional ones never settled join this process's rows (in memory and in
         its file), and the records of the latter are registered in ``counted.json`` first. Rows
@@ -259,20 +259,24 @@ class Outbox:
         Under the folder's lock from the claim to the registration and the rewriting of
         ``handed.jsonl``, so a process that looks a record up (``redelivered_counted``) after this
         started sees it registered, and two processes never take the same rows out of
-        ``handed.jsonl``.
+        ``handed.jsonl``. A fetcher looks without the lock first and goes on when nothing is left;
+        a take (``thorough``) looks under it, so that it sees a file another process is claiming
+        at that moment once its rows are in ``handed.jsonl``: the retry of a task must not miss
+        the rows its failed attempt had taken.
         """
-        dead = self._left_by_the_dead()
         task = self._task
-        stamp = file_stamp(self.folder / HANDED)
-        handed_due = stamp is not None and (stamp, task) != self._handed_seen
-        if not dead and not handed_due:
-            return
+        if not thorough:
+            stamp = file_stamp(self.folder / HANDED)
+            handed_due = stamp is not None and (stamp, task) != self._handed_seen
+            if not handed_due and not self._left_by_the_dead():
+                return
         blocks: list[OutcomeColumns] = []
         unsettled: list[OutcomeColumns] = []
         again: list[OutcomeColumns] = []
         claimed_paths: list[Path] = []
         me = self.path.name.removesuffix(SUFFIX)
         with folder_lock(self.folder):
+            dead = self._left_by_the_dead()
             waiting: dict[Task, list[OutcomeColumns]] = {}
             joined = False  # whether a dead process's file had rows handed to a task
             for path in dead:
