@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from confluent_kafka import KafkaException
 
 from queueplane import __version__
-from queueplane.cli import deploy_commands, local_commands, ops_commands, run_commands, spec_commands
+from queueplane.cli import deploy_commands, local_commands, ops_commands, run_commands, spec_commands, try_command
 from queueplane.cli.common import EPILOG, emit_error, err, no_color, print_error, print_problems
 from queueplane.errors import EXIT_FAILED, EXIT_OK, QueueplaneError, SpecInvalid
 from queueplane.kafka.cluster import refusal
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"queueplane {__version__}")
     parser.add_argument("--no-color", action="store_true", help=NO_COLOR_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for group in (spec_commands, deploy_commands, run_commands, ops_commands, local_commands):
+    for group in (spec_commands, deploy_commands, run_commands, try_command, ops_commands, local_commands):
         group.register(commands)
     completion = commands.add_parser(
         "completion",

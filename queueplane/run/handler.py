@@ -105,6 +105,7 @@ class ProcessHooks:
         # Reentrant: a stop's signal handler may end the hooks on the thread that is starting them.
         self._lock = threading.RLock()
         self._ending: threading.Thread | None = None
+        self.teardown_error: BaseException | None = None  # what the last teardown raised
 
     @classmethod
     def load(cls, setup: str | None, teardown: str | None, search_paths: Iterable[str] = ()) -> ProcessHooks:
@@ -129,25 +130,30 @@ class ProcessHooks:
                     raise RuntimeError(f"processing.setup {self.names[0]} raised {type(exc).__name__}: {exc}") from exc
             self.up = True
 
-    def end(self, timeout_s: float = TEARDOWN_TIMEOUT_S) -> None:
-        """Run teardown if setup ran, waiting up to ``timeout_s`` for it (or for one already running)."""
+    def end(self, timeout_s: float = TEARDOWN_TIMEOUT_S) -> BaseException | None:
+        """Run teardown if setup ran, waiting up to ``timeout_s`` for it (or for one already running).
+        What it raised, a TimeoutError if it did not return in time, or None."""
         with self._lock:
             if self.up:
                 self.up = False
                 if self.teardown is not None:
+                    self.teardown_error = None
                     self._ending = threading.Thread(target=self._tear_down, name="qp-teardown", daemon=True)
                     self._ending.start()
             ending = self._ending
         if ending is None:
-            return
+            return None
         ending.join(timeout_s)
         if ending.is_alive():
             name = self.names[1]
             log.error("processing.teardown %s has not returned within %gs; going on without it", name, timeout_s)
+            return TimeoutError(f"it has not returned within {timeout_s:g}s")
+        return self.teardown_error
 
     def _tear_down(self) -> None:
         assert self.teardown is not None
         try:
             self.teardown()
-        except BaseException:
+        except BaseException as exc:
+            self.teardown_error = exc
             log.exception("processing.teardown %s raised", self.names[1])
