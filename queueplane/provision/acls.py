@@ -69,6 +69,10 @@ def wanted_acls(queue: QueueSpec) -> list[Acl]:
             ]
         if queue.exactly_once:
             out.append(Acl(worker, "TRANSACTIONAL_ID", kn.transactional_id_prefix(group), "WRITE", prefixed=True))
+        # The worker sizes its producers from the max.message.bytes of every topic it writes
+        # (kafka/limits.py): unread, they keep librdkafka's 1 MB and refuse records the topics take.
+        written = [queue.topic.name, queue.dead_letter.name, queue.output_topic, queue.markers and queue.markers.name]
+        out += [Acl(worker, "TOPIC", topic, "DESCRIBE_CONFIGS") for topic in written if topic]
     out += [Acl(p, "TOPIC", queue.topic.name, "WRITE") for p in queue.producer_principals]
     return sorted(set(out))
 

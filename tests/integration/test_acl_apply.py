@@ -25,6 +25,7 @@ from helpers import run_cli
 from specs_factory import dump, spec
 
 from queueplane.kafka import clients
+from queueplane.kafka.limits import largest_record
 from queueplane.local.stack import LocalStack
 
 pytestmark = pytest.mark.kafka
@@ -99,6 +100,8 @@ def test_apply_grants_the_declared_principals_exactly_their_acls_and_manages_onl
         f"User:worker-{tag} WRITE TOPIC:{tag}.payments.dlq",
         f"User:worker-{tag} WRITE TOPIC:{tag}.payments",  # parks the dead letters its DLQ refuses
         f"User:worker-{tag} DESCRIBE_CONFIGS CLUSTER:kafka-cluster",
+        f"User:worker-{tag} DESCRIBE_CONFIGS TOPIC:{tag}.payments",
+        f"User:worker-{tag} DESCRIBE_CONFIGS TOPIC:{tag}.payments.dlq",
     }
     assert run_cli(["plan", str(path), *config], cli_env).stdout.count("No changes.") == 1
 
@@ -108,6 +111,8 @@ def test_apply_grants_the_declared_principals_exactly_their_acls_and_manages_onl
     assert _produce(stranger, topic) == "TOPIC_AUTHORIZATION_FAILED"
     assert _produce(worker, dlq) is None
     assert _produce(worker, topic) is None, "the worker parks dead letters its DLQ refuses in its own topic"
+    # It reads the sizes of the topics it writes, which its producers are sized from.
+    assert largest_record(worker, [topic, dlq]) == 1_048_588 + 64 * 1024  # the DLQ's, raised by apply
     assert _consume_error(worker, topic, f"g-{tag}") is None
     assert _consume_error(worker, topic, f"other-{tag}") == "GROUP_AUTHORIZATION_FAILED"
     assert _consume_error(stranger, topic, f"g-{tag}") in ("TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED")

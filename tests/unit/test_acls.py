@@ -31,6 +31,10 @@ def test_a_share_worker_reads_its_topic_and_group_and_writes_its_dlq_output_and_
         "User:brewer WRITE TOPIC:brew.ready.v1",
         "User:brewer WRITE TOPIC:brew.orders.v1",  # parks what the DLQ refuses
         "User:brewer DESCRIBE_CONFIGS CLUSTER:kafka-cluster",
+        # the max.message.bytes of every topic it writes, which size its producers
+        "User:brewer DESCRIBE_CONFIGS TOPIC:brew.orders.v1",
+        "User:brewer DESCRIBE_CONFIGS TOPIC:brew.orders.v1.dlq",
+        "User:brewer DESCRIBE_CONFIGS TOPIC:brew.ready.v1",
         "User:till WRITE TOPIC:brew.orders.v1",
         "User:app WRITE TOPIC:brew.orders.v1",
     }
@@ -44,6 +48,7 @@ def test_exactly_once_adds_the_workers_transactional_ids_and_kmq_its_markers_and
         "User:mailer READ TOPIC:mail.jobs.v1.markers",
         "User:mailer WRITE TOPIC:mail.jobs.v1.markers",
         "User:mailer READ GROUP:queueplane-kmq-tracker-mailer",
+        "User:mailer DESCRIBE_CONFIGS TOPIC:mail.jobs.v1.markers",
     } <= kmq
     assert not any("TRANSACTIONAL_ID" in a for a in kmq)
 
