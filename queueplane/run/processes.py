@@ -10,9 +10,9 @@ The spec's ``processing.setup`` runs here too, for every runtime: in ``PerProces
 the task hands the handler a record, once until a teardown. ``processing.teardown`` runs when a
 process drains (``PerProcess.drained``: a share task's draining batch) and when it ends. Spark's
 daemon ends its forked workers with ``os._exit`` (no ``atexit``) and, at a stop, with SIGHUP, so
-the ends are caught where they happen: the daemon's worker function (``teardown_at_exit``, put in
-place by queueplane.run.spark_daemon), a SIGHUP handler while a queue has a teardown, and
-``atexit`` in a process that exits as Python processes do.
+the ends are caught where they happen: the daemon's worker function and a thread that waits for
+SIGHUP (``teardown_at_exit``, put in place by queueplane.run.spark_daemon), and ``atexit`` in a
+process that exits as Python processes do.
 """
 
 from __future__ import annotations
@@ -110,8 +110,6 @@ class PerProcess(Generic[T]):
             finally:
                 if fresh:
                     freeze_what_lives()
-        if hooks.teardown is not None:
-            end_hooks_on_hangup()
         return made
 
     def drained(self, settings_json: str) -> None:
@@ -139,21 +137,32 @@ def end_all_hooks() -> None:
         registry.end_hooks()
 
 
-def _on_hangup(_signum: int, _frame: object) -> None:
-    """Spark's daemon ends its workers with SIGHUP at a stop: teardown first, then end as SIGHUP would."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+def _watch_hangup() -> None:
+    """In a worker Spark's daemon forked: teardown before a SIGHUP (the daemon's stop) ends it.
+
+    pyspark's worker resets SIGHUP to its default before every task and waits for the next one
+    with it, so a handler would be gone when the signal comes. Blocked instead, SIGHUP waits for
+    a thread of its own, which runs teardown and then lets the signal end the process as before.
+    Every later thread inherits the block: the forked worker has no other thread yet.
+    """
+    global _hangup_watched
+    if _hangup_watched:
+        return
+    _hangup_watched = True
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    threading.Thread(target=_on_hangup, name="qp-hangup", daemon=True).start()
+
+
+_hangup_watched = False
+
+
+def _on_hangup() -> None:
+    signal.sigwait({signal.SIGHUP})
     try:
         end_all_hooks()
     finally:
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # this thread only: it takes the signal
         os.kill(os.getpid(), signal.SIGHUP)
-
-
-def end_hooks_on_hangup() -> None:
-    """Catch SIGHUP for teardown. Set at every task: pyspark's worker resets SIGHUP before each one.
-    Only the main thread may set handlers; a process run from another thread keeps its own."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGHUP, _on_hangup)
 
 
 def teardown_at_exit(worker: Callable[..., int]) -> Callable[..., int]:
@@ -163,22 +172,17 @@ def teardown_at_exit(worker: Callable[..., int]) -> Callable[..., int]:
     failed) or raises, or when workers are not reused."""
 
     def worker_then_teardown(*args: Any) -> int:
+        _watch_hangup()
         try:
             code = worker(*args)
         except BaseException:
-            _end_before_exit()
+            end_all_hooks()
             raise
         if code or not os.environ.get("SPARK_REUSE_WORKER"):
-            _end_before_exit()
+            end_all_hooks()
         return code
 
     return worker_then_teardown
-
-
-def _end_before_exit() -> None:
-    with contextlib.suppress(ValueError):  # a SIGHUP now (a stop) must not cut the teardown short
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    end_all_hooks()
 
 
 class ServedProducer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 
+from queueplane.run import processes
 from queueplane.run.processes import PerProcess
 
 
@@ -36,3 +37,49 @@ def test_the_state_a_process_builds_once_is_kept_out_of_later_collections():
     finally:
         gc.unfreeze()
         sys.setswitchinterval(switch)
+
+
+class Hooked(Kept):
+    """A runtime's state for a queue whose hooks the test gives (they note what ran, in order)."""
+
+
+def _hooks_noting(happened: list[str]):
+    from queueplane.run.handler import ProcessHooks
+
+    return lambda _settings: ProcessHooks(lambda: happened.append("setup"), lambda: happened.append("teardown"))
+
+
+def test_setup_runs_once_before_the_state_is_used_and_again_after_a_drain():
+    happened: list[str] = []
+    registry = PerProcess(Hooked, _hooks_noting(happened))
+    try:
+        registry.get('{"queue": "h"}')
+        registry.get('{"queue": "h"}')
+        assert happened == ["setup"]
+        registry.drained('{"queue": "h"}')
+        assert happened == ["setup", "teardown"]
+        registry.get('{"queue": "h"}')  # the next batch after a drain that was not the last
+        assert happened == ["setup", "teardown", "setup"]
+    finally:
+        processes._REGISTRIES.remove(registry)
+        gc.unfreeze()
+
+
+def test_teardown_runs_before_a_daemon_worker_ends_and_not_between_its_tasks(monkeypatch):
+    happened: list[str] = []
+    registry = PerProcess(Hooked, _hooks_noting(happened))
+    monkeypatch.setattr(processes, "_hangup_watched", True)  # no signal mask in the test's own process
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    codes = iter([0, -1])
+
+    def task(*_args: object) -> int:
+        registry.get('{"queue": "d"}')
+        return next(codes)
+
+    worker = processes.teardown_at_exit(task)
+    try:
+        assert worker() == 0 and happened == ["setup"], "a reused worker keeps its setup between tasks"
+        assert worker() == -1 and happened == ["setup", "teardown"], "the socket closed: the process ends"
+    finally:
+        processes._REGISTRIES.remove(registry)
+        gc.unfreeze()
