@@ -125,7 +125,7 @@ def object_problems(obj: dict[str, Any], custom: CustomKinds | None = None) -> l
             f"Kubernetes {KUBERNETES_VERSION} (deploy/kube_schema.py CHECKED_KINDS) or defined by the chart's CRDs"
         ]
     if validator is None:
-        validator = _validator(schema_name)  # type: ignore[arg-type]
+        validator = _validator(schema_name)
     problems = []
     for error in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
         pointer = "/" + "/".join(str(p) for p in error.absolute_path)

@@ -75,16 +75,18 @@ def read_records(target: KafkaTarget) -> dict[str, dict[str, Any]]:
             message = consumer.poll(1.0)
             if message is None:
                 continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     break
-                raise KafkaException(message.error())
+                raise KafkaException(error)
             position = message.offset() + 1
             key = (message.key() or b"").decode()
-            if message.value() is None:
+            value = message.value()
+            if value is None:
                 records.pop(key, None)
             else:
-                records[key] = json.loads(message.value())
+                records[key] = json.loads(value)
         return records
     finally:
         consumer.close()

@@ -35,15 +35,16 @@ class LoadReport:
 
 def make_order(index: int, keys: int, rng: random.Random, slow: bool, batch: str = "") -> tuple[str, bytes, bytes]:
     order_id = f"ord-{batch}{index:07d}"
+    customer = f"cust-{index % keys:05d}"
     body = {
         "id": order_id,
-        "customer": f"cust-{index % keys:05d}",
+        "customer": customer,
         "drink": rng.choice(DRINKS),
         "size": rng.choice(SIZES),
         "milk": rng.choice(["whole", "oat", "none"]),
         "slow": slow,
     }
-    return order_id, body["customer"].encode(), json.dumps(body, separators=(",", ":")).encode()
+    return order_id, customer.encode(), json.dumps(body, separators=(",", ":")).encode()
 
 
 def produce_load(

@@ -93,8 +93,8 @@ def apply(
     on_step("waiting for the brokers to show the changes", 0)
     deadline = time.monotonic() + VERIFY_TIMEOUT_S
     while True:
-        remaining = plan_queues(planned.queues, planned.cluster).plan
-        remaining = (remaining.only(kinds) if kinds is not None else remaining).changes
+        latest = plan_queues(planned.queues, planned.cluster).plan
+        remaining = (latest.only(kinds) if kinds is not None else latest).changes
         if not remaining:
             return report
         if time.monotonic() > deadline:

@@ -179,12 +179,12 @@ def arrow_column(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
     validity = validity_bitmap(values)
     texts = values if validity is None else [v or "" for v in values]
     joined = "".join(texts)
-    data = joined.encode()
+    encoded = joined.encode()
     # One encode for the column; the lengths of the texts are their byte lengths when all is ASCII.
-    lengths = map(len, texts) if len(data) == len(joined) else (len(t.encode()) for t in texts)
+    lengths = map(len, texts) if len(encoded) == len(joined) else (len(t.encode()) for t in texts)
     offsets = array("i", [0])
     offsets.extend(accumulate(lengths))
-    return pa.Array.from_buffers(kind, count, [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pa.Array.from_buffers(kind, count, [validity, pa.py_buffer(offsets), pa.py_buffer(encoded)])
 
 
 def _repeated(text: str | None, count: int) -> pa.Array:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 log = logging.getLogger("queueplane.worker")
 
@@ -23,7 +25,7 @@ class Termination:
 
     def __init__(self) -> None:
         self.requested = threading.Event()
-        self._previous: signal.Handlers | int | None = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | signal.Handlers | None = None
         self._installed = False
 
     def install(self) -> None:

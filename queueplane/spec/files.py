@@ -141,9 +141,11 @@ def parse_text(text: str, path: str) -> SpecFile:
     spec = SpecFile(path)
     loader = _Loader(text)
     try:
-        nodes = []
+        nodes: list[yaml.Node] = []
         while loader.check_node():
-            nodes.append(loader.get_node())
+            node = loader.get_node()
+            if node is not None:  # check_node() said one follows
+                nodes.append(node)
         nodes = [n for n in nodes if not (isinstance(n, yaml.ScalarNode) and n.tag.endswith(":null"))]
         if len(nodes) > 1:
             spec.problems.append(

@@ -269,7 +269,7 @@ def platform_problems(
         if found is not None:
             add("/spec/processing/output/topic", *found)
     limits = allowance.limits
-    checks = [
+    checks: list[tuple[str, int, int, str, Callable[[int], str]]] = [
         ("/spec/autoscaling/maxExecutors", queue.max_executors, limits["maxExecutors"], "maxExecutors", str),
         ("/spec/deployment/executor/cores", queue.executor["cores"], limits["executorCores"], "executorCores", str),
         ("/spec/deployment/driver/cores", queue.driver["cores"], limits["driverCores"], "driverCores", str),

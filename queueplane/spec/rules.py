@@ -158,7 +158,7 @@ def bound_problems(spec: SpecFile, queue: QueueSpec, bounds: ShareBounds) -> lis
         return []
     # The group's share.delivery.count.limit is deliveryLimit plus the reserve deliveries.
     low_limit, high_limit = bounds.delivery_limit
-    checks = [
+    checks: list[tuple[str, int, tuple[int, int], Callable[[int], str], tuple[str, str]]] = [
         (
             "/spec/group/lockDuration",
             group.lock_duration_ms,

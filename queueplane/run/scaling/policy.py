@@ -19,6 +19,7 @@ executors with a margin and the backlog is well under the target.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from queueplane.spec.model import QueueSpec
@@ -49,7 +50,7 @@ class Observation:
     """What the driver saw over the last decision interval."""
 
     now_s: float
-    lag_by_partition: dict[int, int | None]
+    lag_by_partition: Mapping[int, int | None]
     input_rate: float  # records/s arriving
     processing_rate: float  # records/s handled by all executors
     executors: int  # executors running now (the processing rate is theirs)
