@@ -2,6 +2,8 @@
 #   make demo   local Kafka up, example specs validated, planned, applied, re-applied (no changes),
 #               then each example queue loaded and run on Spark
 #   make test   lint + the whole test suite against real parts
+# the fast loop while working:
+#   make check  lint, mypy, the unit tests and the light integration tests against the real broker
 # and, as root on Linux, the Kubernetes half:
 #   make demo-kubernetes   the local cluster up, a queue deployed with Helm, processing in pods
 SHELL := /bin/bash
@@ -10,34 +12,72 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 QP := $(BIN)/queueplane
-STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-kubernetes test lint bench clean local-down test-host kubernetes-host
+.PHONY: setup setup-demo setup-kubernetes setup-check setup-test demo demo-kubernetes check test lint typecheck \
+  bench clean local-down test-host kubernetes-host
 
-$(STAMP): pyproject.toml constraints.txt
+# One venv, installed as far as the targets run so far need: the demo needs the worker extra
+# (Spark, Arrow), the Kubernetes demo also the deploy extra (the Kubernetes API client), the
+# tests and the lint the dev extra (all of those, Airflow, pytest, ruff, mypy). A later
+# `make test` adds to the demo's venv. Each stamp is newer than pyproject.toml and
+# constraints.txt while its install is current; an install touches the stamps of the extras it
+# includes too.
+WORKER_STAMP := $(VENV)/.installed-worker
+DEPLOY_STAMP := $(VENV)/.installed-deploy
+DEV_STAMP := $(VENV)/.installed-dev
+comma := ,
+define install
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "queueplane needs Python >= 3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install --progress-bar on -c constraints.txt -e '.[$(1)]'
+endef
+$(WORKER_STAMP): pyproject.toml constraints.txt
+	$(call install,worker)
+	touch $@
+$(DEPLOY_STAMP): pyproject.toml constraints.txt
+	$(call install,worker$(comma)deploy)
+	touch $@ $(WORKER_STAMP)
+$(DEV_STAMP): pyproject.toml constraints.txt
+	$(call install,dev)
+	touch $@ $(WORKER_STAMP) $(DEPLOY_STAMP)
 
-# Everything the project downloads or builds (Kafka and connector jars, helm, the Kubernetes
-# API schemas) is fetched here, with progress, so no demo step or timed test waits on it.
+# What the project downloads or builds (Kafka and connector jars, helm, the local Kubernetes) is
+# fetched by `queueplane local fetch --for TIER`, with progress, into ~/.cache/queueplane, so no
+# demo step or timed test waits on it. Each target fetches its tier only (queueplane/prefetch.py):
+#   setup-demo        the worker extra; Kafka's jars and Spark's Kafka connector
+#   setup-kubernetes  also the deploy extra, the cluster's Debian packages (root), its binaries,
+#                     helm, the worker image
+#   setup-check       the dev extra; also helm, Prometheus and the class-data archive of Spark's JVM
+#   setup-test        everything (`make setup`)
 # The Go builds (the cluster's binaries, helm, toxiproxy, Prometheus) are most of a fresh
 # machine's set-up and need only Go and Python's standard library: they start before pip and
-# run beside it, and `local fetch` waits for any still building (queueplane/prefetch.py).
+# run beside it, and `local fetch` waits for any still building. The demo's tier has none.
 # The editable install's bytecode is compiled here too: every Spark Python worker imports the
 # runtime after its fork, and where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, which
 # some CI machines set) each one compiled queueplane from source, 0.7 s of CPU a worker.
 GO_BUILDS_LOG := .queueplane/go-builds.log
-setup: kubernetes-host
+# $(1): the tier, $(2): the venv stamp it installs
+define fetch_tier
 	@mkdir -p .queueplane
-	@echo "== the Go builds start beside pip (log: $(GO_BUILDS_LOG)); 'local fetch' waits for them"
-	@PYTHONPATH=$(CURDIR) $(PYTHON) -m queueplane.prefetch --go >$(GO_BUILDS_LOG) 2>&1 & builds=$$!; \
-	  if $(MAKE) --no-print-directory $(STAMP) && $(QP) local fetch && $(BIN)/python -m compileall -q queueplane; \
+	$(if $(filter-out demo,$(1)),@echo "== the Go builds start beside pip (log: $(GO_BUILDS_LOG)); 'local fetch' waits for them")
+	@builds=; $(if $(filter-out demo,$(1)),PYTHONPATH=$(CURDIR) $(PYTHON) -m queueplane.prefetch --go --for $(1) \
+	  >$(GO_BUILDS_LOG) 2>&1 & builds=$$!;) \
+	  if $(MAKE) --no-print-directory $(2) && $(QP) local fetch --for $(1) && $(BIN)/python -m compileall -q queueplane; \
 	  then status=0; else status=$$?; fi; \
-	  kill $$builds 2>/dev/null || true; wait $$builds 2>/dev/null || true; exit $$status
+	  [ -z "$$builds" ] || { kill $$builds 2>/dev/null || true; wait $$builds 2>/dev/null || true; }; exit $$status
+endef
+setup: setup-test
+setup-demo:
+	$(call fetch_tier,demo,$(WORKER_STAMP))
+setup-kubernetes: kubernetes-host
+	$(call fetch_tier,kubernetes,$(DEPLOY_STAMP))
+setup-check:
+	@$(MAKE) --no-print-directory test-host TEST_HOST_TOOLS=zsh
+	$(call fetch_tier,check,$(DEV_STAMP))
+setup-test: kubernetes-host test-host
+	$(call fetch_tier,test,$(DEV_STAMP))
 
-demo: setup
+demo: setup-demo
 	@echo "== 1. start the local Kafka broker (jars from Maven Central, cached)"
 	$(QP) local up
 	@echo "== 2. validate every spec"
@@ -69,7 +109,7 @@ demo: setup
 KUBECTL := $(QP) local kubernetes kubectl
 # The spec's deployment.namespace.
 DEMO_NS := cafe
-demo-kubernetes: setup
+demo-kubernetes: setup-kubernetes
 	@echo "== 1. the local Kubernetes (and Kafka, listening for pods too); the worker image built and imported"
 	$(QP) local kubernetes up
 	$(QP) local kubernetes status
@@ -91,9 +131,13 @@ demo-kubernetes: setup
 	$(KUBECTL) logs deployment/coffee-orders -n $(DEMO_NS) --tail 5
 	@echo "== done. 'queueplane local kubernetes kubectl get pods -n $(DEMO_NS)'; stop it with 'make local-down'."
 
-lint: setup
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check queueplane tests bench spark_apps specs dags
+
+# mypy over the library; pyproject.toml's [tool.mypy] lists the modules not yet clean.
+typecheck: $(DEV_STAMP)
+	$(BIN)/mypy queueplane
 
 # The local Kubernetes runs containerd, runc and the CNI plugins from Debian, and builds images with
 # mmdebstrap and buildah (queueplane/local/kubernetes). Root only: elsewhere the cluster is not built.
@@ -119,9 +163,18 @@ test-host:
 # TEST_TIMELINE; `bench/test_timeline.py` says where its time went and draws it.
 TEST_PROCESSES ?= 2
 TEST_TIMELINE := .queueplane/test-timeline.jsonl
-test: lint test-host
+test: setup-test lint
 	@mkdir -p .queueplane && rm -f $(TEST_TIMELINE)
 	QUEUEPLANE_TEST_TIMELINE=$(CURDIR)/$(TEST_TIMELINE) $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+
+# The fast loop: lint, mypy, then the unit tests and the light integration tests against the
+# real broker and Spark, in the same processes and split as `make test`. Left out: the tests
+# marked heavy (broker restarts, network faults, timed autoscaling), the soak (three minutes of
+# load by design), and the folders of the local Kubernetes, Airflow and the packaging builds.
+# `make test` runs them all; CI runs `make test`.
+CHECK_TESTS := tests/unit tests/integration -m 'not heavy' --ignore=tests/integration/test_soak.py
+check: setup-check lint typecheck
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(CHECK_TESTS)
 
 bench: setup
 	$(BIN)/python bench/provision.py
@@ -133,7 +186,7 @@ bench: setup
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/goals.py
 
-local-down: setup
+local-down: $(WORKER_STAMP)
 	[ "$$(id -u)" != 0 ] || $(QP) local kubernetes down
 	$(QP) local down
 

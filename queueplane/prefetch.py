@@ -1,8 +1,14 @@
 """Everything queueplane downloads or builds, fetched ahead of time with progress shown.
 
-`make demo` and `make test` run this first (`queueplane local fetch`), so no timed test, demo
-step or Airflow task waits on a first download or build. Each item checks its own cache
-(``~/.cache/queueplane`` or ``$QUEUEPLANE_CACHE``) and returns at once when it is there.
+`make demo`, `make check` and `make test` run this first (`queueplane local fetch --for TIER`),
+so no timed test, demo step or Airflow task waits on a first download or build. Each item checks
+its own cache (``~/.cache/queueplane`` or ``$QUEUEPLANE_CACHE``) and returns at once when it is
+there; a missing cache only means the item is fetched now.
+
+Each target fetches only the tier it uses (TIERS): the demo needs Kafka's jars and Spark's Kafka
+connector, a few minutes on a fresh machine; the Kubernetes demo adds the local cluster built
+from Go modules, helm and the worker image; the tests need everything. ``make check`` leaves the
+local cluster out, as its tests do.
 
 The Go builds are the longest part of a fresh machine's set-up and need nothing but Go and
 Python's standard library, so the set-up starts them (``python -m queueplane.prefetch --go``)
@@ -31,12 +37,18 @@ from queueplane.local.spark_archive import build_archive
 
 HEARTBEAT_S = 15.0
 
+# What each target fetches: `make demo`, `make demo-kubernetes`, `make check`, `make test`.
+DEMO, KUBERNETES, CHECK, TEST = "demo", "kubernetes", "check", "test"
+TIERS = (DEMO, KUBERNETES, CHECK, TEST)
+EVERY_TIER = frozenset(TIERS)
+
 
 @dataclass(frozen=True)
 class Item:
     label: str
     first_time: str  # what a cold fetch does and roughly how long it takes
     fetch: Callable[[], object]
+    tiers: frozenset[str]  # the targets that use it
     wanted: Callable[[], bool] = lambda: True
     # Runs beside the items after it. The Go builds start first and keep both cores busy; the
     # jar downloads and the image (downloads, then the disk) wait on the network and the disk
@@ -56,11 +68,11 @@ def _kubernetes_wanted() -> bool:
     return sys.platform == "linux" and os.geteuid() == 0
 
 
-def _worker_image() -> object:
+def _worker_image() -> None:
     """The worker image, imported into the node's containerd too (the first `up` would otherwise)."""
     from queueplane.local.kubernetes.cluster import LocalKubernetes
 
-    return LocalKubernetes().preload_worker_image()
+    LocalKubernetes().preload_worker_image()
 
 
 def _kubernetes_binaries() -> object:
@@ -80,6 +92,7 @@ GO_BUILDS = (
         f"local Kubernetes {kube_build.KUBERNETES_VERSION} binaries",
         "go build from the Go module proxy, about 6 minutes on 2 cores",
         _kubernetes_binaries,
+        frozenset({KUBERNETES, TEST}),
         wanted=_kubernetes_wanted,
         alongside=True,
     ),
@@ -87,18 +100,21 @@ GO_BUILDS = (
         f"helm {HELM_VERSION}",
         "a Helm 4 on PATH, else go install from the Go module proxy, a few minutes",
         helm_binary,
+        frozenset({KUBERNETES, CHECK, TEST}),  # the deploy, and the chart tests
         alongside=True,
     ),
     Item(
         f"toxiproxy {TOXIPROXY_VERSION} (the fault proxy of the network fault tests)",
         "go install from the Go module proxy, under a minute",
         toxiproxy_binary,
+        frozenset({TEST}),  # the network fault tests are heavy, left out of `make check`
         alongside=True,
     ),
     Item(
         f"Prometheus and promtool {PROMETHEUS_VERSION} (the monitoring tests)",
         "go install from the Go module proxy, a few minutes",
         build_both,
+        frozenset({CHECK, TEST}),
         alongside=True,
     ),
 )
@@ -110,12 +126,16 @@ def _other_items() -> tuple[Item, ...]:
 
     return (
         Item(
-            f"Apache Kafka {KAFKA_VERSION} jars", "Maven Central, about a minute", lambda: LocalStack.default().fetch()
+            f"Apache Kafka {KAFKA_VERSION} jars",
+            "Maven Central, about a minute",
+            lambda: LocalStack.default().fetch(),
+            EVERY_TIER,
         ),
         Item(
             "Spark's Kafka connector jars",
             "Maven Central, under a minute",
             _spark_connector,
+            EVERY_TIER,
             wanted=lambda: find_spec("pyspark") is not None,  # only where the worker extra is installed
         ),
         Item(
@@ -123,6 +143,7 @@ def _other_items() -> tuple[Item, ...]:
             "Debian packages, wheels and jars made into an OCI image and imported into the node's containerd, "
             "a few minutes; again after each code change",
             _worker_image,
+            frozenset({KUBERNETES, TEST}),
             wanted=lambda: _kubernetes_wanted() and find_spec("pyspark") is not None,
             alongside=True,
         ),
@@ -130,6 +151,7 @@ def _other_items() -> tuple[Item, ...]:
             "a class-data archive of Spark's JVM (local Spark drivers start on about half the CPU)",
             "one short Spark job, under a minute",
             build_archive,
+            frozenset({CHECK, TEST}),  # the tests' Spark drivers map it (tests/conftest.py)
             wanted=lambda: find_spec("pyspark") is not None,
         ),
     )
@@ -161,10 +183,20 @@ def _fetch(item: Item, say: Callable[[str], None]) -> None:
     say(f"{item.label}: ready ({time.monotonic() - started:.1f}s)")
 
 
-def fetch_all(say: Callable[[str], None] = print, go_only: bool = False) -> None:
-    """Fetch or build every item not yet cached, one line per item; ``alongside`` items in a thread."""
+def tier_items(tier: str, go_only: bool = False) -> tuple[Item, ...]:
+    """The items one target uses, in fetch order (the Go builds first)."""
+    if tier not in TIERS:
+        raise ValueError(f"unknown set-up tier {tier!r}: one of {', '.join(TIERS)}")
+    items = GO_BUILDS if go_only else (*GO_BUILDS, *_other_items())
+    return tuple(item for item in items if tier in item.tiers)
+
+
+def fetch_all(say: Callable[[str], None] = print, go_only: bool = False, tier: str = TEST) -> None:
+    """Fetch or build every item of ``tier`` not yet cached, one line per item; ``alongside``
+    items in a thread. Items of other tiers are not mentioned: a demo's set-up lists only what
+    the demo waits on."""
     beside: list[tuple[threading.Thread, list[BaseException]]] = []
-    for item in GO_BUILDS if go_only else (*GO_BUILDS, *_other_items()):
+    for item in tier_items(tier, go_only):
         if not item.wanted():
             say(f"{item.label}: skipped (not needed by this installation)")
         elif item.alongside:
@@ -188,12 +220,13 @@ def _run_catching(item: Item, say: Callable[[str], None], failed: list[BaseExcep
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m queueplane.prefetch --go``: the Go builds alone, with the standard library only."""
+    """``python -m queueplane.prefetch --go --for TIER``: the Go builds alone, with the standard library only."""
     parser = argparse.ArgumentParser(prog="python -m queueplane.prefetch", description=main.__doc__)
     parser.add_argument("--go", action="store_true", help="only the Go builds (before the venv exists)")
+    parser.add_argument("--for", dest="tier", choices=TIERS, default=TEST, help="the target's tier (default: test)")
     args = parser.parse_args(argv)
     try:
-        fetch_all(lambda line: print(line, flush=True), go_only=args.go)
+        fetch_all(lambda line: print(line, flush=True), go_only=args.go, tier=args.tier)
     except Exception as exc:  # `local fetch` tries again and reports it where the user looks
         print(f"error: {exc}", file=sys.stderr)
         return 1

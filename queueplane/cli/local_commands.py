@@ -18,9 +18,20 @@ def register(commands: Any) -> None:
         "enabled; state and logs under .queueplane/local/.",
     )
     local_cmds = local.add_subparsers(dest="local_command", metavar="ACTION", required=True)
-    local_cmds.add_parser(
+    fetch = local_cmds.add_parser(
         "fetch",
-        help="fetch and build everything queueplane needs ahead of time (Kafka and connector jars, helm, API schemas)",
+        help="fetch and build ahead of time what a target needs (Kafka and connector jars, helm, the local cluster)",
+        description="Fetch or build, into ~/.cache/queueplane ($QUEUEPLANE_CACHE), what one target uses: "
+        "demo (Kafka's jars, Spark's Kafka connector), kubernetes (also the local cluster, helm, the worker "
+        "image), check (the tests but the local cluster's) or test (everything).",
+    )
+    # The tiers are queueplane.prefetch.TIERS, spelt out here: the CLI imports nothing it does not run.
+    fetch.add_argument(
+        "--for",
+        dest="tier",
+        choices=("demo", "kubernetes", "check", "test"),
+        default="test",
+        help="the target to fetch for (default: test, everything)",
     )
     up = local_cmds.add_parser("up", help="fetch the jars if needed, start the broker, print bootstrap.servers")
     up.add_argument(
@@ -76,7 +87,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     if args.local_command == "fetch":
         from queueplane.prefetch import fetch_all
 
-        fetch_all(lambda line: err.print(line, markup=False))
+        fetch_all(lambda line: err.print(line, markup=False), tier=args.tier)
         return EXIT_OK
     if args.local_command == "kubernetes":
         return _cmd_kubernetes(args)
