@@ -321,7 +321,7 @@ class HandlerRunner:
         delivery = record
         while True:
             verdict = self.deliver(delivery)
-            if verdict.outcome != RELEASED:
+            if verdict.outcome != RELEASED or delivery.delivery_count >= self.delivery_limit:
                 return replace(verdict, deliveries=delivery.delivery_count - record.delivery_count + 1)
             delivery = replace(delivery, delivery_count=delivery.delivery_count + 1)
 

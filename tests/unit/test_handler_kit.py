@@ -91,12 +91,18 @@ def test_a_handler_that_succeeds_on_its_second_delivery_is_accepted_there():
 )
 def test_a_call_past_its_deadline_is_given_up_as_a_timeout(group_type, message):
     release = threading.Event()
+    # A handler that returns only when released: by the test once the call was given up, or after
+    # a minute by this timer, when nothing gave it up (the verdict is then an accepted one).
+    safety = threading.Timer(60, release.set)
+    safety.start()
     runner = HandlerRunner(lambda record: release.wait(), group_type=group_type, lock_duration_s=0.2)
     try:
         verdict = runner.deliver(make_record(b"x"))
     finally:
+        safety.cancel()
         release.set()
     assert verdict.retried and (verdict.error_class, verdict.error_message) == ("Timeout", message)
+    assert runner.deadline_s == pytest.approx(0.14 if group_type == "share" else 0.2)
 
 
 @pytest.mark.parametrize(
