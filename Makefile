@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine (Python >= 3.11, Java 17, Maven, Go):
 #   make demo   local Kafka up, example specs validated, planned, applied, re-applied (no changes),
 #               then each example queue loaded and run on Spark
-#   make test   lint + the whole test suite against real parts
+#   make test   lint, mypy and the whole test suite against real parts
 # the fast loop while working:
 #   make check  lint, mypy, the unit tests and the light integration tests against the real broker
 # and, as root on Linux, the Kubernetes half:
@@ -163,16 +163,17 @@ test-host:
 # TEST_TIMELINE; `bench/test_timeline.py` says where its time went and draws it.
 TEST_PROCESSES ?= 2
 TEST_TIMELINE := .queueplane/test-timeline.jsonl
-test: setup-test lint
+test: setup-test lint typecheck
 	@mkdir -p .queueplane && rm -f $(TEST_TIMELINE)
 	QUEUEPLANE_TEST_TIMELINE=$(CURDIR)/$(TEST_TIMELINE) $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 # The fast loop: lint, mypy, then the unit tests and the light integration tests against the
-# real broker and Spark, in the same processes and split as `make test`. Left out: the tests
-# marked heavy (broker restarts, network faults, timed autoscaling), the soak (three minutes of
-# load by design), and the folders of the local Kubernetes, Airflow and the packaging builds.
-# `make test` runs them all; CI runs `make test`.
-CHECK_TESTS := tests/unit tests/integration -m 'not heavy' --ignore=tests/integration/test_soak.py
+# real broker (those that start no Spark worker: tests/parallel.py lists them and conftest marks
+# them `check`), in the same processes and split as `make test`. Left out: the tests of Spark
+# workers, the heavy ones (broker restarts, network faults, timed autoscaling), the soak, and the
+# folders of the local Kubernetes, Airflow and the packaging builds. `make test` runs them all;
+# CI runs `make test`.
+CHECK_TESTS := tests/unit tests/integration -m 'check and not heavy'
 check: setup-check lint typecheck
 	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(CHECK_TESTS)
 

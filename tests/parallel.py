@@ -39,11 +39,38 @@ SHARED_BY_FOLDER = ("kubernetes", "airflow", "packaging")
 FOLDER_ORDER = ("kubernetes", "integration", "packaging", "airflow", "unit")
 HEAVY = "heavy"
 
+# `make check`, the fast loop: every unit test, and the integration tests against the real broker
+# that start no Spark worker (each test that does costs half a minute to two of CPU). A new
+# integration file is left out until it is listed here.
+CHECK = "check"
+CHECK_INTEGRATION = (
+    "test_acl_apply.py",
+    "test_apply.py",
+    "test_backlog_age.py",
+    "test_guardrails.py",
+    "test_local_stack.py",
+    "test_plan_batching.py",
+    "test_private_state.py",
+    "test_queue_status.py",
+    "test_share_fetcher.py",
+    "test_share_group_members.py",
+    "test_team_names.py",
+    "test_worker_preflight.py",
+)
+
 
 def folder(nodeid: str) -> str:
     """The first folder under tests/ of a node id (``tests/unit/test_x.py::test_y`` → ``unit``)."""
     parts = nodeid.split("::", 1)[0].split("/")
     return parts[1] if parts[0] == TESTS.name and len(parts) > 2 else parts[0]
+
+
+def mark_check(items: list[pytest.Item]) -> None:
+    """Mark ``check`` the tests `make check` runs (``-m 'check and not heavy'``)."""
+    for item in items:
+        name = folder(item.nodeid)
+        if name == "unit" or (name == "integration" and item.nodeid.split("::", 1)[0].endswith(CHECK_INTEGRATION)):
+            item.add_marker(CHECK)
 
 
 def in_run_order(items: list[pytest.Item]) -> None:
