@@ -1,6 +1,6 @@
-"""A deploy writes only its own release: in a namespace it creates Pod Security restricted, it
-never replaces another queue's release, a release of another chart, or an object Helm does
-not own there."""
+"""A deploy writes only its own release: in a namespace it creates Pod Security restricted (and
+refuses once someone loosened it), it never replaces another queue's release, a release of
+another chart, or an object Helm does not own there."""
 
 from __future__ import annotations
 
@@ -97,5 +97,17 @@ def test_a_deploy_makes_its_namespace_restricted_and_never_takes_over_another_re
         assert kept["data"] == {"owner": "ops"}
         assert "meta.helm.sh/release-name" not in (kept["metadata"].get("annotations") or {})
         assert local_kubernetes.kubectl("-n", namespace, "get", "deployment", "lone", check=False).strip() == ""
+
+        # The namespace the deploy created, loosened since: the next deploy is refused, the release untouched.
+        local_kubernetes.kubectl(
+            "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline", "--overwrite"
+        )
+        loosened = deploy(path)
+        assert loosened.returncode == 1, loosened.stdout + loosened.stderr
+        said = loosened.stderr
+        assert f"{path}: /spec/deployment/namespace: namespace {namespace} enforces Pod Security" in said, said
+        assert '"baseline"' in said and "queueplane created it restricted, so its labels were loosened" in said
+        assert "nothing was deployed" in said and "Traceback" not in said
+        assert _revisions(local_kubernetes, release, namespace) == [1]
     finally:
         local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
