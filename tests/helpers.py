@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,27 @@ def tagged_examples(directory: Path, tag: str) -> dict[str, Path]:
             shutil.copytree(EXAMPLES / package, path.parent / package, ignore=code_only)
         out[f"queue__{meta['team']}__{meta['name']}"] = path
     return out
+
+
+# How another user of a shared host could have prepared a queue's private folder before its worker.
+PLANTED_FOLDERS = ("another user's", "world-writable", "a symlink")
+
+
+def plant_folder(parent: Path, how: str) -> Path:
+    """``parent/kitchen`` as another user could leave it (one of ``PLANTED_FOLDERS``): owned by
+    uid 12345 (the tests run as root, who may give files away), mode 0777, or a symbolic link
+    to a folder elsewhere."""
+    folder = parent / "kitchen"
+    if how == "a symlink":
+        (parent / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(parent / "elsewhere")
+        return folder
+    folder.mkdir(mode=0o700)
+    if how == "another user's":
+        os.chown(folder, 12345, 12345)
+    else:
+        folder.chmod(0o777)
+    return folder
 
 
 def unique_tag() -> str:

@@ -32,6 +32,15 @@ def _expected_ids(directory: Path) -> dict[str, tuple[Path, dict]]:
     return out
 
 
+def _examples_and(tmp_path: Path, monkeypatch, where: str, doc: dict) -> None:
+    """The DAG processor's specs folder: the examples (under their platform file) and ``doc`` at ``where``."""
+    specs = tmp_path / "specs"
+    shutil.copytree(EXAMPLES, specs / "examples")
+    (specs / where).parent.mkdir(parents=True)
+    (specs / where).write_text(yaml.safe_dump(doc, sort_keys=False))
+    monkeypatch.setenv(SPECS_DIR_ENV, str(specs))
+
+
 def test_every_example_spec_is_one_dag_and_nothing_fails_to_import(airflow_db, monkeypatch):
     monkeypatch.delenv(SPECS_DIR_ENV, raising=False)
     bag = _bag()
@@ -55,8 +64,6 @@ def test_every_example_spec_is_one_dag_and_nothing_fails_to_import(airflow_db, m
 def test_a_broken_spec_is_one_import_error_naming_file_and_field_while_the_others_load(
     airflow_db, monkeypatch, tmp_path
 ):
-    specs = tmp_path / "specs"
-    shutil.copytree(EXAMPLES, specs / "examples")
     broken = yaml.safe_load((EXAMPLES / "cafe" / "coffee-orders.yaml").read_text())
     broken["metadata"] = {"name": "tea-orders", "team": "tearoom"}
     broken["spec"]["topic"]["name"] = "tearoom.tea-orders.v1"
@@ -64,9 +71,7 @@ def test_a_broken_spec_is_one_import_error_naming_file_and_field_while_the_other
     broken["spec"]["group"]["type"] = "shared"
     del broken["spec"]["deadLetter"]
     del broken["spec"]["processing"]["output"]
-    (specs / "tearoom").mkdir()
-    (specs / "tearoom" / "tea-orders.yaml").write_text(yaml.safe_dump(broken, sort_keys=False))
-    monkeypatch.setenv(SPECS_DIR_ENV, str(specs))
+    _examples_and(tmp_path, monkeypatch, "tearoom/tea-orders.yaml", broken)
 
     bag = _bag()
 
@@ -81,17 +86,13 @@ def test_a_broken_spec_is_one_import_error_naming_file_and_field_while_the_other
 def test_a_spec_no_platform_file_governs_is_an_import_error_and_gets_no_dag(airflow_db, monkeypatch, tmp_path):
     """The DAG processor's specs folder, copied without .git: its platform files still govern it,
     and a new team's folder beside the governed one fails closed."""
-    specs = tmp_path / "specs"
-    shutil.copytree(EXAMPLES, specs / "examples")
     stray = yaml.safe_load((EXAMPLES / "payments" / "payment-events.yaml").read_text())
     stray["metadata"]["name"] = "payment-events-copy"
     stray["spec"]["topic"]["name"] = "payments.events-copy.v1"
     stray["spec"]["group"]["id"] = "payments-ledger-copy"
     stray["spec"]["processing"].pop("output", None)
     stray["spec"]["deployment"]["namespace"] = "kube-system"
-    (specs / "newteam").mkdir()
-    (specs / "newteam" / "events.yaml").write_text(yaml.safe_dump(stray, sort_keys=False))
-    monkeypatch.setenv(SPECS_DIR_ENV, str(specs))
+    _examples_and(tmp_path, monkeypatch, "newteam/events.yaml", stray)
 
     bag = _bag()
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import PLANTED_FOLDERS, plant_folder
 
 from queueplane.run import crash_journal
 from queueplane.run.crash_journal import DEAD, NO_DELIVERY, SLOT, SLOTS, SUFFIX, CrashJournal, Delivery
@@ -271,18 +272,9 @@ def test_a_journal_makes_its_missing_folder_0700(tmp_path):
     assert stat.S_IMODE(os.lstat(tmp_path / "kitchen").st_mode) == 0o700
 
 
-@pytest.mark.parametrize("planted", ["another user's", "world-writable", "a symlink"])
+@pytest.mark.parametrize("planted", PLANTED_FOLDERS)
 def test_a_journal_refuses_a_folder_another_user_could_have_written_in(tmp_path, planted):
-    folder = tmp_path / "kitchen"
-    if planted == "a symlink":
-        (tmp_path / "elsewhere").mkdir(mode=0o700)
-        folder.symlink_to(tmp_path / "elsewhere")
-    else:
-        folder.mkdir(mode=0o700)
-        if planted == "another user's":
-            os.chown(folder, 12345, 12345)
-        else:
-            folder.chmod(0o777)
+    folder = plant_folder(tmp_path, planted)
     # What another user would leave: a dead process's calls, blaming a record of their choice.
     SLOT.pack_into(calls := bytearray(SLOT.size * SLOTS), 0, 1, 2, 40, int(time.time() * 1000), *NO_DELIVERY)
     (folder / f"2147483646-1{SUFFIX}").write_bytes(calls)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import AcknowledgeType, Message
+from helpers import PLANTED_FOLDERS, plant_folder
 
 from queueplane.run import crash_journal
 from queueplane.run.crash_journal import CrashJournal, tag_alive
@@ -331,18 +332,9 @@ def test_rows_of_every_column_type_cross_the_file_as_they_were(tmp_path):
     assert _by_offset(Outbox(tmp_path).take()) == [_block(0, [1, 2, 3]), rows]
 
 
-@pytest.mark.parametrize("planted", ["another user's", "world-writable", "a symlink"])
+@pytest.mark.parametrize("planted", PLANTED_FOLDERS)
 def test_an_outbox_refuses_a_folder_another_user_could_have_written_in(tmp_path, planted):
-    folder = tmp_path / "kitchen"
-    if planted == "a symlink":
-        (tmp_path / "elsewhere").mkdir(mode=0o700)
-        folder.symlink_to(tmp_path / "elsewhere")
-    else:
-        folder.mkdir(mode=0o700)
-        if planted == "another user's":
-            os.chown(folder, 12345, 12345)
-        else:
-            folder.chmod(0o777)
+    folder = plant_folder(tmp_path, planted)
     with pytest.raises(PrivateDirRefused):
         Outbox(folder)
     assert list(folder.iterdir()) == [], "no file of its own made there"
