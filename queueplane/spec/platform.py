@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from queueplane.errors import Problem
+from queueplane.errors import Problem, UsageError
 from queueplane.kafka.names import RESERVED_GROUP_PREFIX
-from queueplane.spec.files import PLATFORM_FILE_NAME, SPEC_SUFFIXES, SpecFile, read_spec_file
+from queueplane.spec.files import PLATFORM_FILE_NAME, SpecFile, expand_paths, read_spec_file
 from queueplane.spec.model import QueueSpec, build, memory_mi
 from queueplane.spec.schema import PLATFORM_SCHEMA_FILE_NAME, load_schema
 from queueplane.spec.schema_errors import schema_problems
@@ -426,10 +426,11 @@ class Platforms:
         if key not in self._team_queues:
             queues = []
             folder = platform.folder / team
-            files = sorted(folder.rglob("*")) if folder.is_dir() else []
+            try:
+                files = expand_paths([str(folder)]) if folder.is_dir() else []
+            except UsageError:  # a folder without specs
+                files = []
             for path in files:
-                if path.suffix not in SPEC_SUFFIXES or path.name == PLATFORM_FILE_NAME or not path.is_file():
-                    continue
                 parsed = read_spec_file(path)
                 if parsed.data is None or parsed.problems or schema_problems(parsed):
                     continue
