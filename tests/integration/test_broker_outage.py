@@ -3,6 +3,8 @@
 The test stops and restarts a broker of its own (``own_broker``: same data directory, same
 ports), so the session's shared broker stays up for every other test. Every worker rides both
 outages out: one that ended would be restarted by its Deployment, so the test allows none.
+Duplicates stay within what was in flight when an outage began (``fault_checks``), and a
+key-ordered consumer queue keeps each key's order, a duplicate coming only as a replayed suffix.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import threading
 import time
 
 import pytest
+from fault_checks import FaultLog, duplicate_excess, key_order_violations
 from worker_support import (
     FAULT_TESTS_IN_FLIGHT,
     SteadyLoad,
@@ -37,7 +40,14 @@ HUNG = 5  # records whose first delivery runs past the lock: redelivered across 
 # A worker that handles nothing for this long has stopped: longer than a restart under a Supervised
 # worker takes on a busy machine (Spark up, the broker answering, the first batch planned).
 STALL_S = 240
-RUNTIMES = ("share", "consumer", "consumer-exactly-once", "kmq")
+# runtime -> (group type, exactlyOnce, ordering)
+RUNTIMES = {
+    "share": ("share", False, "none"),
+    "consumer": ("consumer", False, "none"),
+    "consumer-by-key": ("consumer", False, "key"),
+    "consumer-exactly-once": ("consumer", True, "none"),
+    "kmq": ("kmq", False, "none"),
+}
 
 
 def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_broker, tmp_path, record_property):
@@ -47,15 +57,15 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
     stack, kafka = own_broker
     queues, logs = {}, {}
     initial = [order(i, mode="hang", hang_s=8) if i < HUNG else order(i) for i in range(INITIAL)]
-    for runtime in RUNTIMES:
-        kind = runtime.removesuffix("-exactly-once")
+    for runtime, (kind, exactly_once, ordering) in RUNTIMES.items():
         folder = tmp_path / runtime
         folder.mkdir()
         queues[runtime] = make_queue(
             folder,
             kafka,
             group_type=kind,
-            exactly_once=runtime != kind,
+            exactly_once=exactly_once,
+            ordering=ordering,
             partitions=3,
             concurrency=8,
             lock="4s",
@@ -64,7 +74,9 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
         )
         logs[runtime] = folder / "worker.log"
         produce(kafka, queues[runtime].topic, initial)
+    faults = FaultLog(kafka, {r: (RUNTIMES[r][0], q.group, q.topic, 3) for r, q in queues.items()})
 
+    faults.begins_before_any_work("outage at start")
     stack.down()  # the workers start first (pods scheduled before their broker is back)
     try:
         # A short idle bound: the driver never counts an outage as idle (no batch yet, or no lag it can read).
@@ -79,6 +91,7 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
             )
     finally:
         stack.up()
+        faults.ended()
     broker_up = threading.Event()
     broker_up.set()
     load = SteadyLoad(kafka, [q.topic for q in queues.values()], RATE, first_id=INITIAL, gate=broker_up)
@@ -96,10 +109,12 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
                 calls, progressed_at = now, time.monotonic()
     assert load.is_alive(), "records still arrive when the broker stops"
     broker_up.clear()
+    faults.begins("outage mid-run")
     stack.down()  # mid-run, with hung records locked and the rest in flight
     stopped_at = time.monotonic()
     time.sleep(OUTAGE_S)
     stack.up()
+    faults.ended()
     up_at = time.time()
     broker_up.set()
     time.sleep(AFTER_S)
@@ -116,8 +131,14 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
         assert read_all(kafka, queue.dlq, timeout_s=3) == [], f"{runtime}: every record is valid, none in the DLQ"
         assert summary["lag_at_exit"] == 0, runtime
         duplicates = len(outputs) - len(set(outputs))
-        if runtime.endswith("-exactly-once"):
+        if RUNTIMES[runtime][1]:
             assert duplicates == 0, "read_committed readers see each output once"
+        events = queue.events()
+        caught = faults.in_flight(runtime, events)
+        assert duplicate_excess(outputs, caught) is None, f"{runtime}: {duplicate_excess(outputs, caught)}"
+        if RUNTIMES[runtime][2] == "key":
+            broken = key_order_violations(events)
+            assert not broken, f"{runtime}: {len(broken)} keys out of order: " + "; ".join(broken[:3])
         assert workers[runtime].restarts == 0, f"{runtime}: the worker rode both outages out"
         (outage,) = [o for o in summary["kafka_outages"] if o["seconds"] >= OUTAGE_S / 2]
         assert outage["error"], outage
@@ -125,6 +146,7 @@ def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_bro
         table[runtime] = {
             "lost": 0,
             "duplicates": duplicates,
+            "in_flight_at_outages": len(caught),
             "restarts": workers[runtime].restarts,
             "recovered_s": round(recovered_after(queue, up_at), 1),
             "done_s": round(done_s),
