@@ -1,7 +1,9 @@
 """Network faults between the worker and its broker, through a real fault proxy (Toxiproxy):
 responses slowed, connections reset, connections stalled, while records keep arriving.
-Every runtime; nothing lost, duplicates counted (exactlyOnce: none visible), and no worker ends:
-each rides the faults out (a restart fails the test).
+Every runtime; nothing lost, duplicates within what was in flight as each fault began
+(exactlyOnce: none visible; ``fault_checks``), a key-ordered consumer queue's keys in order
+(a duplicate only as a replayed suffix), and no worker ends: each rides the faults out (a
+restart fails the test).
 
 The broker here is the test's own, with a listener that advertises the proxy's port: the
 worker bootstraps at the proxy and every connection it makes passes through it. Set-up
@@ -15,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from fault_checks import FaultLog, duplicate_excess, key_order_violations
 from worker_support import (
     FAULT_TESTS_IN_FLIGHT,
     SteadyLoad,
@@ -63,7 +66,14 @@ def proxied_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[F
         stack.down(purge=True)
 
 
-RUNTIMES = ("share", "consumer", "consumer-exactly-once", "kmq")
+# runtime -> (group type, exactlyOnce, ordering)
+RUNTIMES = {
+    "share": ("share", False, "none"),
+    "consumer": ("consumer", False, "none"),
+    "consumer-by-key": ("consumer", False, "key"),
+    "consumer-exactly-once": ("consumer", True, "none"),
+    "kmq": ("kmq", False, "none"),
+}
 
 
 def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_broker, tmp_path, record_property):
@@ -71,15 +81,15 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
     flaky network hits every team of a shared cluster."""
     faults, direct, behind = proxied_broker
     queues, workers, logs = {}, {}, {}
-    for runtime in RUNTIMES:
-        kind = runtime.removesuffix("-exactly-once")
+    for runtime, (kind, exactly_once, ordering) in RUNTIMES.items():
         folder = tmp_path / runtime
         folder.mkdir()
         queues[runtime] = make_queue(
             folder,
             direct,
             group_type=kind,
-            exactly_once=runtime != kind,
+            exactly_once=exactly_once,
+            ordering=ordering,
             partitions=3,
             concurrency=8,
             lock="5s",
@@ -87,6 +97,7 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
         )
         logs[runtime] = folder / "worker.log"
         workers[runtime] = Supervised(queues[runtime], behind, "--until-idle", "8s", log=logs[runtime], limit=0)
+    ledger = FaultLog(direct, {r: (RUNTIMES[r][0], q.group, q.topic, 3) for r, q in queues.items()})
     load = SteadyLoad(direct, [q.topic for q in queues.values()], RATE, sleep_ms=5)
     load.start()
     deadline = time.monotonic() + 240
@@ -101,11 +112,13 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
         produce(direct, queue.topic, burst)
     for kind_of_fault, attributes, seconds in FAULTS:
         assert load.is_alive(), f"records were still arriving when {kind_of_fault} began"
+        ledger.begins(kind_of_fault)  # read directly, not through the proxy
         faults.toxic("broker", kind_of_fault, kind_of_fault, **attributes)
         if kind_of_fault == FAULTS[0][0]:
             in_flight = {runtime: _unhandled(queue, burst_ids) for runtime, queue in queues.items()}
         time.sleep(seconds)
         faults.heal("broker", kind_of_fault)
+        ledger.ended()
         healed_at = time.time()
         time.sleep(3)
     time.sleep(AFTER_S)
@@ -123,13 +136,20 @@ def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_
         assert not missing, f"{runtime}: {len(missing)} records never accepted, e.g. {sorted(missing)[:5]}"
         assert read_all(direct, queue.dlq, timeout_s=3) == [], f"{runtime}: every record is valid, none in the DLQ"
         duplicates = len(outputs) - len(set(outputs))
-        if runtime.endswith("-exactly-once"):
+        if RUNTIMES[runtime][1]:
             assert duplicates == 0, "read_committed readers see each output once"
+        events = queue.events()
+        caught = ledger.in_flight(runtime, events)
+        assert duplicate_excess(outputs, caught) is None, f"{runtime}: {duplicate_excess(outputs, caught)}"
+        if RUNTIMES[runtime][2] == "key":
+            broken = key_order_violations(events)
+            assert not broken, f"{runtime}: {len(broken)} keys out of order: " + "; ".join(broken[:3])
         assert summary["lag_at_exit"] == 0, runtime
         assert workers[runtime].restarts == 0, f"{runtime}: the worker rode the faults out"
         table[runtime] = {
             "lost": 0,
             "duplicates": duplicates,
+            "in_flight_at_faults": len(caught),
             "restarts": workers[runtime].restarts,
             "burst_unhandled_at_first_fault": in_flight[runtime],
             "recovered_s": round(recovered_after(queue, healed_at), 1),  # after the last fault, the stall
