@@ -90,8 +90,11 @@ class TxnWrites:
 class PartitionTask:
     """One Kafka partition's records of one micro-batch: slots, the offset tracker, commits."""
 
-    def __init__(self, process: WorkerProcess, topic: str, partition: int):
+    def __init__(self, process: WorkerProcess, topic: str, partition: int, watch_commits: bool = True):
+        """``watch_commits``: the task's watcher commits every ``commit_interval_ms``; a group
+        member commits from its consumer's thread instead (member.py), so it passes False."""
         self.process = process
+        self.watch_commits = watch_commits
         self.settings = s = process.settings
         self.topic, self.partition = topic, partition
         self.tracker = ContiguousOffsets()
@@ -496,7 +499,7 @@ class PartitionTask:
             for slot in self.slots:
                 slot.watch(now)
             self._dead_letter_refused()
-            if now - last_commit >= self.settings.commit_interval_ms / 1000:
+            if self.watch_commits and now - last_commit >= self.settings.commit_interval_ms / 1000:
                 try:
                     if self.commit(None):
                         last_commit = now
