@@ -42,10 +42,13 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from queueplane.kafka import clients
+from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.consumer.partition import PartitionTask
 from queueplane.run.consumer.process import ConsumerSettings, WorkerProcess
+from queueplane.run.consumer.unreported import Unreported
+from queueplane.run.crash_journal import journal_folder
 from queueplane.run.handler import Record
-from queueplane.run.outcomes import DELIVERY_TIMEOUT_S, Outcome
+from queueplane.run.outcomes import DELIVERY_TIMEOUT_S, SKIPPED, Outcome
 from queueplane.run.processes import PerProcess
 
 log = logging.getLogger("queueplane.worker")
@@ -71,8 +74,11 @@ class GroupMember:
         self.settings = settings
         self.process = WorkerProcess(settings)
         self.topic = settings.topic
+        self.unreported = Unreported(journal_folder(settings.group_id))
         self._lock = threading.Lock()
         self._rows: list[Outcome] = []  # committed, not yet collected by a slice
+        self._tokens: list[int] = []  # the notes (unreported.py) that count those rows
+        self._collect_due = False
         self._error: BaseException | None = None
         self._batch_lock = threading.Lock()
         self._lease = threading.Condition()
@@ -116,6 +122,8 @@ class GroupMember:
     def _take(self) -> list[Outcome]:
         with self._lock:
             rows, self._rows = self._rows, []
+            tokens, self._tokens = self._tokens, []
+        self.unreported.reported(tokens)
         if rows:
             self._last_rows = time.monotonic()
         return rows
@@ -165,11 +173,13 @@ class GroupMember:
     def _unleased_long(self) -> bool:
         return self._lease_until < time.monotonic() - IDLE_LEAVE_S
 
-    def _rows_added(self, rows: list[Outcome]) -> None:
-        if not rows:
+    def _rows_added(self, noted: tuple[list[Outcome], list[int]]) -> None:
+        rows, tokens = noted
+        if not rows and not tokens:
             return
         with self._lock:
             self._rows.extend(rows)
+            self._tokens.extend(tokens)
         with self._lease:
             self._lease.notify_all()
 
@@ -233,6 +243,8 @@ class GroupMember:
             if messages:
                 self._take_messages(messages)
             self._feed_held()
+            if self._collect_due:
+                self._collect_unreported()
             now = time.monotonic()
             if now >= next_commit:
                 next_commit = now + COMMIT_S
@@ -331,6 +343,7 @@ class GroupMember:
         task = self._tasks.get(partition)
         if task is None:
             task = self._tasks[partition] = PartitionTask(self.process, self.topic, partition, watch_commits=False)
+            task.before_commit = self.unreported.committing
         return task
 
     def _raise_if_failed(self) -> None:
@@ -343,7 +356,7 @@ class GroupMember:
         drained queue shows no lag."""
         for partition, task in list(self._tasks.items()):
             task.commit(None, within_s=0.02)
-            self._rows_added(task.drain())
+            self._rows_added(task.drain_noted())
             self._commit_position(partition, task)
 
     def _commit_position(self, partition: int, task: PartitionTask) -> None:
@@ -384,7 +397,7 @@ class GroupMember:
             else:
                 task.finish(end)
         finally:
-            self._rows_added(task.drain())
+            self._rows_added(task.drain_noted())
 
     @staticmethod
     def _end_idle(task: PartitionTask) -> None:
@@ -399,7 +412,7 @@ class GroupMember:
     def _abandon_all(self) -> None:
         for task in self._tasks.values():
             task.abandon()
-            self._rows_added(task.drain())  # committed before the failure: their rows stand
+            self._rows_added(task.drain_noted())  # committed before the failure: their rows stand
             if task.writer is not None:
                 task.writer.close()
         self._tasks.clear()
@@ -419,8 +432,22 @@ class GroupMember:
                 log.warning("%s: closing the group member: %s", self.settings.queue, exc)
 
     # -- rebalance callbacks (on the member's thread, inside a poll) -----------------------
+    def _collect_unreported(self) -> None:
+        """Rows a dead process committed and never reported: counted as skipped (unreported.py)."""
+        self._collect_due = False
+        found = self.unreported.collect(lambda parts: fetch_committed(self._consumer, self.topic, parts))
+        rows = [
+            Outcome(self.topic, partition, max(first, 0) + i, None, 1, SKIPPED, None, 0.0, 0)
+            for partition, first, _end, count in found
+            for i in range(count)
+        ]
+        if rows:
+            log.info("%s: %d rows a dead process committed and never reported: skipped", self.settings.queue, len(rows))
+            self._rows_added((rows, []))
+
     def _assigned_cb(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         self.process.journal.collect()  # a process that died in a call of these partitions
+        self._collect_due = True
         self._assigned.update(tp.partition for tp in partitions)
         if self._unleased_paused and partitions:
             consumer.incremental_assign(partitions) if self._cooperative() else consumer.assign(partitions)
@@ -453,13 +480,14 @@ class GroupMember:
             task = self._tasks.pop(tp.partition, None)
             if task is not None:
                 task.abandon()
-                self._rows_added(task.drain())
+                self._rows_added(task.drain_noted())
                 if task.writer is not None:
                     task.writer.close()
 
     def close(self) -> None:
         self._stop_member()
         self.process.close()
+        self.unreported.close()
 
 
 MEMBERS: PerProcess[GroupMember] = PerProcess(lambda text: GroupMember(ConsumerSettings.from_json(text)))
