@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Mapping
+from typing import Any
 
 from queueplane.kafka.connection import connect
 from queueplane.kafka.wire import Reader, compact_string, recv_exact, uvarint
@@ -62,3 +63,12 @@ def group_protocol(settings: Mapping[str, str]) -> str:
         log.warning("could not ask the broker for its group protocols (%s): members use classic", exc)
         return CLASSIC
     return CONSUMER if CONSUMER_GROUP_HEARTBEAT_KEY in keys else CLASSIC
+
+
+def protocol_in_use(admin: Any, group: str) -> str | None:
+    """The protocol the consumer group runs now (``consumer`` or ``classic``), from the broker's
+    description of it; None where the group has no members and no state to tell (or is not there)."""
+    described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+    kind = getattr(described, "type", None)
+    name = getattr(kind, "name", str(kind or "")).lower()
+    return name if name in (CONSUMER, CLASSIC) else None
