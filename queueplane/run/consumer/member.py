@@ -61,6 +61,8 @@ LEASE_GRACE_S = 3.0  # the member reads on past a slice, through Spark's gap bet
 IDLE_LEAVE_S = 3.0  # a lease over for this long (no task came to this process): leave the group
 IDLE_AFTER_S = 30.0  # a member with no rows for this long holds its tasks for the idle slice
 PAUSE_AFTER_S = 0.05  # how long polled records wait for quick slots before their partition pauses
+QUIET_WAIT_S = 0.02  # how long a commit waits for the producer to hold nothing unacknowledged
+FINISH_AFTER_S = 2 * COMMIT_S  # a partition not committed for this long: the tasks finish together
 
 
 class MemberFailed(RuntimeError):
@@ -93,6 +95,7 @@ class GroupMember:
         self._held: dict[int, deque[Record]] = {}  # polled records waiting for room in their task
         self._held_since: dict[int, float] = {}
         self._paused: set[int] = set()  # paused for flow control
+        self._committed_at: dict[int, float] = {}  # when a partition's task last committed (monotonic)
         self._assigned: set[int] = set()
         self._unleased_paused = False
         self._failing = False
@@ -354,10 +357,34 @@ class GroupMember:
         """Every task's finished prefix, committed now; where nothing is in flight and the position
         passed what was committed (transaction markers, aborted records), the position too, so a
         drained queue shows no lag."""
+        now = time.monotonic()
+        stale = False
         for partition, task in list(self._tasks.items()):
-            task.commit(None, within_s=0.02)
+            if task.commit(None, within_s=QUIET_WAIT_S):
+                self._committed_at[partition] = now
+            elif now - self._committed_at.setdefault(partition, now) >= FINISH_AFTER_S:
+                stale = True
             self._rows_added(task.drain_noted())
             self._commit_position(partition, task)
+        if stale:
+            self._finish_together()
+
+    def _finish_together(self) -> None:
+        """Quick handlers keep the process's producer busy, so no moment comes when all it holds is
+        acknowledged and a prefix may be committed: the tasks finish together (their slots drain,
+        the producer goes quiet, every task commits), and the next records start new ones."""
+        now = time.monotonic()
+        for partition in list(self._tasks):
+            task = self._tasks.pop(partition)
+            end = self._ends.get(partition)
+            try:
+                if end is None:
+                    self._end_idle(task)
+                else:
+                    task.finish(end)
+            finally:
+                self._rows_added(task.drain_noted())
+            self._committed_at[partition] = now
 
     def _commit_position(self, partition: int, task: PartitionTask) -> None:
         if partition in self._held or task.tracker.unfinished:
