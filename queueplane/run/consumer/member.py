@@ -246,6 +246,9 @@ class GroupMember:
             if messages:
                 self._take_messages(messages)
             self._feed_held()
+            if self._over_uncommitted():
+                self._commit_all(force=True)
+                next_commit = time.monotonic() + COMMIT_S
             if self._collect_due:
                 self._collect_unreported()
             now = time.monotonic()
@@ -323,6 +326,9 @@ class GroupMember:
             held = self._held[partition]
             task = self._task(partition)
             room = limit - task.tracker.unfinished
+            bound = self.settings.max_uncommitted
+            if bound > 0:
+                room = min(room, bound - self._uncommitted())
             if room > 0 and held:
                 take = min(room, len(held))
                 records = [held.popleft() for _ in range(take)]
@@ -353,7 +359,22 @@ class GroupMember:
         for task in self._tasks.values():
             task.raise_if_failed()
 
-    def _commit_all(self) -> None:
+    def _uncommitted(self) -> int:
+        """Records fed to tasks and not committed yet, across the member's partitions (offsets)."""
+        total = 0
+        for partition, end in self._ends.items():
+            task = self._tasks.get(partition)
+            if task is None:
+                continue
+            done = task.last_commit if task.last_commit is not None else task.committed
+            total += end - done if done is not None else task.tracker.unfinished
+        return total
+
+    def _over_uncommitted(self) -> bool:
+        bound = self.settings.max_uncommitted
+        return bound > 0 and self._uncommitted() >= bound
+
+    def _commit_all(self, force: bool = False) -> None:
         """Every task's finished prefix, committed now; where nothing is in flight and the position
         passed what was committed (transaction markers, aborted records), the position too, so a
         drained queue shows no lag."""
@@ -366,7 +387,7 @@ class GroupMember:
                 stale = True
             self._rows_added(task.drain_noted())
             self._commit_position(partition, task)
-        if stale:
+        if stale or (force and self._over_uncommitted()):
             self._finish_together()
 
     def _finish_together(self) -> None:

@@ -69,6 +69,9 @@ class ConsumerSettings(QueueSettings):
     group_protocol: str = "classic"
     batch_ms: int = 1000
     idle_batch_ms: int = 15_000
+    # The most records a member holds fed and uncommitted (``--max-batch-records`` over the
+    # members): what a kill can make come again. 0: no bound but maxInFlight's.
+    max_uncommitted: int = 0
 
     def transactional_id(self, topic: str, partition: int) -> str:
         """Stable per input partition: a new task's producer fences the one a dead task left behind."""

@@ -96,6 +96,8 @@ class ConsumerRuntime(QueueRuntime):
         else:
             tasks = options.tasks or spark.sparkContext.defaultParallelism
         tasks = max(1, min(tasks, partitions))
+        if options.max_batch_records:
+            settings = dataclasses.replace(settings, max_uncommitted=max(1, options.max_batch_records // tasks))
         source = register_source(spark, queue.name)
         return (
             spark.readStream.format(source)
