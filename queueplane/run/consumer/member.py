@@ -155,6 +155,8 @@ class GroupMember:
         if self._thread is not None and self._thread.is_alive():
             return
         self._leave.clear()
+        with self._lease:  # leased from the start: a member that just joined does not leave at once
+            self._lease_until = max(self._lease_until, time.monotonic() + LEASE_GRACE_S)
         self._thread = threading.Thread(target=self._run, name="qp-member", daemon=True)
         self._thread.start()
 
