@@ -103,6 +103,7 @@ class ConsumerRuntime(QueueRuntime):
             spark.readStream.format(source)
             .option("settings", settings.to_json())
             .option("tasks", str(tasks))
+            .option("partitions", str(partitions))
             .option("drain_file", str(drain_file))
             .load()
         )
