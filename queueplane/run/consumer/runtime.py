@@ -63,9 +63,10 @@ class ConsumerRuntime(QueueRuntime):
 
     @staticmethod
     def executor_cap(queue: QueueSpec) -> int | None:
-        """Executors beyond partitions over an executor's cores would hold members with no partition."""
+        """Executors beyond partitions x key slots over an executor's cores would get no work."""
+        key_slots = queue.concurrency if queue.group.ordering == "key" else 1
         cores = max(1, int(queue.executor.get("cores", 1)))
-        return max(1, math.ceil(queue.topic.partitions / cores))
+        return max(1, math.ceil(queue.topic.partitions * key_slots / cores))
 
     def local_threads(self) -> int:
         return self.options.tasks or max(os.cpu_count() or 2, 2)

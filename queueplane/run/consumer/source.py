@@ -101,6 +101,8 @@ class MemberStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         member = MEMBERS.get(self.settings_json)
         rows = member.run_batch(final=partition.final)
+        if partition.final:
+            MEMBERS.drained(self.settings_json)  # the spec's processing.teardown
         for p, (first, end) in partition.skipped.items():
             rows += [Outcome(member.topic, p, offset, None, 1, SKIPPED, None, 0.0, 0) for offset in range(first, end)]
         if rows:
