@@ -42,6 +42,7 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from queueplane.kafka import clients
+from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.consumer.partition import PartitionTask
 from queueplane.run.consumer.process import ConsumerSettings, WorkerProcess
@@ -56,7 +57,6 @@ log = logging.getLogger("queueplane.worker")
 COMMIT_S = 1.0  # how often the member commits its tasks' finished prefixes
 POLL_S = 0.05  # the longest one poll waits, so commits and the lease are looked at often
 POLL_RECORDS = 2000
-SESSION_TIMEOUT_MS = 10_000
 LEASE_GRACE_S = 3.0  # the member reads on past a slice, through Spark's gap between two batches
 IDLE_LEAVE_S = 3.0  # a lease over for this long (no task came to this process): leave the group
 IDLE_AFTER_S = 30.0  # a member with no rows for this long holds its tasks for the idle slice
@@ -223,11 +223,11 @@ class GroupMember:
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "auto.offset.reset": s.start_from,
-            "session.timeout.ms": SESSION_TIMEOUT_MS,
+            "session.timeout.ms": kn.MEMBER_SESSION_TIMEOUT_MS,
             "group.protocol": s.group_protocol,
         }
         if s.group_protocol == "consumer":
-            del role["session.timeout.ms"]  # the broker's group.consumer.session.timeout.ms rules
+            del role["session.timeout.ms"]  # the group's consumer.session.timeout.ms rules (plan.py)
         consumer = clients.consumer(s.kafka, role)
         self.process.group = consumer
         self.process.group_metadata = None
