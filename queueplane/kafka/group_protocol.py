@@ -69,6 +69,9 @@ def protocol_in_use(admin: Any, group: str) -> str | None:
     """The protocol the consumer group runs now (``consumer`` or ``classic``), from the broker's
     description of it; None where the group has no members and no state to tell (or is not there)."""
     described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+    state = getattr(described.state, "name", str(described.state or "")).upper()
+    if state in ("DEAD", "UNKNOWN"):  # a group the broker does not hold is described as a dead classic one
+        return None
     kind = getattr(described, "type", None)
     name = getattr(kind, "name", str(kind or "")).lower()
     return name if name in (CONSUMER, CLASSIC) else None
