@@ -155,10 +155,11 @@ def _register_dlq(commands: Any) -> None:
     output_flag(p)
 
 
-def _lag_table(queue: QueueSpec, rows: list[Any]) -> Any:
+def _lag_table(queue: QueueSpec, rows: list[Any], protocol: str | None = None) -> Any:
     from rich.table import Table
 
-    table = Table(title=f"{queue.name}: group {queue.group.id} ({queue.group.type}) on {queue.topic.name}")
+    kind = queue.group.type if protocol is None else f"{queue.group.type}, protocol {protocol}"
+    table = Table(title=f"{queue.name}: group {queue.group.id} ({kind}) on {queue.topic.name}")
     for column in ("partition", "log-end", "committed", "lag", "skew"):
         table.add_column(column, justify="left" if column == "skew" else "right")
     for row in rows:
@@ -197,19 +198,33 @@ def cmd_lag(args: argparse.Namespace) -> int:
         flag_skew(rows, key_sampler(target, queue))
         return rows
 
+    def protocol() -> str | None:
+        """Which group protocol the consumer group runs (KIP-848's ``consumer`` or ``classic``)."""
+        if queue.group.type == "share":
+            return None
+        from queueplane.kafka.group_protocol import protocol_in_use
+
+        try:
+            return protocol_in_use(admin, queue.group.id)
+        except Exception:  # advisory: the lag is what was asked for
+            return None
+
     if not args.watch:
         rows = read()
         if args.output != "text":
             lags = {r.partition: r.lag for r in rows}
-            emit(args.output, {"partitions": [r.as_dict() for r in rows], "total": total_lag(lags)})
+            emit(
+                args.output,
+                {"partitions": [r.as_dict() for r in rows], "total": total_lag(lags), "protocol": protocol()},
+            )
         else:
-            out.print(_lag_table(queue, rows))
+            out.print(_lag_table(queue, rows, protocol()))
         return EXIT_OK
     try:
-        with Live(_lag_table(queue, read()), console=out, auto_refresh=False) as live:
+        with Live(_lag_table(queue, read(), protocol()), console=out, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(_lag_table(queue, read()), refresh=True)
+                live.update(_lag_table(queue, read(), protocol()), refresh=True)
     except KeyboardInterrupt:
         return EXIT_OK
 

@@ -17,6 +17,18 @@ SHARE_MAX_RECORD_LOCKS = "share.partition.max.record.locks"
 SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
 SHARE_ISOLATION_LEVEL = "share.isolation.level"
 
+# Consumer-group GROUP config (KIP-848): the session of the group's consumer-protocol members,
+# which the broker holds for them (a member's own session.timeout.ms is not sent under it).
+CONSUMER_SESSION_TIMEOUT_MS = "consumer.session.timeout.ms"
+# The session a consumer queue's members get: a killed member's partitions move after it. Under
+# the consumer protocol it is the group config above, raised to the broker's lower bound; classic
+# members send it themselves.
+MEMBER_SESSION_TIMEOUT_MS = 10_000
+
+# Broker configs that bound the consumer-group GROUP config above
+BROKER_CONSUMER_SESSION_MIN = "group.consumer.min.session.timeout.ms"
+BROKER_CONSUMER_SESSION_MAX = "group.consumer.max.session.timeout.ms"
+
 # Broker configs that bound the share-group GROUP configs above
 BROKER_SHARE_LOCK_MIN = "group.share.min.record.lock.duration.ms"
 BROKER_SHARE_LOCK_MAX = "group.share.max.record.lock.duration.ms"

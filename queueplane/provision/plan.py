@@ -44,6 +44,7 @@ class DesiredGroup:
     id: str
     config: dict[str, str]
     spec: str
+    type: Literal["share", "consumer"] = "share"
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,25 @@ def share_group_configs(queue: QueueSpec) -> dict[str, str]:
     }
 
 
+def consumer_group_configs(queue: QueueSpec, live: LiveState | None = None) -> dict[str, str]:
+    """The GROUP config a consumer spec manages: its members' session under KIP-848's protocol.
+
+    There the broker holds the session (``group.consumer.session.timeout.ms``, 45 s by default)
+    and a member's own ``session.timeout.ms`` is not sent, so a killed member would keep its
+    partitions for 45 s. The group's session is the members' classic one,
+    ``MEMBER_SESSION_TIMEOUT_MS``, within the broker's bounds (live, when read).
+    """
+    del queue  # every consumer queue's members want the same session
+    wanted = kn.MEMBER_SESSION_TIMEOUT_MS
+    brokers = live.broker_configs if live is not None else {}
+    low, high = brokers.get(kn.BROKER_CONSUMER_SESSION_MIN), brokers.get(kn.BROKER_CONSUMER_SESSION_MAX)
+    if low is not None:
+        wanted = max(wanted, int(low))
+    if high is not None:
+        wanted = min(wanted, int(high))
+    return {kn.CONSUMER_SESSION_TIMEOUT_MS: str(wanted)}
+
+
 # The topic config that bounds a record batch, the broker setting a topic without it inherits,
 # and that setting's default.
 MAX_MESSAGE_BYTES = "max.message.bytes"
@@ -225,6 +245,8 @@ def desired_state(
             )
         if q.group.type == "share":
             groups.append(DesiredGroup(q.group.id, share_group_configs(q), q.source))
+        elif q.group.type == "consumer":
+            groups.append(DesiredGroup(q.group.id, consumer_group_configs(q, live), q.source, "consumer"))
     return topics, groups
 
 
@@ -254,6 +276,11 @@ def _config_changes(
 
 
 def _group_changes(group: DesiredGroup, live: LiveState) -> list[Change]:
+    if group.type == "consumer":
+        # A broker without the config (before Kafka 4.0) runs classic members only, and they
+        # send their own session: nothing to set there.
+        settable = {k: v for k, v in group.config.items() if k in live.group_config_names}
+        return _config_changes("group-config", group.id, group.spec, settable, live.group_configs.get(group.id, {}))
     if not live.group_config_names:
         return [
             Change(

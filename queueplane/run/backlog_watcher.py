@@ -37,12 +37,19 @@ class BacklogWatcher:
         self.outages: list[dict[str, Any]] = []  # ended ones: when, how long, the first error
         # Since when Kafka answers without a break (monotonic): the worker's start, or the end of an outage.
         self.answering_since = time.monotonic()
+        # When the read that gave ``latest`` began (monotonic): a read that hung without failing
+        # leaves an old answer standing, which says nothing of records that came since.
+        self.latest_began = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="qp-backlog", daemon=True)
 
     def start(self) -> None:
         self.read_now()
         self._thread.start()
+
+    def fresh(self, since: float) -> bool:
+        """Whether the latest answer comes from a read that began after ``since`` (monotonic)."""
+        return self.latest is not None and self.latest_began > since
 
     @property
     def failing(self) -> bool:
@@ -55,6 +62,7 @@ class BacklogWatcher:
         began = (time.time(), time.monotonic())
         try:
             self.latest = self.read()
+            self.latest_began = began[1]
         except Exception as exc:  # lag is advisory: a failed read must not stop the worker, a refused one does
             self.latest = None
             refused = refusal(exc)

@@ -295,7 +295,12 @@ class QueueRun:
         idle = time.monotonic() - max(self.last_activity, self.watcher.answering_since)
         # Drained: the broker says no lag; where this listener cannot tell the lag, idleness alone
         # decides, but never while Kafka does not answer: an outage is not an empty queue.
-        drained = ((lag is None and not self.watcher.failing) or total_lag(lag) == 0) and self.runtime.idle()
+        # A lag of 0 counts only from a read that began after the last records came out: time
+        # slices go on through a stalled connection, and a read that hangs leaves its answer standing.
+        fresh = lag is None or self.watcher.fresh(self.last_activity)
+        drained = (
+            (lag is None and not self.watcher.failing) or (total_lag(lag) == 0 and fresh)
+        ) and self.runtime.idle()
         if options.until_idle_s is not None and idle >= options.until_idle_s and drained:
             return True
         return options.max_duration_s is not None and time.monotonic() - self.started >= options.max_duration_s

@@ -313,3 +313,39 @@ def test_commands_on_a_queue_that_is_not_there_say_what_is_missing_and_what_to_r
     assert status.returncode == 0, status.stderr
     assert f"topic not there in {dlq_topic}" in status.stdout, status.stdout
     assert run_cli(["lag", str(spec), *cluster], cli_env).returncode == 0, "the queue topic itself is there"
+
+
+def _member(kafka, group: str, topic: str, protocol: str) -> Consumer:
+    """A subscribed member of ``group`` on ``protocol``, once the group gave it partitions."""
+    member = Consumer({**kafka.settings, "group.id": group, "group.protocol": protocol})
+    member.subscribe([topic])
+    deadline = time.monotonic() + 60
+    while not member.assignment():
+        assert time.monotonic() < deadline, f"the {protocol} member of {group} got no partitions"
+        member.poll(0.2)
+    return member
+
+
+@pytest.mark.parametrize("protocol", ["consumer", "classic"])
+def test_lag_says_which_protocol_the_consumer_group_runs(kafka, tmp_path, cli_env, protocol):
+    """Lag exporters and operators read a KIP-848 group and a classic one differently."""
+    queue = make_queue(tmp_path, kafka, group_type="consumer", partitions=2)
+    produce(kafka, queue.topic, [order(i) for i in range(10)])
+    args = ["lag", str(queue.spec_path), "--bootstrap-servers", kafka.bootstrap]
+    env = {**cli_env, "COLUMNS": "200"}
+
+    # A group the broker does not know yet runs no protocol.
+    before = run_cli([*args, "-o", "json"], env)
+    assert before.returncode == 0, before.stderr
+    assert json.loads(before.stdout)["protocol"] is None
+    assert "protocol" not in run_cli(args, env).stdout
+
+    member = _member(kafka, queue.group, queue.topic, protocol)
+    try:
+        shown = run_cli([*args, "-o", "json"], env)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["protocol"] == protocol
+        title = f"group {queue.group} (consumer, protocol {protocol}) on {queue.topic}"
+        assert title in " ".join(run_cli(args, env).stdout.split()), "the table's title (wrapped to its width)"
+    finally:
+        member.close()

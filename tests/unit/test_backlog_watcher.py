@@ -82,3 +82,13 @@ def test_a_refused_read_is_no_outage_and_leaves_the_worker_not_ready_with_the_re
     watcher.read_now()  # Kafka answers the next read: the principal was still refused
     verdict = health.ready(time.monotonic())
     assert not verdict.ok and "lacks an ACL" in verdict.reason
+
+
+def test_a_lag_read_is_fresh_only_for_records_that_came_out_before_it_began():
+    answers = iter([{0: 0}, {0: 0}])
+    watcher = BacklogWatcher(_reads(answers), Health(stall_s=60))
+    watcher.read_now()
+    last_rows = time.monotonic()  # a micro-batch showed records after that read began
+    assert not watcher.fresh(last_rows), "a read begun before the last records says nothing of them"
+    watcher.read_now()
+    assert watcher.fresh(last_rows)

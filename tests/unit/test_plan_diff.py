@@ -189,3 +189,37 @@ def test_an_output_topic_another_team_owns_needs_its_recorded_producer_acl():
     assert [
         c for c in diff([queue], _state(**{**live, "owners": mine}), "t").refused if c.target == "brew.ready.v1"
     ] == []
+
+
+def test_a_consumer_group_gets_the_members_session_within_the_brokers_bounds():
+    """Under KIP-848 the broker holds the session (45 s by default): a killed member's partitions
+    would wait that long, so plan sets the group's to the members' 10 s, or the broker's least."""
+    queue = _queue(spec("consumer"))
+    names = GROUP_NAMES_43 | {kn.CONSUMER_SESSION_TIMEOUT_MS}
+    inherited = {queue.group.id: {kn.CONSUMER_SESSION_TIMEOUT_MS: LiveConfig("45000", False)}}
+    bounds = {kn.BROKER_CONSUMER_SESSION_MIN: "6000", kn.BROKER_CONSUMER_SESSION_MAX: "60000"}
+    plan = diff([queue], _state(group_config_names=names, group_configs=inherited, broker_configs=bounds), "t")
+    (change,) = [c for c in plan.changes if c.kind == "group-config"]
+    assert (change.target, change.field, change.old, change.new) == (
+        queue.group.id,
+        kn.CONSUMER_SESSION_TIMEOUT_MS,
+        "45000",
+        "10000",
+    )
+    # Kafka's default lower bound is 45 s: the group gets that, pinned, rather than a refused 10 s.
+    strict = {**bounds, kn.BROKER_CONSUMER_SESSION_MIN: "45000"}
+    plan = diff([queue], _state(group_config_names=names, group_configs=inherited, broker_configs=strict), "t")
+    (change,) = [c for c in plan.changes if c.kind == "group-config"]
+    assert (change.old, change.new) == ("45000 (inherited)", "45000")
+    # Set as wanted: nothing to change.
+    held = {queue.group.id: {kn.CONSUMER_SESSION_TIMEOUT_MS: LiveConfig("10000", True)}}
+    plan = diff([queue], _state(group_config_names=names, group_configs=held, broker_configs=bounds), "t")
+    assert [c for c in plan.changes if c.kind == "group-config"] == []
+
+
+def test_a_consumer_group_on_a_broker_without_group_configs_plans_nothing_for_it():
+    """Brokers before Kafka 4.0 run classic members, which send their own session."""
+    queue = _queue(spec("consumer"))
+    plan = diff([queue], _state(group_config_names=frozenset()), "t")
+    assert [c for c in plan.changes if c.kind == "group-config"] == []
+    assert plan.refused == []

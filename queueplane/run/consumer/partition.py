@@ -33,7 +33,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,8 +90,15 @@ class TxnWrites:
 class PartitionTask:
     """One Kafka partition's records of one micro-batch: slots, the offset tracker, commits."""
 
-    def __init__(self, process: WorkerProcess, topic: str, partition: int):
+    def __init__(self, process: WorkerProcess, topic: str, partition: int, watch_commits: bool = True):
+        """``watch_commits``: the task's watcher commits every ``commit_interval_ms``; a group
+        member commits from its consumer's thread instead (member.py), so it passes False."""
         self.process = process
+        self.watch_commits = watch_commits
+        # A group member's note of each commit's range and rows before it is made (unreported.py),
+        # and the notes' tokens, taken with the rows they count.
+        self.before_commit: Callable[[int, int, int, int], int] | None = None
+        self.commit_tokens: list[int] = []
         self.settings = s = process.settings
         self.topic, self.partition = topic, partition
         self.tracker = ContiguousOffsets()
@@ -462,6 +469,21 @@ class PartitionTask:
             self.fail(RuntimeError(failed.last_error))
             self.raise_if_failed()
 
+    def _note_commit(self, mark: int, rows: int) -> None:
+        if self.before_commit is None or not rows:
+            return
+        first = self.last_commit if self.last_commit is not None else -1
+        token = self.before_commit(self.partition, first, mark, rows)
+        with self._lock:
+            self.commit_tokens.append(token)
+
+    def drain_noted(self) -> tuple[list[Outcome], list[int]]:
+        """The rows shown so far, and the tokens of the commit notes that count them."""
+        with self._lock:
+            rows, self._outcomes = self._outcomes, []
+            tokens, self.commit_tokens = self.commit_tokens, []
+        return rows, tokens
+
     def drain(self) -> list[Outcome]:
         with self._lock:
             rows, self._outcomes = self._outcomes, []
@@ -496,7 +518,7 @@ class PartitionTask:
             for slot in self.slots:
                 slot.watch(now)
             self._dead_letter_refused()
-            if now - last_commit >= self.settings.commit_interval_ms / 1000:
+            if self.watch_commits and now - last_commit >= self.settings.commit_interval_ms / 1000:
                 try:
                     if self.commit(None):
                         last_commit = now
@@ -519,6 +541,7 @@ class PartitionTask:
         if mark is None or (self.last_commit is not None and mark <= self.last_commit):
             return True
         if self.writer is not None:
+            self._note_commit(mark, len(self._pending))
             self._commit_transaction(self.writer, mark)
         else:
             delivery = self.process.delivery
@@ -530,6 +553,7 @@ class PartitionTask:
                 return False  # the dead letters are not acknowledged yet: the next try commits
             self.raise_if_failed()
             self._park_refused()
+            self._note_commit(mark, len(self._awaiting))
             self.process.commit(self.topic, self.partition, mark)
             rows = self._shown(self._awaiting)
             with self._lock:

@@ -1,8 +1,10 @@
 """What one Python worker process keeps for a consumer-group queue: settings, producer, group, transactions.
 
-The group consumer only reads and commits offsets (Spark's Kafka source does the fetching);
-with exactlyOnce, one transactional producer per input partition writes outputs, DLQ records
-and offsets together (KIP-447), its id stable so a newer task fences an older one.
+The group's consumer is the process's member of the group (member.py): it reads the records
+and commits their offsets, on its own thread only. With exactlyOnce, one transactional producer
+per input partition writes outputs, DLQ records and offsets together (KIP-447), with the
+member's group metadata, so a member the group has moved on from is fenced by its generation,
+and the id stays stable so a newer producer of the partition fences an older one.
 
 A record the broker refuses inside a transaction (too large for its topic: the same record is
 refused on every try) makes librdkafka report it in its delivery callback and the transaction
@@ -60,6 +62,16 @@ class ConsumerSettings(QueueSettings):
     max_backoff_ms: int
     exactly_once: bool
     commit_interval_ms: int = 1000
+    # The group member's (member.py): the queue's topic, where a partition with no commit starts,
+    # the group protocol the broker has ("consumer", KIP-848, else "classic"), and the slices.
+    topic: str = ""
+    start_from: str = "earliest"
+    group_protocol: str = "classic"
+    batch_ms: int = 1000
+    idle_batch_ms: int = 15_000
+    # The most records a member holds fed and uncommitted (``--max-batch-records`` over the
+    # members): what a kill can make come again. 0: no bound but maxInFlight's.
+    max_uncommitted: int = 0
 
     def transactional_id(self, topic: str, partition: int) -> str:
         """Stable per input partition: a new task's producer fences the one a dead task left behind."""
@@ -69,7 +81,7 @@ class ConsumerSettings(QueueSettings):
 class WorkerProcess:
     """One per Python worker process and queue: the handler, the plain producer, the group's committer."""
 
-    def __init__(self, settings: ConsumerSettings):
+    def __init__(self, settings: ConsumerSettings, group: Any = None):
         self.settings = settings
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         self.journal = CrashJournal(journal_folder(settings.group_id), settings.lock_ms / 1000)
@@ -87,12 +99,23 @@ class WorkerProcess:
             on_failed=self.failed_writes,
         )
         self.producer = self.delivery.producer
-        # Never subscribes: it reads and commits the group's offsets, and lends its group metadata
-        # to transactions. read_committed makes committed() wait for offsets of open transactions.
-        self.group = clients.consumer(
+        # The member's consumer (member.py), called on its own thread only; without a member (a
+        # process driven by hand), a consumer that never subscribes. read_committed makes
+        # committed() wait for offsets of open transactions.
+        self.group = group or clients.consumer(
             settings.kafka,
             {"group.id": settings.group_id, "enable.auto.commit": False, "isolation.level": "read_committed"},
         )
+        # The group's metadata as the member's thread last noted it (at each assignment and every
+        # second): asked for during a revocation from any other thread, it does not come until
+        # the group gives up on the member (max.poll.interval.ms).
+        self.group_metadata: Any = None
+
+    def transaction_group(self) -> Any:
+        """The group metadata a transaction sends with its offsets (KIP-447)."""
+        if self.group_metadata is None:
+            self.group_metadata = self.group.consumer_group_metadata()
+        return self.group_metadata
 
     def committed(self, topic: str, partition: int) -> int | None:
         return fetch_committed(self.group, topic, [partition])[partition]
@@ -214,7 +237,7 @@ class TransactionalWriter:
                             raise _Refused(f"the transaction cannot be written on: {exc.args[0]}") from None
                         if suspect:
                             self._flush()
-                group = self.process.group.consumer_group_metadata()
+                group = self.process.transaction_group()
                 with bounded("send_offsets_to_transaction", TXN_TIMEOUT_S):
                     self.producer.send_offsets_to_transaction([offset], group, TXN_TIMEOUT_S)
                 with bounded("commit_transaction", TXN_TIMEOUT_S):

@@ -1,36 +1,35 @@
-"""Consumer groups on the driver: Spark's Kafka source, the handler per partition, offsets kept safe.
+"""Consumer groups on the driver: members of the group in the Python workers, leased by time slices.
 
-No shuffle and no ``minPartitions``: the Kafka source makes one Spark partition per Kafka
-partition of a micro-batch, and ``mapInArrow`` keeps it whole, so one task sees a partition's
-records in offset order (``partition.py``). ``maxOffsetsPerTrigger`` bounds a micro-batch.
+Each Python worker process of the queue is a member of its consumer group (member.py), so the
+group, not Spark, keeps the position: its committed offsets. The streaming query reads the
+members' time-slice source (source.py), whose micro-batches collect the outcome rows of what the
+members committed. A stop and a scale-down drain: the last batch finishes every task, commits
+and leaves the group, and a scale-down waits until the group is empty of its members.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
+from queueplane.kafka import clients
+from queueplane.kafka.group_protocol import group_protocol
 from queueplane.kafka.target import KafkaTarget
-from queueplane.run.consumer.partition import run_partition
 from queueplane.run.consumer.process import ConsumerSettings, transactional_producer
-from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_source, starting_offsets, with_kafka_connector
-from queueplane.run.options import DeadLetters
-from queueplane.run.outcomes import OUTCOME_SCHEMA
-from queueplane.run.range_ends import RangeEndCommitter
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec
 
-# Records per micro-batch. Each batch costs Spark a fixed 0.5-1 s (offsets, planning, checkpoint
-# writes, Python task start); memory does not grow with it: slot queues hold the reader back.
-DEFAULT_BATCH_RECORDS = 50_000
+SLICE_MS = 1000  # a member's time slice: how often its committed rows come out
+IDLE_SLICE_MS = 15_000  # an idle member's slice, cut short when rows come
+# After a draining batch, how long until members that had no task in it have left too.
+DRAIN_SETTLE_S = 3.0 + 3.0 + 1.0
 
 
-def consumer_settings(queue: QueueSpec, target: KafkaTarget) -> ConsumerSettings:
+def consumer_settings(queue: QueueSpec, target: KafkaTarget, protocol: str = "classic") -> ConsumerSettings:
     slots = 1 if queue.group.ordering == "partition" else queue.concurrency
     return ConsumerSettings(
         **QueueSettings.common(queue, target),
@@ -41,6 +40,9 @@ def consumer_settings(queue: QueueSpec, target: KafkaTarget) -> ConsumerSettings
         backoff_ms=queue.retry_backoff_ms,
         max_backoff_ms=queue.retry_max_backoff_ms,
         exactly_once=queue.exactly_once,
+        topic=queue.topic.name,
+        start_from="earliest" if queue.group.start_from == "earliest" else "latest",
+        group_protocol=protocol,
     )
 
 
@@ -55,7 +57,9 @@ def fence_partitions(settings: ConsumerSettings, topic: str, partitions: int) ->
 
 class ConsumerRuntime(QueueRuntime):
     group_type: ClassVar[str] = "consumer"
-    _range_ends: RangeEndCommitter | None = None
+    drains: ClassVar[bool] = True
+    drain_settle_s: ClassVar[float] = DRAIN_SETTLE_S
+    batches_only_on_input: ClassVar[bool] = False  # every trigger is a new time slice
 
     @staticmethod
     def executor_cap(queue: QueueSpec) -> int | None:
@@ -64,36 +68,43 @@ class ConsumerRuntime(QueueRuntime):
         cores = max(1, int(queue.executor.get("cores", 1)))
         return max(1, math.ceil(queue.topic.partitions * key_slots / cores))
 
-    def configure(self, builder: Any) -> Any:
-        return with_kafka_connector(builder)
-
     def local_threads(self) -> int:
-        """A task per partition at once (handlers mostly wait)."""
-        return self.options.tasks or max(os.cpu_count() or 2, self.queue.topic.partitions)
+        return self.options.tasks or max(os.cpu_count() or 2, 2)
 
-    def after_batch(self, table: Any, ranges: dict[int, int]) -> None:
-        """Tasks commit up to their last record; transaction markers beyond it are the driver's to pass."""
-        if self._range_ends is None:
-            self._range_ends = RangeEndCommitter(self.target, self.queue.group.id, self.queue.topic.name)
-        self._range_ends.commit(ranges, table)
-
-    def stop(self, counts: Counter[str], dead: DeadLetters) -> None:
-        if self._range_ends is not None:
-            self._range_ends.close()
+    def group_members(self) -> int | None:
+        """Members of the group now: none once a drain has made every member leave."""
+        admin = clients.admin(self.target)
+        group = self.queue.group.id
+        described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+        return len(described.members)
 
     def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
-        queue, target = self.queue, self.target
-        settings = consumer_settings(queue, target)
+        from queueplane.run.consumer.source import register_source
+
+        queue, target, options = self.queue, self.target, self.options
+        settings = dataclasses.replace(
+            consumer_settings(queue, target, group_protocol(target.settings)), batch_ms=options.batch_ms or SLICE_MS
+        )
         if queue.exactly_once:
             fence_partitions(settings, queue.topic.name, queue.topic.partitions)
-        reader = (
-            kafka_source(spark, target, queue.topic.name, queue.group.id)
-            .option("startingOffsets", starting_offsets(target, queue))
-            .option("includeHeaders", "true")
-            .option("maxOffsetsPerTrigger", str(self.options.max_batch_records or DEFAULT_BATCH_RECORDS))
-        )
+        cores = int(queue.executor.get("cores", 1))
+        partitions = queue.topic.partitions
+        if executor_ceiling is not None:  # tasks for the most executors; with fewer, they run in turns
+            tasks = options.tasks or executor_ceiling * cores
+        elif options.local:
+            # A member per task thread, up to one per partition.
+            tasks = options.tasks or max(1, min(partitions, self.local_threads()))
+        else:
+            tasks = options.tasks or spark.sparkContext.defaultParallelism
+        tasks = max(1, min(tasks, partitions))
+        if options.max_batch_records:
+            settings = dataclasses.replace(settings, max_uncommitted=max(1, options.max_batch_records // tasks))
+        source = register_source(spark, queue.name)
         return (
-            reader.load()
-            .selectExpr(*INPUT_COLUMNS)
-            .mapInArrow(functools.partial(run_partition, settings.to_json()), OUTCOME_SCHEMA)
+            spark.readStream.format(source)
+            .option("settings", settings.to_json())
+            .option("tasks", str(tasks))
+            .option("partitions", str(partitions))
+            .option("drain_file", str(drain_file))
+            .load()
         )
