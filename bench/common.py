@@ -184,3 +184,9 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+# Records per micro-batch of the sides that read through Spark's Kafka source (the kmq worker,
+# the Spark pass-through baselines): what consumer queues held per batch before they ran as
+# members, kept so that those sides pay their per-batch costs as often as before.
+SPARK_BATCH_RECORDS = 50_000

@@ -54,7 +54,18 @@ from typing import Any
 
 import member_bound
 import plain_consumer_loop
-from common import apply_queue, bench_broker, console, full_rate, goal, profiled, pyplot, save, steady_rate
+from common import (
+    SPARK_BATCH_RECORDS,
+    apply_queue,
+    bench_broker,
+    console,
+    full_rate,
+    goal,
+    profiled,
+    pyplot,
+    save,
+    steady_rate,
+)
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from queueplane.kafka import clients
@@ -277,7 +288,6 @@ def pass_through(
     """
     from pyspark.sql import SparkSession
 
-    from queueplane.run.consumer.runtime import DEFAULT_BATCH_RECORDS
     from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_options, kafka_source, with_kafka_connector
     from queueplane.run.session import DAEMON_MODULE, SPARK_LOG4J
 
@@ -294,7 +304,7 @@ def pass_through(
     source = (
         kafka_source(spark, target, spec["topic"], spec["group"])
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(DEFAULT_BATCH_RECORDS))
+        .option("maxOffsetsPerTrigger", str(SPARK_BATCH_RECORDS))
     )
     if duties:  # the worker's own input: its columns, headers included
         step = functools.partial(with_duties, duties)

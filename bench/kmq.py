@@ -23,20 +23,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import apply_queue, bench_broker, console, goal, profiled, pyplot, save
+from common import SPARK_BATCH_RECORDS, apply_queue, bench_broker, console, goal, profiled, pyplot, save
 from share import HANDLERS, RssSampler, fill, worker_throughput
 
 from queueplane.kafka.target import KafkaTarget
-from queueplane.run.consumer.runtime import DEFAULT_BATCH_RECORDS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from worker_support import read_all
 
 PARTITIONS = 6
 # A kmq micro-batch holds maxInFlight records per partition (all of them get their start markers
-# at once); a consumer-group one holds DEFAULT_BATCH_RECORDS. The same records per batch on both
-# sides, so that neither pays its per-batch costs more often.
-MAX_IN_FLIGHT = DEFAULT_BATCH_RECORDS // PARTITIONS
+# at once): SPARK_BATCH_RECORDS in all, as many as the Spark pass-through's batches hold.
+MAX_IN_FLIGHT = SPARK_BATCH_RECORDS // PARTITIONS
 
 
 def apply_trivial_queue(folder: Path, target: KafkaTarget, group_type: str, concurrency: int) -> dict:
