@@ -13,8 +13,9 @@ slices: slots, retries in place, the offset tracker. Everything that talks to th
 the consumer's own thread, between polls: commits every second (``COMMIT_S``), and the
 revocation callback, which finishes the revoked partitions' tasks (slots drained, outputs
 durable, offsets committed) before the partitions move. exactlyOnce transactions send the
-group metadata the member's thread noted at each assignment and every second
-(``WorkerProcess.transaction_group``): asked for from another thread during a revocation, it
+group metadata the member's thread notes every second (``_note_group``; a join clears the note,
+and the first transaction after it reads the metadata on that thread, see
+``WorkerProcess.transaction_group``): asked for from another thread during a revocation, it
 does not come until the group gives up on the member.
 
 A partition with ``maxInFlight`` records taken and unfinished holds what it polled beyond them;
