@@ -1,6 +1,6 @@
-"""The consumer-group runtime that runs inside Spark's Python workers, one task per Kafka partition.
+"""One Kafka partition's work inside a consumer queue's member (member.py): ``PartitionTask``.
 
-Spark's Kafka source hands a task the records of one partition in offset order. The task
+The member hands a partition's task its records in offset order. The task
 spreads them over slot threads (one for ordering=partition; for ordering=key,
 ``processing.concurrency`` slots chosen by FNV-1a of the key) through bounded queues, so a
 slow slot holds the reader back instead of filling memory. A slot handles its records one
@@ -33,20 +33,18 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from confluent_kafka import TopicPartition
 
 from queueplane.run.consumer.ordering import ContiguousOffsets, key_slot
-from queueplane.run.consumer.process import ConsumerSettings, TransactionalWriter, WorkerProcess
+from queueplane.run.consumer.process import TransactionalWriter, WorkerProcess
 from queueplane.run.consumer.slots import Done, Slot
 from queueplane.run.dead_letters import Failure, failure_of_headers
 from queueplane.run.failed_writes import alone_writes
 from queueplane.run.handler import InvalidOutput, Record
-from queueplane.run.kafka_input import input_records
 from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,
@@ -58,14 +56,12 @@ from queueplane.run.outcomes import (
     dead_letter_record,
     error_text,
     is_parked,
-    outcome_batch,
     parked_record,
     produce,
     refused_write,
     unparked_dead_letter,
 )
 from queueplane.run.parking import PARKED, REFUSALS, cause_of, refused_failure
-from queueplane.run.processes import PerProcess
 
 log = logging.getLogger("queueplane.worker")
 
@@ -561,45 +557,3 @@ class PartitionTask:
             self._awaiting = []
         self.last_commit = mark
         return True
-
-
-PROCESSES: PerProcess[WorkerProcess] = PerProcess(lambda text: WorkerProcess(ConsumerSettings.from_json(text)))
-
-
-def _records_by_partition(batch: pa.RecordBatch) -> list[tuple[tuple[str, int], list[Record]]]:
-    """An Arrow batch of INPUT_COLUMNS as records, grouped by Kafka partition in offset order."""
-    groups: dict[tuple[str, int], list[Record]] = {}
-    for record in input_records(batch):
-        group = groups.get((record.topic, record.partition))
-        if group is None:
-            group = groups[(record.topic, record.partition)] = []
-        group.append(record)
-    return list(groups.items())
-
-
-def run_partition(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the records of one Kafka partition in offset order in, outcome rows out."""
-    process = PROCESSES.get(settings_json)
-    process.journal.collect()  # a process that died in a call of this task's last attempt
-    tasks: dict[tuple[str, int], PartitionTask] = {}
-    ends: dict[tuple[str, int], int] = {}
-    try:
-        for batch in batches:
-            for tp, records in _records_by_partition(batch):
-                task = tasks.get(tp)
-                if task is None:
-                    task = tasks[tp] = PartitionTask(process, *tp)
-                task.feed(records)
-                ends[tp] = records[-1].offset + 1
-            rows = [row for task in tasks.values() for row in task.drain()]
-            if rows:
-                yield outcome_batch(rows)
-        for tp, task in tasks.items():
-            task.finish(ends[tp])
-        rows = [row for task in tasks.values() for row in task.drain()]
-        if rows:
-            yield outcome_batch(rows)
-    except BaseException:
-        for task in tasks.values():  # a retried task starts over from the group's offset
-            task.abandon()
-        raise
