@@ -30,8 +30,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from confluent_kafka import KafkaException
+
 from queueplane.kafka import clients
 from queueplane.run.handler import ProcessHooks
+
+log = logging.getLogger("queueplane.worker")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
 # Handler threads mostly wait (I/O, sleeps) and then need the GIL back for a few microseconds.
@@ -218,8 +222,19 @@ class ServedProducer:
         threading.Thread(target=self._serve, name="qp-delivery", daemon=True).start()
 
     def _serve(self) -> None:
+        """Serve the producer's callbacks until closed. A fatal error (an idempotent producer
+        refused its producer id: credentials or ACLs revoked) is raised by every poll from then
+        on; it is said once, and the thread goes on serving the callbacks of the writes that fail,
+        through which their owners fail their tasks."""
+        said = False
         while not self._stop.is_set():
-            self.producer.poll(0.05)
+            try:
+                self.producer.poll(0.05)
+            except KafkaException as exc:
+                if not said:
+                    log.warning("the worker's producer failed for good: %s", exc)
+                    said = True
+                self._stop.wait(0.05)
 
     def all_delivered(self, within_s: float) -> bool:
         """Whether, within ``within_s``, every record produced so far is acknowledged and its

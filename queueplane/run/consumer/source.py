@@ -11,6 +11,7 @@ leave the group.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
@@ -19,10 +20,13 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from queueplane.kafka import clients
+from queueplane.kafka.cluster import refusal
 from queueplane.kafka.offsets import fetch_committed
-from queueplane.run.consumer.member import MEMBERS
+from queueplane.run.consumer.member import MEMBERS, MemberFailed
 from queueplane.run.consumer.process import ConsumerSettings
 from queueplane.run.outcomes import OUTCOME_SCHEMA, SKIPPED, Outcome, outcome_batch
+
+log = logging.getLogger("queueplane.worker")
 
 SOURCE_NAME = "queueplane-members"
 # Set in the environment of a queue's source: Spark keeps one pool of Python workers per
@@ -101,7 +105,17 @@ class MemberStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         task = cast(SliceTask, partition)  # what partitions() planned
         member = MEMBERS.get(self.settings_json)
-        rows = member.run_batch(final=task.final)
+        try:
+            rows = member.run_batch(final=task.final)
+        except MemberFailed as exc:
+            refused = refusal(exc.__cause__) if exc.__cause__ is not None else None
+            if refused is None:
+                raise
+            # Kafka refused the worker's credentials or ACLs: the driver's backlog reads are
+            # refused the same way and end the run with that one line (as a share worker's
+            # are), so the task says it once here rather than as a traceback in every retry.
+            log.warning("%s", refused)
+            return
         if task.final:
             MEMBERS.drained(self.settings_json)  # the spec's processing.teardown
         for p, (first, end) in task.skipped.items():
