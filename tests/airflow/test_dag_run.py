@@ -77,7 +77,7 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     assert group["share.delivery.count.limit"] == "7"  # deliveryLimit 5 plus the reserve deliveries
     assert group["share.isolation.level"] == "read_committed"
     assert len(_xcom(first, "apply_topics")["applied"]) == 3
-    assert len(_xcom(first, "apply_group_configs")["applied"]) == 5
+    assert len(_xcom(first, "apply_group_configs")["applied"]) == 6  # the group's claim and its five configs
 
     # The topic's asset in the Kafka provider's URI form, published once apply succeeded.
     uri = f"kafka://{kafka.bootstrap}/{tag}.cafe.coffee-orders.v1"
