@@ -26,6 +26,15 @@ from queueplane.kafka.offsets import committed_offsets
 from queueplane.kafka.protocol import share_partition_offsets
 from queueplane.kafka.target import KafkaTarget
 
+# The queues both fault tests run side by side: runtime -> (group type, exactlyOnce, ordering).
+RUNTIMES = {
+    "share": ("share", False, "none"),
+    "consumer": ("consumer", False, "none"),
+    "consumer-by-key": ("consumer", False, "key"),
+    "consumer-exactly-once": ("consumer", True, "none"),
+    "kmq": ("kmq", False, "none"),
+}
+
 
 def broker_progress(target: KafkaTarget, group_type: str, group: str, topic: str, partitions: int) -> dict[int, int]:
     """Per partition, the first offset the broker does not hold as done for ``group``: 0 where it holds nothing.

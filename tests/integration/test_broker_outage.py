@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from fault_checks import FaultLog, duplicate_excess, key_order_violations
+from fault_checks import RUNTIMES, FaultLog, duplicate_excess, key_order_violations
 from worker_support import (
     FAULT_TESTS_IN_FLIGHT,
     SteadyLoad,
@@ -40,14 +40,6 @@ HUNG = 5  # records whose first delivery runs past the lock: redelivered across 
 # A worker that handles nothing for this long has stopped: longer than a restart under a Supervised
 # worker takes on a busy machine (Spark up, the broker answering, the first batch planned).
 STALL_S = 240
-# runtime -> (group type, exactlyOnce, ordering)
-RUNTIMES = {
-    "share": ("share", False, "none"),
-    "consumer": ("consumer", False, "none"),
-    "consumer-by-key": ("consumer", False, "key"),
-    "consumer-exactly-once": ("consumer", True, "none"),
-    "kmq": ("kmq", False, "none"),
-}
 
 
 def test_broker_outages_at_start_and_mid_run_lose_nothing_on_any_runtime(own_broker, tmp_path, record_property):

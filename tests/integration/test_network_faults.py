@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from fault_checks import FaultLog, duplicate_excess, key_order_violations
+from fault_checks import RUNTIMES, FaultLog, duplicate_excess, key_order_violations
 from worker_support import (
     FAULT_TESTS_IN_FLIGHT,
     SteadyLoad,
@@ -64,16 +64,6 @@ def proxied_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[F
             yield faults, direct, KafkaTarget({"bootstrap.servers": behind}, behind)
     finally:
         stack.down(purge=True)
-
-
-# runtime -> (group type, exactlyOnce, ordering)
-RUNTIMES = {
-    "share": ("share", False, "none"),
-    "consumer": ("consumer", False, "none"),
-    "consumer-by-key": ("consumer", False, "key"),
-    "consumer-exactly-once": ("consumer", True, "none"),
-    "kmq": ("kmq", False, "none"),
-}
 
 
 def test_slow_reset_and_stalled_connections_lose_nothing_on_any_runtime(proxied_broker, tmp_path, record_property):
