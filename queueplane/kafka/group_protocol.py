@@ -7,51 +7,20 @@ coordinator; its members get their assignments from the broker, one partition mo
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Mapping
 from typing import Any
 
-from queueplane.kafka.connection import connect
-from queueplane.kafka.wire import Reader, compact_string, recv_exact, uvarint
+from queueplane.kafka.protocol import api_versions, first_server
 
 log = logging.getLogger("queueplane.worker")
 
-API_VERSIONS_KEY = 18
 CONSUMER_GROUP_HEARTBEAT_KEY = 68
 CONSUMER, CLASSIC = "consumer", "classic"
 
 
-def _first_server(settings: Mapping[str, str]) -> tuple[str, int]:
-    first = settings.get("bootstrap.servers", "").split(",")[0].strip()
-    host, _, port = first.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"bootstrap.servers {first!r} is not host:port")
-    return host, int(port)
-
-
 def api_keys(settings: Mapping[str, str], timeout: float = 5.0) -> set[int]:
-    """The API keys the first bootstrap server serves (ApiVersions v3, over the clients' security)."""
-    host, port = _first_server(settings)
-    client_id = b"queueplane"
-    header = struct.pack(">hhih", API_VERSIONS_KEY, 3, 1, len(client_id)) + client_id + uvarint(0)
-    payload = header + compact_string("queueplane") + compact_string("1") + uvarint(0)
-    sock = connect(host, port, settings, timeout)
-    try:
-        sock.sendall(struct.pack(">i", len(payload)) + payload)
-        size = struct.unpack(">i", recv_exact(sock, 4))[0]
-        reader = Reader(recv_exact(sock, size))
-    finally:
-        sock.close()
-    reader.int32()  # correlation id; ApiVersions answers with header v0
-    error = reader.int16()
-    if error:
-        raise ConnectionError(f"ApiVersions failed with Kafka error code {error}")
-    keys = set()
-    for _ in range(reader.uvarint() - 1):
-        key, _lo, _hi = reader.int16(), reader.int16(), reader.int16()
-        reader.skip_tags()
-        keys.add(key)
-    return keys
+    """The API keys the first bootstrap server serves (ApiVersions, over the clients' security)."""
+    return set(api_versions(*first_server(settings), timeout=timeout, settings=settings).api_ranges)
 
 
 def group_protocol(settings: Mapping[str, str]) -> str:

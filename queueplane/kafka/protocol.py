@@ -8,7 +8,6 @@ which confluent-kafka's admin client does not describe for share groups.
 
 from __future__ import annotations
 
-import socket
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,13 +27,14 @@ class ApiVersions:
     finalized_features: dict[str, int] = field(default_factory=dict)
 
 
-def api_versions(host: str, port: int, timeout: float = 5.0) -> ApiVersions:
-    """Send ApiVersions v3 and decode the answer, including its feature tagged fields."""
+def api_versions(host: str, port: int, timeout: float = 5.0, settings: Mapping[str, str] | None = None) -> ApiVersions:
+    """Send ApiVersions v3 (over the clients' security, ``settings``) and decode the answer,
+    including its feature tagged fields."""
     client_id = b"queueplane"
     header = struct.pack(">hhih", API_VERSIONS_KEY, 3, 1, len(client_id)) + client_id + uvarint(0)
     body = compact_string("queueplane") + compact_string("1") + uvarint(0)
     payload = header + body
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    with connect(host, port, settings or {}, timeout) as sock:
         sock.sendall(struct.pack(">i", len(payload)) + payload)
         size = struct.unpack(">i", recv_exact(sock, 4))[0]
         reader = Reader(recv_exact(sock, size))
@@ -102,7 +102,8 @@ def _nullablecompact_string(reader: Reader) -> str | None:
     return None if length < 0 else reader.take(length).decode()
 
 
-def _first_server(settings: Mapping[str, str]) -> tuple[str, int]:
+def first_server(settings: Mapping[str, str]) -> tuple[str, int]:
+    """The first of ``bootstrap.servers`` as host and port."""
     first = settings.get("bootstrap.servers", "").split(",")[0].strip()
     host, _, port = first.rpartition(":")
     if not host or not port.isdigit():
@@ -112,7 +113,7 @@ def _first_server(settings: Mapping[str, str]) -> tuple[str, int]:
 
 def _group_coordinator(settings: Mapping[str, str], group: str, timeout: float) -> tuple[str, int]:
     """The broker that coordinates ``group`` (FindCoordinator v6), at the listener we came in on."""
-    host, port = _first_server(settings)
+    host, port = first_server(settings)
     with _FlexibleClient(host, port, settings, timeout) as client:
         body = bytes([_KEY_TYPE_GROUP]) + _compact_array([compact_string(group)]) + uvarint(0)
         reader = client.request(FIND_COORDINATOR_KEY, 6, body)
