@@ -19,9 +19,17 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from helpers import REPO, run_cli
 from specs_factory import dump, spec
 
-from queueplane.errors import EXIT_CHANGES, EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_REFUSED, PlanRefused
+from queueplane.errors import (
+    EXIT_CHANGES,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_REFUSED,
+    ClusterUnreachable,
+    PlanRefused,
+)
 from queueplane.kafka import names as kn
-from queueplane.kafka.cluster import CONNECT_TIMEOUT_S
+from queueplane.kafka.cluster import CONNECT_TIMEOUT_S, Cluster
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
 from queueplane.provision.apply import ApplyFailed
@@ -304,16 +312,19 @@ def test_unreachable_broker_fails_fast_and_clearly(tmp_path, cli_env):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, never listening: connections are refused
         path = _write(tmp_path, spec("share"))
-        started = time.monotonic()
         result = run_cli(["apply", str(path), "--yes", "--bootstrap-servers", f"127.0.0.1:{port}"], cli_env)
+        # The README's promise, from the first try to connect: failed within 10 seconds. Timed in
+        # this process, from the connection on: the command's own start is the interpreter's.
+        started = time.monotonic()
+        with pytest.raises(ClusterUnreachable, match=f"within {CONNECT_TIMEOUT_S:.0f}s"):
+            Cluster(KafkaTarget({"bootstrap.servers": f"127.0.0.1:{port}"}, "unreachable"))
         elapsed = time.monotonic() - started
     assert result.returncode == EXIT_FAILED
     assert f"cannot reach Kafka at 127.0.0.1:{port} within {CONNECT_TIMEOUT_S:.0f}s" in result.stderr
     assert "nothing was changed" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    # It gives up at its own bound, not at the client's request timeout (60 s); the margin is the
-    # command's start on a loaded machine.
-    assert elapsed < 3 * CONNECT_TIMEOUT_S
+    # It gives up at its own bound, not at the client's request timeout (60 s).
+    assert CONNECT_TIMEOUT_S <= elapsed < 10, elapsed
 
 
 def test_no_cluster_named_and_no_local_stack_is_a_usage_error(tmp_path, cli_env):
