@@ -1,4 +1,5 @@
-"""The driver's view of a queue's backlog, read in the background: lag, outages and refusals."""
+"""The driver's view of a queue's backlog, read in the background: lag, outages, refusals, and
+micro-batches that stopped while records wait."""
 
 from __future__ import annotations
 
@@ -16,12 +17,23 @@ from queueplane.run.health import Health
 log = logging.getLogger("queueplane.worker")
 
 
+def _waiting(lags: dict[int, int | None] | None) -> int | None:
+    """Records waiting in the partitions whose lag is known; None when none is."""
+    known = [lag for lag in (lags or {}).values() if lag is not None]
+    return sum(known) if known else None
+
+
 class BacklogWatcher:
     """Reads the queue's backlog in the background, so no micro-batch waits for a broker round trip.
 
     Each read also tells the worker's health whether Kafka answers; a failing read is logged
     once when it starts failing and once when it answers again. A read Kafka refuses (the
     worker's credentials, or an ACL it lost) is kept in ``refused``: the worker stops on it.
+
+    Each answer tells the health how many records wait, and after each read in the background
+    the watcher looks whether micro-batches have stopped ending meanwhile (``Health.stopped``):
+    one error line when they are found stopped, one line when one ends again. Nothing else
+    looks every second whatever the query does: the sink runs only when a batch ends.
     """
 
     INTERVAL_S = 1.0
@@ -34,6 +46,8 @@ class BacklogWatcher:
         self._failing_since: tuple[float, float] | None = None  # (wall, monotonic) of the first failed read
         self._error = ""
         self.refused: ClusterRefused | None = None
+        # Where batches stood when they were found stopped (Health.batch_progress), until one ends.
+        self._stopped_at: float | None = None
         self.outages: list[dict[str, Any]] = []  # ended ones: when, how long, the first error
         # Since when Kafka answers without a break (monotonic): the worker's start, or the end of an outage.
         self.answering_since = time.monotonic()
@@ -63,8 +77,10 @@ class BacklogWatcher:
         try:
             self.latest = self.read()
             self.latest_began = began[1]
+            self.health.backlog_seen(_waiting(self.latest))
         except Exception as exc:  # lag is advisory: a failed read must not stop the worker, a refused one does
             self.latest = None
+            self.health.backlog_seen(None)
             refused = refusal(exc)
             if refused is not None:
                 # Kafka answered, with a refusal: not an outage. The worker is not ready from now
@@ -101,6 +117,27 @@ class BacklogWatcher:
     def _loop(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
             self.read_now()
+            self.watch_batches(time.monotonic())
+
+    def watch_batches(self, now: float) -> None:
+        """Log once when micro-batches are found stopped while records wait, and once when one ends again.
+
+        Only a batch that ends closes the episode: records that stop waiting meanwhile, or a
+        backlog read that fails, make ``Health.stopped`` quiet without any batch having ended.
+        """
+        health = self.health
+        progress = health.batch_progress()  # before the verdict: a batch ending in between counts as after it
+        if self._stopped_at is not None:
+            if progress is not None and progress > self._stopped_at:
+                log.info(
+                    "%s: micro-batches end again, after %.0fs without one", health.name, progress - self._stopped_at
+                )
+                self._stopped_at = None
+            return
+        stopped = health.stopped(now)
+        if stopped is not None:
+            log.error("%s: %s", health.name, stopped)
+            self._stopped_at = progress
 
     def stop(self) -> None:
         self._stop.set()

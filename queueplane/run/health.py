@@ -6,15 +6,18 @@ hung batch holds every record behind it). Ready: live, the query has started, Ka
 answered the last backlog read within ``kafka_stale_s``, and records that wait are handled:
 micro-batches that keep coming back empty while the backlog says records wait mean the worker
 is not being given them (a share partition its broker no longer delivers from was measured),
-and that worker is idle, not healthy, and what runs beside the query (the kmq tracker) is not
-degraded: a part that keeps failing against Kafka rides the outage out and says why meanwhile,
-so the worker is not ready rather than gone. Pure state with the clock passed in, so the
+and that worker is idle, not healthy; micro-batches that stop ending while records wait (a
+hung Python worker, a source that plans nothing) mean the backlog only grows, and that worker
+is stuck, not idle; and what runs beside the query (the kmq tracker) is not degraded: a part
+that keeps failing against Kafka rides the outage out and says why meanwhile, so the worker
+is not ready rather than gone. Pure state with the clock passed in, so the
 rules are tested without Spark or a broker.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +26,8 @@ from queueplane.spec.model import QueueSpec
 KAFKA_STALE_S = 30.0
 MIN_STALL_S = 600.0
 MIN_STARVE_S = 120.0
+MIN_STOPPED_S = 30.0
+STOPPED_BATCHES = 2  # a time-sliced runtime's longest batches that may go by without one ending
 
 
 def stall_seconds(queue: QueueSpec) -> float:
@@ -44,6 +49,27 @@ def starve_seconds(queue: QueueSpec) -> float:
     return max(MIN_STARVE_S, 3 * (queue.group.lock_duration_ms + queue.retry_max_backoff_ms) / 1000)
 
 
+def stopped_seconds(longest_batch_s: float | None) -> float:
+    """How long records may wait while no micro-batch ends before the worker is not ready.
+
+    ``longest_batch_s``: how long one micro-batch of the runtime lasts at most when nothing is
+    wrong (``QueueRuntime.longest_batch_s``). Time-sliced sources (consumer and share groups)
+    end a batch every slice whatever their handlers do: its tasks each hold one slice, the idle
+    slice (15 s) at most, in turns where there are more tasks than cores. Two such batches
+    without an end are no slow queue but a stuck one. Never under 30 s: that covers the first
+    batch (Spark's Python workers start, members join their group) and Spark's own work between
+    two batches on a busy machine, and it is still seen within half a minute (one local worker's
+    bound is exactly that: twice the idle slice).
+
+    None: a source whose batches last as long as their records take (Spark's Kafka source, kmq);
+    a long batch is the stall bound's. Only the time its trigger sits idle while records wait
+    counts, and new records start a batch within milliseconds: the floor alone.
+    """
+    if longest_batch_s is None:
+        return MIN_STOPPED_S
+    return max(MIN_STOPPED_S, STOPPED_BATCHES * longest_batch_s)
+
+
 @dataclass
 class Verdict:
     ok: bool
@@ -57,13 +83,23 @@ class Health:
         kafka_stale_s: float = KAFKA_STALE_S,
         starve_s: float = MIN_STARVE_S,
         degraded: Callable[[], str | None] = lambda: None,
+        longest_batch_s: float | None = None,
+        name: str = "",
     ):
         self.stall_s = stall_s
+        self.name = name  # the queue's, for the lines its watcher logs
         self._degraded = degraded  # why a part beside the query cannot work now (the runtime's), or None
         self.kafka_stale_s = kafka_stale_s
         self.starve_s = starve_s
         self._waiting = 0
         self._starved_since: float | None = None  # records wait and batches come back empty since
+        # Batches that stop ending while records wait: a time-sliced source's whole gap counts;
+        # otherwise (None) only the time its trigger is not seen running a batch.
+        self.stopped_s = stopped_seconds(longest_batch_s)
+        self._idle_only = longest_batch_s is None
+        self._ended_at: float | None = None  # when the last micro-batch ended, or the query started
+        self._active_at: float | None = None  # when the trigger was last seen running a batch
+        self._backlog: int | None = None  # records waiting at the last backlog read (None: unknown)
         self._lock = threading.Lock()
         self._started = False
         self._stopped: str | None = None
@@ -77,9 +113,11 @@ class Health:
         with self._lock:
             return self._started
 
-    def query_started(self) -> None:
+    def query_started(self, now: float | None = None) -> None:
+        """The query started at ``now`` (default: the monotonic clock's), where stopped batches count from."""
         with self._lock:
             self._started = True
+            self._ended_at = time.monotonic() if now is None else now
 
     def query_stopped(self, why: str) -> None:
         with self._lock:
@@ -90,12 +128,15 @@ class Health:
         with self._lock:
             if not running:
                 self._batch_since = None
-            elif self._batch_since is None:
+                return
+            self._active_at = now
+            if self._batch_since is None:
                 self._batch_since = now
 
     def batch_handled(self, now: float, waiting: int | None, handled: int) -> None:
         """A micro-batch ended at ``now``: ``handled`` records in it, ``waiting`` in the backlog (None: unknown)."""
         with self._lock:
+            self._ended_at = now
             if handled or not waiting:
                 self._starved_since = None
             elif self._starved_since is None:
@@ -111,6 +152,37 @@ class Health:
             return (
                 f"{self._waiting} records wait and no micro-batch has handled one for {now - since:.0f}s"
                 f" (bound {self.starve_s:.0f}s): the worker is not being given them"
+            )
+
+    def backlog_seen(self, waiting: int | None) -> None:
+        """A backlog read answered that ``waiting`` records wait (None: it failed, or cannot tell)."""
+        with self._lock:
+            self._backlog = waiting
+
+    def batch_progress(self) -> float | None:
+        """Since when no micro-batch has ended (nor, where only idle time counts, been seen running)."""
+        with self._lock:
+            return self._progress()
+
+    def _progress(self) -> float | None:
+        if self._ended_at is None or not self._idle_only or self._active_at is None:
+            return self._ended_at
+        return max(self._ended_at, self._active_at)
+
+    def stopped(self, now: float) -> str | None:
+        """Why records wait while micro-batches have stopped ending, past the bound; or None."""
+        with self._lock:
+            waiting, since = self._backlog, self._progress()
+            if not self._started or self._stopped is not None or not waiting or since is None:
+                return None
+            if self._idle_only and self._batch_since is not None:
+                return None  # a batch runs: however long it takes is the stall bound's
+            if now - since <= self.stopped_s:
+                return None
+            return (
+                f"{waiting} records wait and no micro-batch has "
+                f"{'run' if self._idle_only else 'ended'} for {now - since:.0f}s"
+                f" (bound {self.stopped_s:.0f}s): batches have stopped"
             )
 
     def kafka_answered(self, now: float) -> None:
@@ -151,6 +223,9 @@ class Health:
         degraded = self._degraded()
         if degraded is not None:
             return Verdict(False, degraded)
+        stopped = self.stopped(now)
+        if stopped is not None:
+            return Verdict(False, stopped)
         starved = self.starved(now)
         if starved is not None:
             return Verdict(False, starved)

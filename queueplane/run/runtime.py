@@ -41,6 +41,13 @@ class QueueRuntime(ABC):
         self.queue, self.target, self.options = queue, target, options
         self.temporary: list[Path] = []  # folders this run made for itself
 
+    @property
+    def longest_batch_s(self) -> float | None:
+        """How long one micro-batch lasts at most when nothing is wrong (a time-sliced source: its
+        slices); None where a batch lasts as long as its records take (Spark's Kafka source). The
+        worker counts as stuck once batches stop ending for longer (``health.stopped_seconds``)."""
+        return None
+
     def group_members(self) -> int | None:
         """How many consumers are members of the queue's group now, for a scale-down that waits
         until a drain has emptied it; None where no consumer holds records between batches."""

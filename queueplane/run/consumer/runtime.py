@@ -71,6 +71,19 @@ class ConsumerRuntime(QueueRuntime):
     def local_threads(self) -> int:
         return self.options.tasks or max(os.cpu_count() or 2, 2)
 
+    @property
+    def longest_batch_s(self) -> float | None:
+        """Each task holds its member's lease one slice, the idle slice at most; tasks beyond the
+        cores run in turns: locally none are (a task thread per task, up to a member per
+        partition), on executors the tasks are sized for the most and the fewest may run."""
+        queue, options = self.queue, self.options
+        slice_s = max(options.batch_ms or SLICE_MS, IDLE_SLICE_MS) / 1000
+        if options.local:
+            return slice_s
+        cores = max(1, int(queue.executor.get("cores", 1)))
+        tasks = min(queue.topic.partitions, options.tasks or queue.max_executors * cores)
+        return slice_s * math.ceil(tasks / (max(1, queue.min_executors) * cores))
+
     def group_members(self) -> int | None:
         """Members of the group now: none once a drain has made every member leave."""
         admin = clients.admin(self.target)

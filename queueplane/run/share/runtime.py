@@ -8,13 +8,14 @@ connector jars to fetch.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, ClassVar
 
 from queueplane.kafka.protocol import describe_share_group
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
-from queueplane.run.share.settings import DRAIN_SETTLE_S, POLL_ROUNDS, SLICE_MS, ShareSettings
+from queueplane.run.share.settings import DRAIN_SETTLE_S, IDLE_SLICE_MS, POLL_ROUNDS, SLICE_MS, ShareSettings
 
 
 class ShareRuntime(QueueRuntime):
@@ -36,6 +37,19 @@ class ShareRuntime(QueueRuntime):
             max_poll_records=max(1, min(queue.group.max_in_flight, POLL_ROUNDS * slots)),
             batch_ms=self.options.batch_ms or SLICE_MS,
         )
+
+    @property
+    def longest_batch_s(self) -> float | None:
+        """Each task holds its process's lease one slice, the idle slice at most; tasks beyond the
+        cores run in turns: locally the spec's executor cores share the task threads, on
+        executors the tasks are sized for the most and the fewest may run."""
+        queue, options = self.queue, self.options
+        slice_s = max(options.batch_ms or SLICE_MS, IDLE_SLICE_MS) / 1000
+        cores = max(1, int(queue.executor.get("cores", 1)))
+        if options.local:
+            return slice_s * math.ceil((options.tasks or cores) / self.local_threads())
+        tasks = options.tasks or queue.max_executors * cores
+        return slice_s * math.ceil(tasks / (max(1, queue.min_executors) * cores))
 
     def group_members(self) -> int | None:
         """Members of the share group (ShareGroupDescribe): none once a drain has closed every fetcher."""
