@@ -24,6 +24,7 @@ EXIT_INVALID = 2  # bad input: spec, flags, config file; nothing was changed
 EXIT_REFUSED = 3  # the plan holds changes queueplane refuses to make; nothing was changed
 # plan --detailed-exitcode: there are changes to apply (terraform's 2 is taken by bad input here)
 EXIT_CHANGES = 4
+EXIT_STALE = 5  # apply FILE: the saved plan no longer matches its specs or the cluster; nothing was changed
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,13 @@ class ClusterRefused(QueueplaneError):
 
 class PlanRefused(QueueplaneError):
     exit_code = EXIT_REFUSED
+
+
+class PlanStale(QueueplaneError):
+    """A saved plan no longer matches its specs or the cluster: applying it would not apply what
+    was approved, so nothing is changed."""
+
+    exit_code = EXIT_STALE
 
 
 class DeployError(QueueplaneError):

@@ -7,9 +7,9 @@ import sys
 from typing import Any
 
 from queueplane.cli.common import cluster_flags, command, emit, err, out, output_flag, resolve_target
-from queueplane.errors import EXIT_CHANGES, EXIT_OK, EXIT_REFUSED, UsageError
+from queueplane.errors import EXIT_CHANGES, EXIT_OK, EXIT_REFUSED, EXIT_STALE, UsageError
 from queueplane.kafka.target import named_target
-from queueplane.provision import steps
+from queueplane.provision import saved_plan, steps
 from queueplane.provision.plan_text import render_plan
 
 
@@ -38,6 +38,13 @@ def register(commands: Any) -> None:
         action="store_true",
         help=f"exit {EXIT_CHANGES} when there are changes to apply, {EXIT_OK} when none (CI gates on drift)",
     )
+    p.add_argument(
+        "-out",
+        "--out",
+        metavar="FILE",
+        help="also save the plan to FILE (JSON), for `apply FILE` to apply exactly it or refuse "
+        f"(exit {EXIT_STALE}) if the specs or the cluster moved since",
+    )
     cluster_flags(p)
     output_flag(p)
     p.set_defaults(handler=cmd_plan)
@@ -47,9 +54,11 @@ def register(commands: Any) -> None:
         "apply",
         "make the cluster match the specs",
         "Plan, show the plan, ask, then apply it. The cluster checks every "
-        "request in a dry run first; a failure reports what was applied.",
+        "request in a dry run first; a failure reports what was applied. Given a plan file "
+        "saved by `plan --out`, apply exactly that plan without asking (it was the approval), "
+        f"or refuse with exit {EXIT_STALE} if its specs or the cluster changed since.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="specs and folders, or one saved plan file")
     p.add_argument("-y", "--yes", action="store_true", help="apply without asking")
     cluster_flags(p)
     output_flag(p)
@@ -74,6 +83,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
     with err.status("reading the cluster"):
         planned = steps.plan(args.paths, target)
+    if args.out:
+        saved_plan.write(planned, args.out)
     if args.output != "text":
         emit(args.output, planned.plan.as_dict())
     else:
@@ -87,8 +98,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     target = resolve_target(args.bootstrap_servers, args.kafka_config)
+    saved = _saved_plan(args.paths)
     with err.status("reading the cluster"):
-        planned = steps.plan(args.paths, target)
+        planned = steps.plan(args.paths, target) if saved is None else saved_plan.replan(saved, target)
     plan = planned.plan
     if args.output == "text":
         render_plan(plan, out)
@@ -97,7 +109,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if args.output != "text":
             emit(args.output, {"plan": plan.as_dict(), "applied": []})
         return EXIT_OK
-    if not args.yes:
+    if not args.yes and saved is None:
         if not sys.stdin.isatty():
             raise UsageError("apply needs confirmation: run it in a terminal, or pass --yes")
         answer = err.input(f"Apply {len(plan.changes)} change(s) to {plan.cluster}? Only 'yes' applies: ")
@@ -125,3 +137,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
         deleted = f", {counts['delete']} deleted" if counts["delete"] else ""
         out.print(f"Apply complete: {counts['create']} created, {adopted}{counts['change']} changed{deleted}.")
     return EXIT_OK
+
+
+def _saved_plan(paths: list[str]) -> saved_plan.SavedPlan | None:
+    """The saved plan ``apply`` was given, or None for specs; a plan file comes alone."""
+    plans = [p for p in paths if saved_plan.is_saved_plan(p)]
+    if not plans:
+        return None
+    if len(paths) > 1:
+        raise UsageError(f"apply takes one saved plan alone, not with other paths: {plans[0]}")
+    return saved_plan.read(plans[0])

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from queueplane.kafka.cluster import Cluster
+from queueplane.kafka.cluster import Cluster, LiveState
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision.acls import wanted_acls
 from queueplane.provision.apply import ApplyFailed, ApplyReport, apply_plan
@@ -54,6 +54,7 @@ class Planned:
     queues: list[QueueSpec]
     plan: Plan
     cluster: Cluster
+    live: LiveState  # what the plan read (a saved plan keeps its digest)
 
 
 def plan(paths: list[str], target: KafkaTarget) -> Planned:
@@ -75,7 +76,7 @@ def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
         [t.name for t in topics], [g.id for g in groups], configured, principals, [q.owner for q in queues]
     )
     label = f"{cluster.target.label}, {len(cluster.broker_ids)} broker(s)"
-    return Planned(queues, diff(queues, live, label), cluster)
+    return Planned(queues, diff(queues, live, label), cluster, live)
 
 
 def apply(
