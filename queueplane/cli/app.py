@@ -84,8 +84,14 @@ def _flag_on_every_command(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command's handler; its errors end as one paragraph and an exit code.
+
+    spark_apps/queue_worker.py comes here too, with its own parser (cli/worker_command.py).
+    """
     if args.no_color:
         no_color()
     output = getattr(args, "output", "text")

@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from queueplane.kafka.lag import queue_backlog, total_lag
+from queueplane.kafka.lag import total_lag
 from queueplane.kafka.target import KafkaTarget
-from queueplane.ops.status import queue_reads
-from queueplane.run.driver import QueueJob, run_application, run_queue
+from queueplane.run.driver import QueueJob, run_application
 from queueplane.run.options import BatchProgress, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DUPLICATE, REDELIVERED, RELEASED, SKIPPED
-from queueplane.spec.model import QueueSpec
 
 
-def run_with_progress(
-    queue: QueueSpec, target: KafkaTarget, options: RunOptions, console: Console, show: bool
-) -> RunSummary:
-    backlog = queue_backlog(target, queue)
-    # Served metrics include the oldest wait and the DLQ count, read every few seconds.
-    reads = queue_reads(target, queue) if options.metrics_port is not None else None
-    if not show:
-        return run_queue(queue, target, options, backlog=backlog, reads=reads)
-    initial = total_lag(backlog()) or 0
+def run_with_progress(job: QueueJob, target: KafkaTarget, options: RunOptions, console: Console) -> list[RunSummary]:
+    """One queue's application, its outcomes and backlog drawn as bars while it runs."""
+    initial = (total_lag(job.backlog()) or 0) if job.backlog is not None else 0
     total = options.max_records or initial or None
     with Progress(
         TextColumn("{task.description:>10}"),
@@ -47,20 +41,7 @@ def run_with_progress(
                 peak = max(initial, p.backlog)
                 progress.update(backlog_bar, total=peak, completed=peak - p.backlog, description=f"backlog {p.backlog}")
 
-        return run_queue(queue, target, options, on_batch=on_batch, backlog=backlog, reads=reads)
-
-
-def run_application_of(queues: list[QueueSpec], target: KafkaTarget, options: RunOptions) -> list[RunSummary]:
-    """Several queues in one worker application, each read and served as it would be alone."""
-    jobs = [
-        QueueJob(
-            queue,
-            backlog=queue_backlog(target, queue),
-            reads=queue_reads(target, queue) if options.metrics_port is not None else None,
-        )
-        for queue in queues
-    ]
-    return run_application(jobs, target, options)
+        return run_application([replace(job, on_batch=on_batch)], target, options)
 
 
 def summary_table(summary: RunSummary) -> Table:

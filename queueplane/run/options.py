@@ -9,6 +9,9 @@ from typing import Any
 
 @dataclass
 class RunOptions:
+    """What a worker run is asked to do. The worker's flags make it (queueplane/cli/worker_command.py,
+    one flag per field but batch_ms); tests and benchmarks build it directly."""
+
     local: bool = True
     until_idle_s: float | None = None
     max_records: int | None = None
