@@ -8,9 +8,12 @@ own exit code) and changes nothing. Re-planning instead of replaying the file ke
 for applying (the batched steps, the owner claims first, the read-back), and the equality
 check makes it the saved plan exactly.
 
-The live digest covers everything the plan read: topics, their managed configs, group
-configs, owner records, ACL records and the specs' principals' ACLs, the brokers and their
-defaults. A change anywhere else on the cluster does not make a plan stale.
+The live digests cover everything the plan read, in two parts: the topics (their partitions,
+managed configs and owner records) and the groups (group configs and claims, ACL records and
+the specs' principals' ACLs), each with the brokers and their defaults. A change anywhere else
+on the cluster does not make a plan stale. Two parts, because the DAG applies a plan in two
+tasks: once its topic task has applied the topic changes, the group task checks only the part
+it applies, which the topic task did not touch.
 """
 
 from __future__ import annotations
@@ -25,9 +28,16 @@ from queueplane.errors import PlanStale, UsageError
 from queueplane.kafka.cluster import LiveState
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
+from queueplane.provision.plan import GROUP_KINDS, TOPIC_KINDS
 from queueplane.spec.model import QueueSpec
 
 FORMAT = "queueplane-plan/1"
+# The parts of the live state, by the LiveState fields each reads, and the change kinds each holds.
+_SHARED = ("cluster_id", "broker_ids", "broker_configs")
+PARTS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
+    "topics": ((*_SHARED, "topics", "topic_configs", "owners"), TOPIC_KINDS),
+    "groups": ((*_SHARED, "group_configs", "group_config_names", "group_owners", "acl_records", "acls"), GROUP_KINDS),
+}
 
 
 @dataclass(frozen=True)
@@ -38,8 +48,19 @@ class SavedPlan:
     specs: list[str]
     specs_digest: str
     cluster_id: str
-    live_digest: str
+    live_digests: dict[str, str]
     plan: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan file's content (also what the DAG's plan task hands its apply tasks)."""
+        return {
+            "format": FORMAT,
+            "specs": self.specs,
+            "specs_digest": self.specs_digest,
+            "cluster_id": self.cluster_id,
+            "live_digests": self.live_digests,
+            "plan": self.plan,
+        }
 
 
 def _canonical(value: Any) -> Any:
@@ -58,9 +79,10 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def live_digest(live: LiveState) -> str:
-    """A digest of everything the plan read from the cluster."""
-    return _digest(asdict(live))
+def live_digests(live: LiveState) -> dict[str, str]:
+    """A digest of each part of what the plan read from the cluster."""
+    state = asdict(live)
+    return {part: _digest({name: state[name] for name in fields}) for part, (fields, _) in PARTS.items()}
 
 
 def specs_digest(queues: list[QueueSpec]) -> str:
@@ -69,18 +91,22 @@ def specs_digest(queues: list[QueueSpec]) -> str:
     return _digest({path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in files})
 
 
+def saved(planned: steps.Planned, origin: str = "the plan") -> SavedPlan:
+    """``planned`` as a saved plan; ``origin`` names it in messages (its file)."""
+    return SavedPlan(
+        origin,
+        sorted({str(Path(q.source).resolve()) for q in planned.queues}),
+        specs_digest(planned.queues),
+        planned.live.cluster_id,
+        live_digests(planned.live),
+        planned.plan.as_dict(),
+    )
+
+
 def write(planned: steps.Planned, path: str) -> None:
     """Write ``planned`` to ``path`` as a saved plan (JSON)."""
-    saved = {
-        "format": FORMAT,
-        "specs": sorted({str(Path(q.source).resolve()) for q in planned.queues}),
-        "specs_digest": specs_digest(planned.queues),
-        "cluster_id": planned.live.cluster_id,
-        "live_digest": live_digest(planned.live),
-        "plan": planned.plan.as_dict(),
-    }
     try:
-        Path(path).write_text(json.dumps(saved, indent=2) + "\n")
+        Path(path).write_text(json.dumps(saved(planned, path).as_dict(), indent=2) + "\n")
     except OSError as exc:
         raise UsageError(f"cannot write the plan to {path}: {exc.strerror}") from None
 
@@ -103,30 +129,43 @@ def read(path: str) -> SavedPlan:
         document = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a saved plan ({exc})") from None
+    return parse(document, path)
+
+
+def parse(document: Any, origin: str) -> SavedPlan:
+    """A saved plan's content (a file's, or an XCom value); ``origin`` names it in messages."""
     if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise UsageError(f"{path}: /format: not a saved plan of this version (expected {FORMAT!r})")
+        raise UsageError(f"{origin}: /format: not a saved plan of this version (expected {FORMAT!r})")
     for key, kind in (
         ("specs", list),
         ("specs_digest", str),
         ("cluster_id", str),
-        ("live_digest", str),
+        ("live_digests", dict),
         ("plan", dict),
     ):
         if not isinstance(document.get(key), kind):
-            raise UsageError(f"{path}: /{key}: missing or not a {kind.__name__}; make the plan again")
+            raise UsageError(f"{origin}: /{key}: missing or not a {kind.__name__}; make the plan again")
+    changes = document["plan"].get("changes")
+    if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+        raise UsageError(f"{origin}: /plan/changes: missing or not a list of changes; make the plan again")
     return SavedPlan(
-        path,
+        origin,
         document["specs"],
         document["specs_digest"],
         document["cluster_id"],
-        document["live_digest"],
+        document["live_digests"],
         document["plan"],
     )
 
 
-def replan(saved: SavedPlan, target: KafkaTarget) -> steps.Planned:
+def replan(saved: SavedPlan, target: KafkaTarget, kinds: frozenset[str] | None = None) -> steps.Planned:
     """The saved plan, made again from its specs and the cluster as they are now; raises
-    ``PlanStale`` when the specs, the cluster or the plan itself differ from the file's."""
+    ``PlanStale`` when the specs, the cluster or the plan itself differ from the saved one's.
+
+    ``kinds``: only the changes of these kinds are to be applied (one of the DAG's apply
+    tasks): only the parts of the live state they read, and only those changes (and every
+    refusal), must still be the saved ones.
+    """
     missing = [spec for spec in saved.specs if not Path(spec).is_file()]
     if missing:
         raise PlanStale(f"{saved.path}: the spec {missing[0]} is gone since the plan was made; nothing was changed")
@@ -138,9 +177,18 @@ def replan(saved: SavedPlan, target: KafkaTarget) -> steps.Planned:
             f"{saved.path}: the plan was made against cluster {saved.cluster_id}, "
             f"not {planned.live.cluster_id} ({target.label}); nothing was changed"
         )
-    if live_digest(planned.live) != saved.live_digest or planned.plan.as_dict()["changes"] != saved.plan.get("changes"):
+    parts = [part for part, (_, held) in PARTS.items() if kinds is None or held & kinds]
+    now = live_digests(planned.live)
+    moved = [part for part in parts if now[part] != saved.live_digests.get(part)]
+    if moved or _changes(planned.plan.as_dict(), kinds) != _changes(saved.plan, kinds):
         raise PlanStale(
             f"{saved.path}: the cluster changed since the plan was made, so it is no longer what was "
             "approved; plan again. Nothing was changed"
         )
     return planned
+
+
+def _changes(plan: dict[str, Any], kinds: frozenset[str] | None) -> list[Any]:
+    """A plan's change lines of ``kinds`` (all when None), refusals always."""
+    changes: list[dict[str, Any]] = plan.get("changes") or []
+    return [c for c in changes if kinds is None or c.get("kind") in kinds or c.get("action") == "refuse"]

@@ -106,8 +106,8 @@ def test_a_file_that_is_not_a_plan_or_comes_with_specs_is_a_usage_error(kafka, t
     mixed = run_cli(["apply", str(plan_file), str(spec_path), "--bootstrap-servers", kafka.bootstrap], cli_env)
     assert mixed.returncode == EXIT_INVALID and "one saved plan alone" in mixed.stderr
     document = json.loads(plan_file.read_text())
-    del document["live_digest"]
+    del document["live_digests"]
     plan_file.write_text(json.dumps(document, indent=2))
     broken = _apply(kafka, cli_env, plan_file)
-    assert broken.returncode == EXIT_INVALID and "/live_digest" in broken.stderr, broken.stderr
+    assert broken.returncode == EXIT_INVALID and "/live_digests" in broken.stderr, broken.stderr
     assert _topics(kafka, tag) == set()
