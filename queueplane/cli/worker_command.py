@@ -81,7 +81,7 @@ def add_worker_flags(parser: argparse.ArgumentParser, place: Place) -> None:
         "--metrics-port",
         metavar="PORT",
         default=None if place.metrics_port is None else str(place.metrics_port),
-        help="serve Prometheus metrics, /healthz and /readyz on PORT (default: none with `queueplane run`, "
+        help="serve Prometheus metrics, /livez and /readyz on PORT (default: none with `queueplane run`, "
         "9404 with spark_apps/queue_worker.py)",
     )
     metrics.add_argument(
