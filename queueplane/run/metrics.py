@@ -1,12 +1,15 @@
 """Prometheus metrics of a worker, exported from the driver, and its health endpoints.
 
 The driver sees every outcome row, so counts and histograms there are complete without
-aggregating across executor processes. The same port answers `/livez` and `/readyz` (200 or
+aggregating across executor processes. A row may stand for a run of accepted records
+(outcomes.py): it counts its ``records``, and its latency bucket counts go into the histogram
+as they are. The same port answers `/livez` and `/readyz` (200 or
 503 with the reason), which the chart's probes call.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -20,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily
 
 from queueplane.run.health import Verdict
-from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DLQ_WRITE_FAILED, RELEASED
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DLQ_WRITE_FAILED, LATENCY_BUCKETS, LATENCY_SLOTS, RELEASED
 from queueplane.run.parking import FATES, fate_prefix
 
 
@@ -31,26 +34,50 @@ class Checks(Protocol):
     def ready(self, now: float) -> Verdict: ...
 
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DELIVERY_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 20)
 
 
-def _observe_many(histogram: Any, values: np.ndarray) -> None:
-    """Histogram.observe for many values at once: bucket counts with numpy, one increment per bucket.
+def _add_counts(histogram: Any, bounds: tuple[float, ...], counts: np.ndarray, total: float) -> None:
+    """Histogram.observe for many values at once, given as counts per bucket (one per bound, then
+    +Inf) and their sum: one increment per bucket.
 
-    prometheus_client has no bulk observe; this uses its bucket and sum values, and falls
-    back to observing one by one if they are not where this version keeps them.
+    prometheus_client has no bulk observe; this uses its bucket and sum values, and falls back
+    to observing each bucket's count at its bound (the counts exact, the sum not) if they are
+    not where this version keeps them.
     """
-    buckets, total = getattr(histogram, "_buckets", None), getattr(histogram, "_sum", None)
-    bounds = getattr(histogram, "_upper_bounds", None)
-    if buckets is None or total is None or bounds is None:
-        for value in values:
-            histogram.observe(float(value))
+    buckets, summed = getattr(histogram, "_buckets", None), getattr(histogram, "_sum", None)
+    if buckets is None or summed is None or len(buckets) != len(counts):
+        for i, n in enumerate(counts.tolist()):
+            value = bounds[i] if i < len(bounds) else math.nextafter(bounds[-1], math.inf)
+            for _ in range(n):
+                histogram.observe(value)
         return
+    for i, n in enumerate(counts.tolist()):
+        if n:
+            buckets[i].inc(n)
+    summed.inc(total)
+
+
+def bucket_counts(bounds: tuple[float, ...], values: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """How many values (each ``weights`` times) fall in each bucket, as the histogram places them:
+    in the first bucket whose bound they do not pass, +Inf last."""
     index = np.searchsorted(np.asarray(bounds, dtype=float), values, side="left")
-    for bucket, n in zip(*np.unique(index, return_counts=True), strict=True):
-        buckets[int(bucket)].inc(int(n))
-    total.inc(float(values.sum()))
+    return np.bincount(index, weights=weights, minlength=len(bounds) + 1).astype(np.int64)
+
+
+def latency_histogram(table: Any) -> np.ndarray:
+    """Records per latency bucket in a table of outcome rows: the runs' counts summed, and the
+    one-record rows' latencies placed in the same buckets."""
+    buckets = table.column("latency_buckets")
+    runs = pc.list_flatten(buckets).to_numpy()
+    counts = (
+        runs.reshape(-1, LATENCY_SLOTS).sum(axis=0, dtype=np.int64) if len(runs) else np.zeros(LATENCY_SLOTS, np.int64)
+    )
+    single = pc.is_null(buckets)
+    if pc.any(single).as_py():
+        latencies = table.column("latency_ms").filter(single).to_numpy() / 1000
+        counts = counts + bucket_counts(LATENCY_BUCKETS, latencies)
+    return counts
 
 
 class _KafkaCollector:
@@ -204,8 +231,16 @@ class WorkerMetrics:
                     if refused:
                         self.f.dlq_write_failures.labels(self.queue, fate).inc(refused)
         if table.num_rows:
-            _observe_many(self.f.latency.labels(self.queue), table.column("latency_ms").to_numpy() / 1000)
-            _observe_many(self.f.deliveries.labels(self.queue), table.column("delivery_count").to_numpy())
+            latency_s = (pc.sum(table.column("latency_ms")).as_py() or 0.0) / 1000
+            _add_counts(self.f.latency.labels(self.queue), LATENCY_BUCKETS, latency_histogram(table), latency_s)
+            deliveries = table.column("delivery_count").to_numpy().astype(np.int64)
+            records = table.column("records").to_numpy().astype(np.int64)
+            _add_counts(
+                self.f.deliveries.labels(self.queue),
+                DELIVERY_BUCKETS,
+                bucket_counts(DELIVERY_BUCKETS, deliveries, records),
+                float((deliveries * records).sum()),
+            )
             self.f.inflight.labels(self.queue).set(pc.max(table.column("inflight")).as_py() or 0)
 
     def set_backlog(self, lag: dict[int, int | None] | None) -> None:

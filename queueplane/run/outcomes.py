@@ -1,10 +1,34 @@
 """What every queue runtime reports and writes: outcome rows, outputs, dead-letter records.
 
-The share and consumer runtimes produce the same outcome rows (the streaming query's
+The share, consumer and kmq runtimes produce the same outcome rows (the streaming query's
 output, read by the driver's sink) and the same output and DLQ records, so the columns,
 the outcome names and the way a record is made durable live here once. How a handler's
 output becomes a record to produce is in outputs.py, which a share suspect's child process
 imports without this module's pyarrow.
+
+Inside a worker, each record's outcome is an ``Outcome``. What a task hands Spark is rows of
+``OUTCOME_ARROW``, of two kinds in one schema:
+
+- a *run*: accepted records of one partition at consecutive offsets, all at one delivery count,
+  among the outcomes a task hands over at once. One row stands for them all: ``offset`` and
+  ``last_offset`` are its first and last record (so ``records`` is ``last_offset - offset + 1``,
+  and the span holds no record of another outcome), ``latency_ms`` their handler times summed,
+  ``latency_buckets`` how many of them fell in each bucket of ``LATENCY_BUCKETS`` (the last one
+  counting those above every bound, +Inf), ``inflight`` the most calls in flight as any of them
+  started, and no key or error;
+- every other record (released, dead-lettered, skipped, ...): a row of its own, with its key,
+  error and latency as the record had them, ``records`` 1, ``last_offset`` its offset and no
+  buckets.
+
+A quick handler's records are nearly all accepted, so a task's thousands of records a second
+become a few rows per partition: the Arrow batches, Spark's conversion of them, and the driver's
+counts no longer grow with the records. The counts stay exact: the driver weighs each row by
+``records``, adds the runs' buckets to the latency histogram (the one-record rows' latencies go
+in the same buckets as before), and a run's delivery count is every one of its records'.
+
+The buckets are one list column, not a column per bucket: the bounds are named once
+(``LATENCY_BUCKETS``, which the metrics' histogram uses too), so changing them changes neither
+the schema's text nor any reader, and a row without buckets is one null.
 """
 
 from __future__ import annotations
@@ -12,9 +36,11 @@ from __future__ import annotations
 import threading
 import time
 from array import array
-from collections.abc import Sequence
-from itertools import accumulate, chain
-from operator import itemgetter
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from itertools import accumulate, chain, compress, groupby, repeat
+from operator import itemgetter, not_, truediv
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -23,27 +49,49 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from queueplane.run.dead_letters import HEADER_PARKED, Failure, dlq_headers
 from queueplane.run.handler import InvalidOutput, Record
 
-# Columns of one outcome row: the streaming query's output. Tasks hand Spark Arrow batches of
+# Handler latency buckets, upper bounds in seconds: the metrics' histogram and the runs' counts.
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+LATENCY_SLOTS = len(LATENCY_BUCKETS) + 1  # a run's counts: one per bound, then +Inf
+
+# Columns of the outcome rows: the streaming query's output. Tasks hand Spark Arrow batches of
 # exactly this schema, so no per-row conversion runs in a Python worker beside the handlers.
 OUTCOME_ARROW = pa.schema(
     [
         ("topic", pa.string()),
         ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.string()),
-        ("delivery_count", pa.int32()),
+        ("offset", pa.int64()),  # the row's first record
+        ("last_offset", pa.int64()),  # its last record
+        ("records", pa.int32()),  # records the row stands for
+        ("key", pa.string()),  # one-record rows only
+        ("delivery_count", pa.int32()),  # of each of its records
         ("outcome", pa.string()),
         ("error", pa.string()),
-        ("latency_ms", pa.float64()),
-        ("inflight", pa.int32()),
+        ("latency_ms", pa.float64()),  # its records' handler times, summed
+        ("latency_buckets", pa.list_(pa.int32())),  # runs only: records per LATENCY_BUCKETS bucket
+        ("inflight", pa.int32()),  # the most calls in flight as one of its records' calls started
     ]
 )
-_SQL_TYPES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "long", pa.float64(): "double"}
+_SQL_TYPES = {
+    pa.string(): "string",
+    pa.int32(): "int",
+    pa.int64(): "long",
+    pa.float64(): "double",
+    pa.list_(pa.int32()): "array<int>",
+}
 OUTCOME_SCHEMA = ", ".join(f"{f.name} {_SQL_TYPES[f.type]}" for f in OUTCOME_ARROW)
 ACCEPTED, RELEASED, DEAD_LETTERED = "accepted", "released", "dlq"
 # Where the columns sit in OutcomeColumns (one list per OUTCOME_ARROW column).
-TOPIC_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, DELIVERY_COLUMN, OUTCOME_COLUMN = (
-    OUTCOME_ARROW.get_field_index(name) for name in ("topic", "partition", "offset", "delivery_count", "outcome")
+(
+    TOPIC_COLUMN,
+    PARTITION_COLUMN,
+    OFFSET_COLUMN,
+    LAST_OFFSET_COLUMN,
+    RECORDS_COLUMN,
+    DELIVERY_COLUMN,
+    OUTCOME_COLUMN,
+) = (
+    OUTCOME_ARROW.get_field_index(name)
+    for name in ("topic", "partition", "offset", "last_offset", "records", "delivery_count", "outcome")
 )
 # Consumer groups: a record at or below the group's committed offset, already handled before a restart.
 SKIPPED = "skipped"
@@ -60,8 +108,9 @@ ProducedRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]
 
 
 class Outcome(NamedTuple):
-    """One outcome row, in OUTCOME_SCHEMA's column order: a tuple, because every record makes one
-    and Spark takes tuples as rows as they are."""
+    """One record's outcome inside a worker: a tuple, built once per record on the hot paths.
+    Handed over, the accepted ones become runs (``columns_of``), so an accepted record's
+    outcome carries no key: no row would show it."""
 
     topic: str
     partition: int
@@ -75,15 +124,15 @@ class Outcome(NamedTuple):
 
     @classmethod
     def accepted(cls, record: Record, latency_ms: float, inflight: int) -> Outcome:
-        """``of`` for the usual row: every accepted record makes one, on the slot's hot path, so
-        it is built in one step, without ``of``'s calls for the error and the named tuple."""
+        """``of`` for the usual outcome: every accepted record makes one, on the slot's hot path,
+        so it is built in one step, without ``of``'s calls for the key, the error and the named tuple."""
         return _new_row(
             cls,
             (
                 record.topic,
                 record.partition,
                 record.offset,
-                decoded_key(record.key),
+                None,
                 record.delivery_count,
                 ACCEPTED,
                 None,
@@ -98,7 +147,7 @@ class Outcome(NamedTuple):
             record.topic,
             record.partition,
             record.offset,
-            key_text(record),
+            None if outcome == ACCEPTED else key_text(record),
             record.delivery_count,
             outcome,
             error_text(failure),
@@ -110,49 +159,212 @@ class Outcome(NamedTuple):
 _new_row = tuple.__new__  # a row from its fields at once, past the named tuple's own __new__
 
 
-# One list per OUTCOME_ARROW column, all as long. The share runtime hands a poll's outcomes over
-# like this: a quick handler's poll of accepted records builds each column in one pass over its
-# messages, where a row per record cost a tuple and nine reads (a third of its Python time).
+# One list per OUTCOME_ARROW column, all as long: the rows a task hands over, built column by
+# column (a row per record cost a tuple and a dozen reads, a third of a quick share poll's time).
 OutcomeColumns = tuple[list[Any], ...]
 
+_FIELDS = [itemgetter(i) for i in range(len(Outcome._fields))]
+_TOPIC, _PARTITION, _OFFSET, _KEY, _DELIVERY, _OUTCOME, _ERROR, _LATENCY, _INFLIGHT = _FIELDS
 
-def accepted_columns(messages: list[Message], latency_ms: float, inflight: list[int]) -> OutcomeColumns:
-    """The outcome columns of messages all accepted at once, each column in one pass."""
-    count = len(messages)
-    return (
-        list(map(Message.topic, messages)),
-        list(map(Message.partition, messages)),
-        list(map(Message.offset, messages)),
-        list(map(decoded_key, map(Message.key, messages))),
-        [delivery or 1 for delivery in map(Message.delivery_count, messages)],
-        [ACCEPTED] * count,
-        [None] * count,
-        [latency_ms] * count,
-        inflight,
-    )
+
+def latency_counts(latencies_ms: Sequence[float]) -> list[int]:
+    """Records per latency bucket (``LATENCY_SLOTS`` counts), each latency placed as the
+    metrics' histogram places it (in the first bucket whose bound it does not pass), in C-level
+    passes: no Python code runs per record."""
+    counted = Counter(map(bisect_left, repeat(LATENCY_BUCKETS), map(truediv, latencies_ms, repeat(1000.0))))
+    return [counted[i] for i in range(LATENCY_SLOTS)]
 
 
 def columns_of(rows: list[Outcome]) -> OutcomeColumns:
-    """Rows as columns, one at a time with ``itemgetter``: half the cost of ``zip(*rows)``,
-    which builds every column's tuple at once (a task hands over 100k rows a batch)."""
-    return tuple(list(map(itemgetter(i), rows)) for i in range(len(OUTCOME_ARROW)))
+    """Records' outcomes as the rows a task hands over: the accepted in runs, every other a row
+    of its own (in the order given). Each field is read in one C-level pass over the outcomes."""
+    if not rows:
+        return _empty()
+    accepted_mask = list(map(ACCEPTED.__eq__, map(_OUTCOME, rows)))
+    accepted = accepted_mask.count(True)
+    if accepted == len(rows):
+        return _runs_of(rows)
+    if not accepted:
+        return _singles(rows)
+    return _joined(
+        [
+            _runs_of(list(compress(rows, accepted_mask))),
+            _singles(list(compress(rows, map(not_, accepted_mask)))),
+        ]
+    )
+
+
+def accepted_columns(messages: list[Message], latency_ms: float, inflight: list[int]) -> OutcomeColumns:
+    """The rows of messages all accepted at once, after one latency (a share poll's): each
+    field read in one C-level pass over the messages, and a poll of one partition's consecutive
+    records, the usual one, a single row with no Python code run per message."""
+    # A polled message has its topic, partition and offset; a delivery count only once it has one.
+    deliveries: list[Any] = list(map(Message.delivery_count, messages))
+    if None in deliveries:
+        deliveries = [delivery or 1 for delivery in deliveries]  # no count yet: a first delivery
+    fields: list[list[Any]] = [list(map(read, messages)) for read in (Message.topic, Message.partition, Message.offset)]
+    topics, partitions, offsets = fields
+    return _runs(topics, partitions, offsets, deliveries, latency_ms, inflight)
+
+
+def _runs_of(rows: list[Outcome]) -> OutcomeColumns:
+    return _runs(
+        list(map(_TOPIC, rows)),
+        list(map(_PARTITION, rows)),
+        list(map(_OFFSET, rows)),
+        list(map(_DELIVERY, rows)),
+        list(map(_LATENCY, rows)),
+        list(map(_INFLIGHT, rows)),
+    )
+
+
+def _runs(
+    topics: list[str],
+    partitions: list[int],
+    offsets: list[int],
+    deliveries: list[int],
+    latencies: list[float] | float,
+    inflights: list[int],
+) -> OutcomeColumns:
+    """Accepted records (each a place in these lists) as rows, one a run.
+
+    ``latencies``: each record's, or one for them all. The records are taken a partition at a
+    time, as they come (a stretch of one topic and partition); a stretch whose offsets are
+    distinct and span exactly its length at one delivery count is one run, found with C-level
+    passes only. Any other stretch is sorted by offset and cut where an offset does not follow
+    the last or the delivery count changes.
+    """
+    columns = _empty()
+    count = len(offsets)
+    if not count:
+        return columns
+    if topics.count(topics[0]) == count and partitions.count(partitions[0]) == count:
+        stretches = [(0, count)]
+    else:
+        ends = list(accumulate(len(list(group)) for _, group in groupby(zip(topics, partitions, strict=True))))
+        stretches = list(zip([0, *ends[:-1]], ends, strict=True))
+    for start, end in stretches:
+        firsts, counts, size = offsets[start:end], deliveries[start:end], end - start
+        low, high = min(firsts), max(firsts)
+        if high - low + 1 == size and counts.count(counts[0]) == size and (size == 1 or len(set(firsts)) == size):
+            taken = latencies[start:end] if isinstance(latencies, list) else latencies
+            _add_run(columns, topics[start], partitions[start], low, high, counts[0], taken, max(inflights[start:end]))
+            continue
+        order = sorted(range(start, end), key=offsets.__getitem__)
+        cuts = [
+            n
+            for n in range(1, size)
+            if offsets[order[n]] != offsets[order[n - 1]] + 1 or deliveries[order[n]] != deliveries[order[n - 1]]
+        ]
+        for a, b in zip([0, *cuts], [*cuts, size], strict=True):
+            run = order[a:b]
+            first = run[0]
+            taken = [latencies[i] for i in run] if isinstance(latencies, list) else latencies
+            calls = max(inflights[i] for i in run)
+            _add_run(
+                columns,
+                topics[first],
+                partitions[first],
+                offsets[first],
+                offsets[run[-1]],
+                deliveries[first],
+                taken,
+                calls,
+            )
+    return columns
+
+
+def _add_run(
+    columns: OutcomeColumns,
+    topic: str,
+    partition: int,
+    first: int,
+    last: int,
+    delivery: int,
+    latencies: list[float] | float,
+    inflight: int,
+) -> None:
+    """One run's row: ``latencies`` its records' (or one for each of them)."""
+    size = last - first + 1
+    if isinstance(latencies, list):
+        buckets, total = latency_counts(latencies), sum(latencies)
+    else:
+        buckets = [0] * LATENCY_SLOTS
+        buckets[bisect_left(LATENCY_BUCKETS, latencies / 1000.0)] = size
+        total = latencies * size
+    for column, value in zip(
+        columns,
+        (topic, partition, first, last, size, None, delivery, ACCEPTED, None, total, buckets, inflight),
+        strict=True,
+    ):
+        column.append(value)
+
+
+def _singles(rows: list[Outcome]) -> OutcomeColumns:
+    """A row each, column by column."""
+    count = len(rows)
+    offsets = list(map(_OFFSET, rows))
+    return (
+        list(map(_TOPIC, rows)),
+        list(map(_PARTITION, rows)),
+        offsets,
+        offsets.copy(),
+        [1] * count,
+        list(map(_KEY, rows)),
+        list(map(_DELIVERY, rows)),
+        list(map(_OUTCOME, rows)),
+        list(map(_ERROR, rows)),
+        list(map(_LATENCY, rows)),
+        [None] * count,
+        list(map(_INFLIGHT, rows)),
+    )
+
+
+def _empty() -> OutcomeColumns:
+    return tuple([] for _ in OUTCOME_ARROW)
+
+
+def _joined(blocks: list[OutcomeColumns]) -> OutcomeColumns:
+    """Blocks of columns one after another, as one block."""
+    if len(blocks) == 1:
+        return blocks[0]
+    return tuple(list(chain.from_iterable(block[i] for block in blocks)) for i in range(len(OUTCOME_ARROW)))
+
+
+def each_record(block: OutcomeColumns) -> Iterator[tuple[int, int, int, str]]:
+    """(partition, offset, delivery count, outcome) of every record the block's rows stand for."""
+    for partition, first, last, delivery, outcome in zip(
+        block[PARTITION_COLUMN],
+        block[OFFSET_COLUMN],
+        block[LAST_OFFSET_COLUMN],
+        block[DELIVERY_COLUMN],
+        block[OUTCOME_COLUMN],
+        strict=True,
+    ):
+        for offset in range(first, last + 1):
+            yield partition, offset, delivery, outcome
 
 
 def outcome_batch(rows: list[Outcome]) -> pa.RecordBatch:
-    """Outcome rows as one Arrow batch of OUTCOME_ARROW."""
+    """Records' outcomes as one Arrow batch of OUTCOME_ARROW (the accepted in runs)."""
     return columns_batch([columns_of(rows)])
 
 
 def columns_batch(blocks: list[OutcomeColumns]) -> pa.RecordBatch:
     """Blocks of outcome columns, one after another, as one Arrow batch of OUTCOME_ARROW."""
-    if len(blocks) == 1:
-        columns = blocks[0]
-    else:
-        columns = tuple(list(chain.from_iterable(block[i] for block in blocks)) for i in range(len(OUTCOME_ARROW)))
+    columns = _joined(blocks) if blocks else _empty()
     return pa.RecordBatch.from_arrays(
         [arrow_column(values, f.type) for values, f in zip(columns, OUTCOME_ARROW, strict=True)],
         schema=OUTCOME_ARROW,
     )
+
+
+def outcome_counts(table: pa.Table) -> Counter[str]:
+    """Records per outcome in a table of outcome rows: each row counts its ``records``."""
+    if not table.num_rows:
+        return Counter()
+    sums = table.group_by("outcome").aggregate([("records", "sum")])
+    return Counter(dict(zip(sums.column("outcome").to_pylist(), sums.column("records_sum").to_pylist(), strict=True)))
 
 
 # array typecodes of the fixed-width columns; strings are offsets (int32) plus UTF-8 bytes.
@@ -168,6 +380,14 @@ def arrow_column(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
     records took.
     """
     count = len(values)
+    if pa.types.is_list(kind):
+        validity = validity_bitmap(values)
+        lists = values if validity is None else [v if v is not None else () for v in values]
+        offsets = array("i", [0])
+        offsets.extend(accumulate(map(len, lists)))
+        flat = array(_FIXED[kind.value_type], chain.from_iterable(lists))
+        child = pa.Array.from_buffers(kind.value_type, len(flat), [None, pa.py_buffer(flat)])
+        return pa.Array.from_buffers(kind, count, [validity, pa.py_buffer(offsets)], children=[child])
     if kind != pa.string():
         try:  # nothing missing, the common case: no scan for None first
             validity, data = None, array(_FIXED[kind], values)

@@ -32,7 +32,7 @@ from queueplane.run.group_types import runtime_class
 from queueplane.run.health import Health, stall_seconds, starve_seconds
 from queueplane.run.metrics import WorkerMetrics
 from queueplane.run.options import STARTUP_WAIT_S, BatchProgress, DeadLetters, RunOptions, RunSummary
-from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, FINAL_OUTCOMES, RELEASED, outcome_counts
 from queueplane.run.queue_status import (
     DRAINING,
     FAILED,
@@ -219,10 +219,11 @@ class QueueRun:
 
     def _sink(self, frame: Any, batch_id: int) -> None:
         # Arrow, not Row objects: the driver handles a batch's outcomes column by column, so the
-        # time between two micro-batches (when executors idle) stays short.
+        # time between two micro-batches (when executors idle) stays short. A row may stand for a
+        # run of accepted records (outcomes.py): counts weigh each row by its records.
         queue, counts, metrics = self.queue, self.counts, self.metrics
         table = frame.toArrow()
-        batch_counts = Counter(table.column("outcome").to_pylist())
+        batch_counts = outcome_counts(table)
         counts.update(batch_counts)
         if batch_counts[DEAD_LETTERED]:
             mask = pc.equal(table.column("outcome"), DEAD_LETTERED)
@@ -245,7 +246,7 @@ class QueueRun:
             metrics.set_removed_unread(removed)
         self.batches += 1
         now = time.monotonic()
-        self.health.batch_handled(now, total, table.num_rows)
+        self.health.batch_handled(now, total, sum(batch_counts.values()))
         starved = self.health.starved(now)
         if starved and not self.starved:
             log.error("%srecords wait unhandled: %s", self.label, starved)

@@ -52,13 +52,14 @@ def batch_range_ends(checkpoint: str, batch_id: int, topic: str) -> dict[int, in
 
 
 def handled_ends(table: pa.Table) -> dict[int, int]:
-    """Per partition, the offset after the last record a batch's outcome rows hold."""
+    """Per partition, the offset after the last record a batch's outcome rows hold (a row's last
+    record is at its ``last_offset``: a row may stand for a run of records, outcomes.py)."""
     if table.num_rows == 0:
         return {}
-    ends = table.group_by("partition").aggregate([("offset", "max")])
+    ends = table.group_by("partition").aggregate([("last_offset", "max")])
     return {
         int(p): int(o) + 1
-        for p, o in zip(ends.column("partition").to_pylist(), ends.column("offset_max").to_pylist(), strict=True)
+        for p, o in zip(ends.column("partition").to_pylist(), ends.column("last_offset_max").to_pylist(), strict=True)
     }
 
 

@@ -26,7 +26,8 @@ def test_the_offsets_log_gives_the_topics_range_ends(tmp_path):
 
 
 def test_only_partitions_ending_beyond_their_last_record_are_moved():
-    table = pa.table({"partition": [0, 0, 1], "offset": [10, 11, 40]})
+    # A row may stand for a run of records: partition 0's last record is the run's last, 11.
+    table = pa.table({"partition": [0, 0, 1], "offset": [10, 5, 40], "last_offset": [10, 11, 40]})
     assert handled_ends(table) == {0: 12, 1: 41}
     # 0 ends at its last record; 1 has a commit marker after it; 2 held only markers.
     assert markers_only({0: 12, 1: 42, 2: 5}, table) == {1: 42, 2: 5}

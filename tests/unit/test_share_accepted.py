@@ -3,18 +3,16 @@ partition and offset, only the accepted rows of a block, and forgotten after the
 
 from __future__ import annotations
 
-from confluent_kafka import Message
-
-from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, OUTCOME_COLUMN, RELEASED, OutcomeColumns, accepted_columns
-from queueplane.run.share.accepted import AcceptedLately, _runs
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED, Outcome, OutcomeColumns, columns_of
+from queueplane.run.share.accepted import AcceptedLately
 
 
 def _block(places: list[tuple[int, int]], outcomes: list[str] | None = None) -> OutcomeColumns:
-    messages = [Message(topic="t", partition=p, offset=o, key=b"k", value=b"v", delivery_count=1) for p, o in places]
-    block = list(accepted_columns(messages, 1.0, [1] * len(messages)))
-    if outcomes is not None:
-        block[OUTCOME_COLUMN] = outcomes
-    return tuple(block)
+    """The rows a fetcher hands over for these records (the accepted in runs)."""
+    outcomes = outcomes or [ACCEPTED] * len(places)
+    return columns_of(
+        [Outcome("t", p, o, None, 1, outcome, None, 1.0, 1) for (p, o), outcome in zip(places, outcomes, strict=True)]
+    )
 
 
 class Clock:
@@ -25,10 +23,11 @@ class Clock:
         return self.now
 
 
-def test_runs_cover_exactly_the_records_given():
-    assert list(_runs([0] * 4, [7, 5, 6, 8])) == [(0, 5, 8)], "one partition, consecutive: one run"
-    assert list(_runs([0] * 4, [9, 5, 6, 8])) == [(0, 5, 6), (0, 8, 9)]
-    assert sorted(_runs([1, 0, 1, 0, 1], [4, 10, 3, 12, 5])) == [(0, 10, 10), (0, 12, 12), (1, 3, 5)]
+def test_the_records_of_runs_are_found_and_none_around_them():
+    accepted = AcceptedLately(60)
+    accepted.note([_block([(0, 7), (0, 5), (0, 6), (0, 8)]), _block([(1, 9), (1, 5), (1, 6), (1, 8)])])
+    asked = [(0, 4), (0, 5), (0, 8), (0, 9), (1, 5), (1, 6), (1, 7), (1, 8), (1, 9), (1, 10)]
+    assert accepted.find(asked) == {1, 2, 4, 5, 7, 8}
 
 
 def test_a_redelivered_record_is_found_by_partition_and_offset():

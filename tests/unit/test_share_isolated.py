@@ -13,6 +13,7 @@ from queueplane.run.crash_journal import WORKER_DIED, CrashJournal
 from queueplane.run.dead_letters import Failure
 from queueplane.run.handler import Output, Record, Reject
 from queueplane.run.memory_guard import MEMORY_LIMIT_EXCEEDED
+from queueplane.run.outcomes import Outcome, columns_of
 from queueplane.run.outputs import output_record
 from queueplane.run.share import isolated
 from queueplane.run.share.isolated import ChildFailed, ChildRejected, IsolatedCalls
@@ -177,7 +178,7 @@ def test_a_suspect_that_hangs_is_killed_at_its_deadline(tmp_path, calls):
 
 
 def test_the_rows_of_a_process_that_died_are_handed_on_once(tmp_path):
-    block = (["t"], [0], [5], [None], [1], ["accepted"], [None], [1.0], [1])
+    block = columns_of([Outcome("t", 0, 5, None, 1, "accepted", None, 1.0, 1)])
     pid = os.fork()
     if pid == 0:
         outbox = Outbox(tmp_path)

@@ -19,7 +19,17 @@ from helpers import PLANTED_FOLDERS, plant_folder
 from queueplane.run import crash_journal
 from queueplane.run.crash_journal import CrashJournal, tag_alive
 from queueplane.run.handler import MessageRecord
-from queueplane.run.outcomes import OFFSET_COLUMN, OutcomeColumns, accepted_columns
+from queueplane.run.outcomes import (
+    LAST_OFFSET_COLUMN,
+    LATENCY_SLOTS,
+    OFFSET_COLUMN,
+    OUTCOME_ARROW,
+    PARTITION_COLUMN,
+    RECORDS_COLUMN,
+    TOPIC_COLUMN,
+    OutcomeColumns,
+    accepted_columns,
+)
 from queueplane.run.private_dirs import PrivateDirRefused
 from queueplane.run.share import outbox as outbox_module
 from queueplane.run.share.accepted import AcceptedLately
@@ -277,13 +287,25 @@ def test_an_outbox_file_holding_a_pickle_is_not_run_and_its_rows_are_not_counted
     assert not marker.exists(), "the pickle was not loaded"
 
 
+# A settled entry of one run's row, as an outbox writes it; _altered(i, column) puts another column in place i.
+_RUN = [["t"], [0], [5], [7], [3], [None], [1], ["accepted"], [None], [3.0], [[3] + [0] * (LATENCY_SLOTS - 1)], [1]]
+
+
+def _altered(index: int, column: object) -> list:
+    return [0, 0, [[column if i == index else values for i, values in enumerate(_RUN)]]]
+
+
 @pytest.mark.parametrize(
     "entry",
     [
-        [0, 0, [[["t"], [0], [5]]]],  # three columns of nine
-        [0, 0, [[["t"], [0], ["five"], [None], [1], ["accepted"], [None], [1.0], [1]]]],  # an offset as text
-        [0, 0, [[["t"], [0, 1], [5], [None], [1], ["accepted"], [None], [1.0], [1]]]],  # columns of two lengths
-        [0, 0, [[{"all": "t", "rows": 1, "more": 2}, [0], [5], [None], [1], ["accepted"], [None], [1.0], [1]]]],
+        [0, 0, [_RUN[:3]]],  # three columns of twelve
+        _altered(OFFSET_COLUMN, ["five"]),  # an offset as text
+        _altered(PARTITION_COLUMN, [0, 1]),  # columns of two lengths
+        _altered(TOPIC_COLUMN, {"all": "t", "rows": 1, "more": 2}),
+        _altered(RECORDS_COLUMN, [4]),  # records that are not the span of the row's offsets
+        _altered(LAST_OFFSET_COLUMN, [4]),  # a span that ends before it starts
+        _altered(LAST_OFFSET_COLUMN, [None]),
+        _altered(OUTCOME_ARROW.get_field_index("latency_buckets"), [[3]]),  # counts of too few buckets
         [1, "token", []],
         [2, 1, [["t", "0"]]],  # a partition as text
         [7, 0, None],  # no such kind
@@ -320,11 +342,14 @@ def test_rows_of_every_column_type_cross_the_file_as_they_were(tmp_path):
         ["t", "t"],
         [0, 1],
         [2**40, 5],
-        ["ключ", None],
+        [2**40 + 2, 5],
+        [3, 1],
+        [None, "ключ"],
         [1, 2],
         ["accepted", "released"],
         [None, 'Retry: "quoted"\nand a line'],
-        [0.125, 3.0],
+        [0.375, 3.0],
+        [[3] + [0] * (LATENCY_SLOTS - 1), None],
         [1, 1],
     )
     dead.add_provisional([rows])

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Message
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from queueplane.run.kafka_input import input_records
 from queueplane.run.outcomes import (
     ACCEPTED,
     OUTCOME_ARROW,
+    RELEASED,
     Outcome,
     accepted_columns,
     arrow_column,
@@ -40,23 +42,30 @@ outcome_rows = st.builds(
 )
 
 
+def _one_record_row(row: Outcome) -> dict:
+    """The row a record that is not accepted is handed over as: its own, with its key and error."""
+    return {**row._asdict(), "last_offset": row.offset, "records": 1, "latency_buckets": None}
+
+
 @settings(deadline=None)  # the expected batch's first pa.array call imports pandas
 @given(st.lists(outcome_rows, min_size=1, max_size=40))
-def test_outcome_batches_hold_exactly_the_rows_pyarrow_itself_would_build(rows):
+def test_outcome_batches_hold_the_rows_pyarrow_itself_would_build(rows):
+    """Each record not accepted is a row of its own, as it was; the accepted are runs (test_outcome_runs.py)."""
     batch = outcome_batch(rows)
     batch.validate(full=True)
-    expected = pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW)
-    assert batch.equals(expected)
+    others = [row for row in rows if row.outcome != ACCEPTED]
+    expected = pa.RecordBatch.from_pylist([_one_record_row(row) for row in others], schema=OUTCOME_ARROW)
+    assert batch.filter(pc.not_equal(batch.column("outcome"), ACCEPTED)).equals(expected)
 
 
 @settings(deadline=None)
 @given(st.lists(st.lists(outcome_rows, min_size=1, max_size=10), min_size=1, max_size=6))
 def test_blocks_of_columns_make_the_batch_of_all_their_rows_in_order(blocks):
-    """The share runtime hands over a block of columns per poll; the batch must read as the rows would."""
+    """The share runtime hands over a block of columns per poll; the batch must read as the blocks' rows would."""
     batch = columns_batch([columns_of(rows) for rows in blocks])
     batch.validate(full=True)
-    rows = [row for block in blocks for row in block]
-    assert batch.equals(pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW))
+    each = pa.Table.from_batches([outcome_batch(rows) for rows in blocks]).combine_chunks()
+    assert pa.Table.from_batches([batch]).equals(each)
 
 
 def test_the_columns_of_an_accepted_poll_are_its_rows_column_by_column():
@@ -65,19 +74,22 @@ def test_the_columns_of_an_accepted_poll_are_its_rows_column_by_column():
         Message(topic="orders", partition=1, offset=5, key=b"k1", value=b"", delivery_count=2),
         Message(topic="orders", partition=0, offset=9, key=None, value=b""),
         Message(topic="orders", partition=1, offset=6, key=b"\xff", value=b"", delivery_count=1),
+        Message(topic="orders", partition=1, offset=7, key=b"k3", value=b"", delivery_count=1),
     ]
-    inflight = [3, 1, 2]
+    inflight = [3, 1, 2, 5]
     rows = [Outcome.of(MessageRecord.of(m), ACCEPTED, None, 7.5, n) for m, n in zip(messages, inflight, strict=True)]
     assert columns_batch([accepted_columns(messages, 7.5, inflight)]).equals(outcome_batch(rows))
-    assert rows[1].delivery_count == 1 and rows[2].key == "\ufffd"  # no count yet is a first delivery
+    assert rows[1].delivery_count == 1, "no count yet is a first delivery"
+    released = Outcome.of(MessageRecord.of(messages[2]), RELEASED, None, 7.5, 2)
+    assert released.key == "\ufffd", "undecodable key bytes replaced"
 
 
 @pytest.mark.parametrize("text", ["accepted", "", "näh", None])
 def test_a_column_of_one_repeated_value_is_that_value_in_every_row(text):
-    rows = [Outcome("orders", 0, i, text, 1, "accepted", text, 0.5, 1) for i in range(1000)]
+    rows = [Outcome("orders", 0, i, text, 1, "released", text, 0.5, 1) for i in range(1000)]
     batch = outcome_batch(rows)
     batch.validate(full=True)
-    assert batch.equals(pa.RecordBatch.from_pylist([row._asdict() for row in rows], schema=OUTCOME_ARROW))
+    assert batch.equals(pa.RecordBatch.from_pylist([_one_record_row(row) for row in rows], schema=OUTCOME_ARROW))
 
 
 @pytest.mark.parametrize(
@@ -181,3 +193,4 @@ def test_an_accepted_row_made_the_short_way_is_the_row_made_the_general_way():
         record = Record(key, b"v", (), "in", 3, 42, 2, 0)
         quick = Outcome.accepted(record, 1.5, 4)
         assert quick == Outcome.of(record, ACCEPTED, None, 1.5, 4) and type(quick) is Outcome
+        assert quick.key is None, "an accepted record's row is a run's, which shows no key"

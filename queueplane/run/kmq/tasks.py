@@ -612,7 +612,7 @@ PROCESSES: PerProcess[KmqProcess] = PerProcess(lambda text: KmqProcess(KmqSettin
 
 
 def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the records of one offset range in, one outcome row per record out."""
+    """mapInArrow body: the records of one offset range in, their outcome rows out (the accepted in runs)."""
     process = PROCESSES.get(settings_json)
     process.journal.collect()  # a process that died in a call of this task's last attempt
     records, skipped = [], []

@@ -14,9 +14,10 @@ first acceptance counted it). A redelivery that goes to another process is handl
 Records whose commit answered that it did not record them are not remembered:
 their rows were dropped, and their next handling counts them (queueplane.run.share.outbox).
 
-Kept as offset runs per partition, in two generations of ``keep_s`` each: a poll's records are
-nearly always one run, so a process accepting tens of thousands of records a second holds a few
-hundred runs a second, and a lookup, done only for records delivered again, is a binary search.
+Kept as offset runs per partition, in two generations of ``keep_s`` each: the accepted rows are
+such runs already (outcomes.py), a poll's records nearly always one, so a process accepting tens
+of thousands of records a second holds a few hundred runs a second, and a lookup, done only for
+records delivered again, is a binary search.
 """
 
 from __future__ import annotations
@@ -24,9 +25,16 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
-from queueplane.run.outcomes import ACCEPTED, OFFSET_COLUMN, OUTCOME_COLUMN, PARTITION_COLUMN, OutcomeColumns
+from queueplane.run.outcomes import (
+    ACCEPTED,
+    LAST_OFFSET_COLUMN,
+    OFFSET_COLUMN,
+    OUTCOME_COLUMN,
+    PARTITION_COLUMN,
+    OutcomeColumns,
+)
 
 # Runs of a partition: [first, last] offsets, inclusive; sorted by first when ``sorted`` says so.
 Runs = list[list[int]]
@@ -71,18 +79,20 @@ class AcceptedLately:
         self._new = _Generation(now)
 
     def note(self, blocks: list[OutcomeColumns]) -> None:
-        """The accepted records among outcome rows that count (each record once in a block)."""
-        spans: list[tuple[int, int, int]] = []
-        for block in blocks:
-            partitions, offsets, outcomes = block[PARTITION_COLUMN], block[OFFSET_COLUMN], block[OUTCOME_COLUMN]
-            if not offsets:
-                continue
-            if outcomes.count(ACCEPTED) < len(outcomes):
-                kept = [i for i, outcome in enumerate(outcomes) if outcome == ACCEPTED]
-                if not kept:
-                    continue
-                partitions, offsets = [partitions[i] for i in kept], [offsets[i] for i in kept]
-            spans += _runs(partitions, offsets)
+        """The accepted records among outcome rows that count (each record once in a block): an
+        accepted row is a run of consecutive offsets already (outcomes.py), noted as it is."""
+        spans = [
+            (partition, first, last)
+            for block in blocks
+            for partition, first, last, outcome in zip(
+                block[PARTITION_COLUMN],
+                block[OFFSET_COLUMN],
+                block[LAST_OFFSET_COLUMN],
+                block[OUTCOME_COLUMN],
+                strict=True,
+            )
+            if outcome == ACCEPTED
+        ]
         if not spans:
             return
         with self._lock:
@@ -109,34 +119,3 @@ class AcceptedLately:
             if now - self._old.since >= 2 * self.keep_s:  # nothing noted for a whole generation
                 self._old = _Generation(now - self.keep_s)
         return self._new
-
-
-def _runs(partitions: Sequence[int], offsets: Sequence[int]) -> Iterable[tuple[int, int, int]]:
-    """(partition, first, last) runs covering exactly the given records.
-
-    The common poll, one partition and consecutive offsets, is found with C-level passes only
-    (``count``, ``min``, ``max``): offsets within a poll are distinct, so n of them spanning n
-    places are exactly that span.
-    """
-    count = len(offsets)
-    first_partition = partitions[0]
-    if partitions.count(first_partition) == count:
-        low, high = min(offsets), max(offsets)
-        if high - low + 1 == count:
-            yield first_partition, low, high
-            return
-        by_partition = {first_partition: sorted(offsets)}
-    else:
-        by_partition = {}
-        for partition, offset in zip(partitions, offsets, strict=True):
-            by_partition.setdefault(partition, []).append(offset)
-        for kept in by_partition.values():
-            kept.sort()
-    for partition, ordered in by_partition.items():
-        first = last = ordered[0]
-        for offset in ordered[1:]:
-            if offset != last + 1:
-                yield partition, first, last
-                first = offset
-            last = offset
-        yield partition, first, last

@@ -370,8 +370,9 @@ class ShareFetcher:
         """Acknowledge the records of a poll not acknowledged while it ran and add their outcomes;
         latency runs from the poll.
 
-        A poll whose every record was accepted without outputs is the common case: its
-        columns are built straight from the messages, one pass each, with no row per record.
+        A poll whose every record was accepted without outputs is the common case: its rows,
+        one per run of a partition's consecutive records (outcomes.py), are built straight from
+        the messages, one pass over them a field, with no Python object per record.
         Otherwise every record's acknowledgement is decided first (dead letters written) and
         only then are they all given, so a failure while deciding leaves none of them given.
         """

@@ -84,12 +84,15 @@ from queueplane.run.crash_journal import (
     tag_alive,
 )
 from queueplane.run.outcomes import (
-    DELIVERY_COLUMN,
+    LAST_OFFSET_COLUMN,
+    LATENCY_SLOTS,
     OFFSET_COLUMN,
     OUTCOME_ARROW,
     PARTITION_COLUMN,
+    RECORDS_COLUMN,
     TOPIC_COLUMN,
     OutcomeColumns,
+    each_record,
 )
 from queueplane.run.private_dirs import private_dir
 
@@ -386,9 +389,7 @@ class Outbox:
         counted = _read_counted(self.folder)
         now_ms = int(time.time() * 1000)
         for block in blocks:
-            for partition, offset, delivery in zip(
-                block[PARTITION_COLUMN], block[OFFSET_COLUMN], block[DELIVERY_COLUMN], strict=True
-            ):
+            for partition, offset, delivery, _ in each_record(block):  # a row may stand for a run of records
                 counted[(int(partition), int(offset))] = (int(delivery), now_ms)
         _write_counted(self.folder, counted)
 
@@ -487,12 +488,15 @@ def _parsed(line: bytes) -> tuple[int, int, Any]:
 
 def _block(columns: Any) -> OutcomeColumns:
     """A block of outcome columns as read: one list per OUTCOME_ARROW column, all as long, each
-    value of its column's type."""
+    value of its column's type, and each row's records the span of its offsets."""
     if type(columns) is not list or len(columns) != len(OUTCOME_ARROW):
         raise ValueError("a block has one list per outcome column")
     unpacked = [_unpacked(values, _CHECKS[column.type]) for values, column in zip(columns, OUTCOME_ARROW, strict=True)]
     if len({len(values) for values in unpacked}) != 1:
         raise ValueError("a block's columns are all as long")
+    spans = zip(unpacked[OFFSET_COLUMN], unpacked[LAST_OFFSET_COLUMN], unpacked[RECORDS_COLUMN], strict=True)
+    if not all(type(n) is int and n >= 1 and type(first) is int and last == first + n - 1 for first, last, n in spans):
+        raise ValueError("a row's records are the span of its offsets")
     return tuple(unpacked)
 
 
@@ -537,11 +541,20 @@ def _optional_number(value: Any) -> None:
         raise TypeError("a number or null expected")
 
 
+def _optional_counts(value: Any) -> None:
+    """A run's latency bucket counts (outcomes.py), or null on a one-record row."""
+    if value is not None and (
+        type(value) is not list or len(value) != LATENCY_SLOTS or any(type(n) is not int for n in value)
+    ):
+        raise TypeError(f"{LATENCY_SLOTS} integers or null expected")
+
+
 _CHECKS = {
     pa.string(): _optional_text,
     pa.int32(): _optional_integer,
     pa.int64(): _optional_integer,
     pa.float64(): _optional_number,
+    pa.list_(pa.int32()): _optional_counts,
 }
 
 
