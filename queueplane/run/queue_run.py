@@ -134,7 +134,11 @@ class QueueRun:
         self.counts: Counter[str] = Counter({ACCEPTED: 0, RELEASED: 0, DEAD_LETTERED: 0})
         self.dead = DeadLetters()
         self.health = Health(
-            stall_seconds(job.queue), starve_s=starve_seconds(job.queue), degraded=self.runtime.degraded
+            stall_seconds(job.queue),
+            starve_s=starve_seconds(job.queue),
+            degraded=self.runtime.degraded,
+            longest_batch_s=self.runtime.longest_batch_s,
+            name=job.queue.name,
         )
         self.watcher = BacklogWatcher(job.backlog or (lambda: None), self.health)
         # Idleness counts from the first micro-batch: a worker that waited for its broker or for
