@@ -22,10 +22,20 @@ def register(commands: Any) -> None:
         "Helm values from the specs of one application (one spec, or all that name the same "
         "spec.deployment.application), then `helm template` of charts/queue-worker; every object is checked "
         "against the Kubernetes API schema and the platform policy. Prints the manifests, or writes "
-        "values.yaml and manifests.yaml to --output-dir.",
+        "values.yaml and manifests.yaml to --output-dir. No cluster is asked: the same specs and values give "
+        "the same manifests; --api-versions says what the target cluster serves beyond Kubernetes' own.",
     )
     p.add_argument("specs", nargs="+", metavar="SPEC")
     p.add_argument("--output-dir", metavar="DIR", help="write values.yaml and manifests.yaml here")
+    p.add_argument(
+        "--api-versions",
+        action="append",
+        default=[],
+        metavar="GROUP/VERSION/KIND",
+        help="a kind the target cluster serves, as helm template's --api-versions (e.g. "
+        "monitoring.coreos.com/v1/PodMonitor, monitoring.coreos.com/v1/PrometheusRule: the chart's PodMonitor "
+        "and PrometheusRule render only where named); repeatable",
+    )
     _values_flag(p)
     p.set_defaults(handler=cmd_render)
 
@@ -66,7 +76,7 @@ def _values_flag(parser: argparse.ArgumentParser) -> None:
 def cmd_render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from queueplane.deploy.render import render
+    from queueplane.deploy.render import left_out_note, render
 
     queues = steps.validate(args.specs)
     with err.status(f"rendering {queues[0].application}"):
@@ -74,7 +84,10 @@ def cmd_render(args: argparse.Namespace) -> int:
             queues,
             output_dir=Path(args.output_dir) if args.output_dir else None,
             overrides=from_flags(args.values, args.set),
+            api_versions=args.api_versions,
         )
+    if rendered.left_out:
+        err.print(left_out_note(rendered.left_out), markup=False)
     if args.output_dir is None:
         out.print(rendered.manifests, markup=False, end="")
         return EXIT_OK

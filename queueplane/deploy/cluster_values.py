@@ -8,12 +8,16 @@ sets); in Airflow, the Variable ``queueplane_cluster_values`` (JSON, every relea
 else: whoever may trigger a queue's DAG chooses only what the trigger form offers. The spec's own
 values are refused here, so a deployer cannot resize or rename a team's queue behind its spec,
 and so is any Spark setting that would switch off RPC authentication or encryption, mount a host
-path or name credentials (queueplane.deploy.spark_conf), whoever gives it.
+path or name credentials (queueplane.deploy.spark_conf), whoever gives it. The pods' extension
+points (driverPod, executorPod) are refused the same things: a volume other than the kinds Pod
+Security ``restricted`` admits (so never a host path), a variable the chart or Spark sets, and a
+literal value under a credential's name. The chart's values schema and templates refuse the same.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,23 @@ from queueplane.errors import UsageError
 
 AIRFLOW_VARIABLE = "queueplane_cluster_values"
 SPEC_OWNED = ("application", "queues", "driver", "executor", "autoscaling")
+POD_EXTENSIONS = ("driverPod", "executorPod")
+# The volume kinds Pod Security "restricted" admits (charts/queue-worker/templates/_helpers.tpl).
+VOLUME_KINDS = (
+    "emptyDir",
+    "configMap",
+    "secret",
+    "persistentVolumeClaim",
+    "projected",
+    "downwardAPI",
+    "csi",
+    "ephemeral",
+)
+# Variables the chart or Spark sets, and the JVM's option variables: a second entry would win.
+REFUSED_ENV = re.compile(
+    r"^(queueplane_|_?spark_|pyspark_|java_tool_options$|jdk_java_options$|_java_options$|pod_name$|home$|pythonpath$)",
+    re.IGNORECASE,
+)
 
 
 def merge_values(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -47,8 +68,8 @@ def checked(values: Any, source: str) -> dict[str, Any]:
     if owned:
         raise UsageError(
             f"{source}: /{owned[0]} comes from the queue's spec and cannot be set by the deployer "
-            "(cluster values may set kafka, checkpoint, image, imagePullSecrets, cpuRequests, metrics, spark "
-            "and pod placement)"
+            "(cluster values may set kafka, checkpoint, image, imagePullSecrets, cpuRequests, metrics, spark, "
+            "sparkAuth, pod placement and the pods' extension points driverPod and executorPod)"
         )
     spark = values.get("spark") or {}
     settings = (spark.get("conf") or {}) if isinstance(spark, dict) else {}
@@ -61,7 +82,38 @@ def checked(values: Any, source: str) -> dict[str, Any]:
             "readable in the release); put them in a Secret (kafka.configSecret, kafka.tlsSecret)"
         )
     check_conf(settings, f"{source}: /spark/conf")
+    for role in POD_EXTENSIONS:
+        _check_pod_extensions(values.get(role), f"{source}: /{role}")
     return values
+
+
+def _check_pod_extensions(pod: Any, where: str) -> None:
+    """UsageError naming the first refused volume or variable of driverPod or executorPod."""
+    if not isinstance(pod, dict):
+        return
+    for number, volume in enumerate(pod.get("extraVolumes") or []):
+        kinds = [key for key in volume if key != "name"] if isinstance(volume, dict) else []
+        refused = [key for key in kinds if key not in VOLUME_KINDS]
+        if refused:
+            why = "a worker never mounts a host path" if refused[0] == "hostPath" else "not a kind the platform admits"
+            raise UsageError(
+                f"{where}/extraVolumes/{number}/{refused[0]}: refused: {why}. A worker's volumes are of the kinds "
+                f"Pod Security restricted admits: {', '.join(VOLUME_KINDS)}"
+            )
+    for number, variable in enumerate(pod.get("extraEnv") or []):
+        name = str(variable.get("name", "")) if isinstance(variable, dict) else ""
+        if REFUSED_ENV.search(name):
+            raise UsageError(
+                f"{where}/extraEnv/{number}/name: {name} is refused: the chart's, Spark's and the JVM's own "
+                "variables (QUEUEPLANE_*, SPARK_*, _SPARK_*, PYSPARK_*, POD_NAME, HOME, PYTHONPATH, the JVM's options) "
+                "are the platform's and no value may change them"
+            )
+        if CREDENTIAL_NAME.search(name) and "value" in variable:
+            raise UsageError(
+                f"{where}/extraEnv/{number}/value: {name} looks like a credential, and credentials never go into "
+                "chart values (helm keeps values readable in the release); refer to a Secret with "
+                "valueFrom.secretKeyRef"
+            )
 
 
 def from_files(paths: list[str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queueplane.deploy import ownership
+from queueplane.deploy import ownership, spark_auth
 from queueplane.deploy.helm import run_helm
 from queueplane.deploy.kube_access import KubeAccess
 from queueplane.deploy.render import Rendered
@@ -51,10 +51,12 @@ def upgrade(source: str, rendered: Rendered, access: KubeAccess, timeout_s: int 
 
     Refuses (SpecInvalid, nothing deployed) when the release exists and is not this application's,
     and (DeployError, nothing deployed) when its namespace exists and enforces a Pod Security level
-    laxer than ``restricted``; creates a missing namespace ``restricted`` first (see ownership.py).
+    laxer than ``restricted``; creates a missing namespace ``restricted`` first (see ownership.py),
+    then the Secret of Spark's RPC authentication the render names, once (see spark_auth.py).
     """
     left_out = ownership.check_release(source, rendered, access)
     ownership.ensure_namespace(rendered, access, source)
+    spark_auth.ensure_secret(rendered, access)
     result = run_helm(upgrade_args(rendered, access, timeout_s), kubeconfig=access.kubeconfig, timeout=timeout_s + 60)
     if not left_out:
         return result.stdout

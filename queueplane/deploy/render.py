@@ -4,6 +4,14 @@ values, manifests, and their checks.
 `helm_values` is the one mapping from specs to the chart's values; every face (the CLI's
 `render`, the Airflow deploy operator, the tests) goes through it and through `render`,
 which runs the real `helm template` and validates what comes out.
+
+A render needs no cluster and gives the same manifests every time for the same specs and
+values: the Secret of Spark's RPC authentication is named (``sparkAuth.existingSecret``, made
+once by the deploy: queueplane.deploy.spark_auth), not made by the chart with helm's ``lookup``,
+which a render without a cluster (``helm template``, Argo CD) cannot do and would answer with a
+new secret each time. The cluster's API versions are what the caller says (``api_versions``):
+the Prometheus Operator's kinds render only when named, and ``Rendered.left_out`` says so when
+they are not.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import math
 import re
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +30,7 @@ import yaml
 from queueplane.deploy.cluster_values import merge_values
 from queueplane.deploy.helm import run_helm
 from queueplane.deploy.kube_schema import KUBERNETES_VERSION, CustomKinds, custom_kinds, object_problems
+from queueplane.deploy.monitoring_schema import API_VERSIONS, monitoring_crds
 from queueplane.deploy.policy import policy_problems
 from queueplane.errors import Problem, QueueplaneError, SpecInvalid, UsageError
 from queueplane.paths import shipped_file
@@ -50,6 +59,8 @@ class Rendered:
     values_file: Path
     manifests: str
     objects: list[dict]
+    # Kinds the values ask for that the chart left out: the cluster named does not serve them.
+    left_out: list[str] = field(default_factory=list)
 
 
 def chart_path() -> Path:
@@ -89,9 +100,16 @@ def _pod(queue: QueueSpec, role: str, resources: dict[str, Any]) -> dict[str, in
     }
 
 
+@cache
+def chart_defaults() -> dict:
+    """The chart's values.yaml: what helm takes for every value a release does not set."""
+    defaults: dict = yaml.safe_load((chart_path() / "values.yaml").read_text(encoding="utf-8"))
+    return defaults
+
+
 def default_image() -> str:
     """The chart's own image (values.yaml), for specs that name none: the chart is the one place for it."""
-    image = yaml.safe_load((chart_path() / "values.yaml").read_text(encoding="utf-8"))["image"]
+    image = chart_defaults()["image"]
     return f"{image['repository']}:{image['tag']}"
 
 
@@ -165,14 +183,24 @@ def application_queues(queues: Sequence[QueueSpec]) -> list[QueueSpec]:
     return list(queues)
 
 
+def spark_auth_secret(release: str) -> str:
+    """The Secret of Spark's RPC authentication a render names unless the cluster values name another."""
+    return f"{release}-spark-auth"
+
+
 def render(
-    queues: QueueSpec | Sequence[QueueSpec], *, output_dir: Path | None = None, overrides: dict | None = None
+    queues: QueueSpec | Sequence[QueueSpec],
+    *,
+    output_dir: Path | None = None,
+    overrides: dict | None = None,
+    api_versions: Sequence[str] = (),
 ) -> Rendered:
     """`helm template` of an application's release (its queues' specs), validated; files go to
     output_dir (else a temporary folder).
 
     ``overrides`` are cluster values the specs do not hold (kafka secrets, checkpoint claim),
-    merged over the specs' values.
+    merged over the specs' values. ``api_versions`` are what the target cluster serves beyond
+    Kubernetes' own (helm's ``--api-versions``, e.g. ``monitoring.coreos.com/v1/PodMonitor``).
     """
     queues = application_queues([queues] if isinstance(queues, QueueSpec) else queues)
     queue = queues[0]
@@ -182,7 +210,9 @@ def render(
             "kubernetes; a spark-submit queue is deployed by its Airflow DAG (docs/airflow.md)"
         )
     namespace = _checked(queue, "/spec/deployment/namespace", queue.namespace, _schema_pattern("$defs", "dnsLabel"))
-    values = merge_values(helm_values(queues), overrides or {})
+    values = helm_values(queues)
+    values["sparkAuth"] = {"existingSecret": spark_auth_secret(values["application"]["name"])}
+    values = merge_values(values, overrides or {})
     release = values["application"]["name"]
     folder = Path(output_dir) if output_dir is not None else Path(tempfile.mkdtemp(prefix=f"queueplane-{release}-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -200,13 +230,38 @@ def render(
             str(values_file),
             "--kube-version",
             KUBERNETES_VERSION,
+            *(arg for version in api_versions for arg in ("--api-versions", version)),
         ]
     )
     manifests = result.stdout
     objects = [obj for obj in yaml.safe_load_all(manifests) if obj]
     validate_manifests(objects)
     (folder / "manifests.yaml").write_text(manifests, encoding="utf-8")
-    return Rendered(release, namespace, chart, values, values_file, manifests, objects)
+    return Rendered(
+        release, namespace, chart, values, values_file, manifests, objects, monitoring_left_out(values, objects)
+    )
+
+
+def monitoring_left_out(values: dict, objects: list[dict]) -> list[str]:
+    """The Prometheus Operator's kinds the values turn on and the render left out (the cluster
+    named does not serve them), in the chart's order."""
+    monitoring = merge_values(chart_defaults(), values)["monitoring"]
+    wanted = {
+        "PodMonitor": monitoring["podMonitor"]["enabled"],
+        "PrometheusRule": monitoring["prometheusRule"]["enabled"],
+    }
+    made = {obj.get("kind") for obj in objects}
+    return [kind for kind, on in wanted.items() if on and kind not in made]
+
+
+def left_out_note(kinds: Sequence[str]) -> str:
+    """One line saying which monitoring objects a render left out, and how to get them or say none."""
+    flags = " ".join(f"--api-versions {API_VERSIONS[kind]}" for kind in kinds)
+    switches = " and ".join(f"monitoring.{kind[0].lower() + kind[1:]}.enabled=false" for kind in kinds)
+    return (
+        f"note: {' and '.join(kinds)} left out: the chart renders them only for a cluster that serves their kinds; "
+        f"pass {flags} for one that does, or set {switches} to want none"
+    )
 
 
 def chart_crds() -> list[dict]:
@@ -221,7 +276,8 @@ def chart_crds() -> list[dict]:
 
 @cache
 def chart_kinds() -> CustomKinds:
-    return custom_kinds(chart_crds())
+    """The kinds beyond Kubernetes' own a release may hold: the chart's Queue and the Prometheus Operator's."""
+    return custom_kinds([*chart_crds(), *monitoring_crds()])
 
 
 def executor_pod_templates(objects: list[dict]) -> list[dict]:

@@ -61,13 +61,13 @@ def test_every_example_renders_to_valid_labelled_objects(spec, tmp_path):
         "Deployment",
         "NetworkPolicy",
         "NetworkPolicy",
+        "Pod",  # helm test's
         "Queue",
         "Role",
         "RoleBinding",
-        "Secret",
         "Service",
         "ServiceAccount",
-    ]
+    ], "no Secret: Spark's is named (sparkAuth.existingSecret) and made once by the deploy"
     for obj in rendered.objects:
         labels = obj["metadata"]["labels"]
         assert labels["queueplane.io/team"] == queue.team and labels["queueplane.io/application"] == queue.name
@@ -111,8 +111,8 @@ def test_checkpoint_claim_and_kafka_secrets_come_from_values(tmp_path):
     assert _find(rendered.objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate", "one checkpoint writer"
     (template,) = executor_pod_templates(rendered.objects)
     assert {v["name"] for v in template["spec"]["volumes"]} >= {"kafka-tls", "spark-local-dir-1", "tmp"}
-    (secret,) = [o for o in rendered.objects if o["kind"] == "Secret"]
-    assert secret["metadata"]["name"] == "coffee-orders-spark-auth", "Kafka secrets are referenced, never rendered"
+    assert not [o for o in rendered.objects if o["kind"] == "Secret"], "Kafka secrets are referenced, never rendered"
+    assert rendered.values["sparkAuth"] == {"existingSecret": "coffee-orders-spark-auth"}
 
 
 @pytest.mark.parametrize(
@@ -147,10 +147,13 @@ def test_probes_ask_the_worker_its_health_and_the_driver_uses_the_refreshing_in_
     assert {"name": "spark-ui", "port": 4040, "targetPort": "spark-ui"} in service["spec"]["ports"]
 
 
-def test_spark_rpc_is_authenticated_and_encrypted_with_the_releases_secret_never_written_into_a_pod(coffee):
+def test_spark_rpc_is_authenticated_and_encrypted_with_the_releases_secret_never_written_into_a_pod(coffee, tmp_path):
     """The driver reads the per-release secret from a mounted file, each executor from a variable
-    referring to the Secret; Spark neither makes one nor puts one in the executor pods' spec."""
-    secret = _find(coffee.objects, "Secret")
+    referring to the Secret; Spark neither makes one nor puts one in the executor pods' spec.
+    The Secret is the deploy's (spark_auth.py); without existingSecret the chart makes the same."""
+    own = render(_queue(), output_dir=tmp_path, overrides={"sparkAuth": {"existingSecret": ""}})
+    secret = _find(own.objects, "Secret")
+    assert secret["metadata"]["name"] == "coffee-orders-spark-auth"
     raw = base64.b64decode(secret["data"]["secret"])
     assert len(raw) == 64, "the driver's file"
     assert base64.b64decode(secret["data"]["secret-base64"]) == base64.b64encode(raw), "Spark keys a file in base64"

@@ -10,8 +10,9 @@ every suffixed name below stays within 63 characters.
 {{- default (include "queue-worker.name" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{- /* The Secret of spark.authenticate: sparkAuth.existingSecret, else the one the chart makes. */}}
 {{- define "queue-worker.sparkAuthSecret" -}}
-{{- printf "%s-spark-auth" (include "queue-worker.name" .) -}}
+{{- .Values.sparkAuth.existingSecret | default (printf "%s-spark-auth" (include "queue-worker.name" .)) -}}
 {{- end -}}
 
 {{- define "queue-worker.driverService" -}}
@@ -88,16 +89,37 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/*
+Where a pod runs: the top-level nodeSelector and tolerations with the pod's own (driverPod or
+executorPod) over them, its affinity, spread constraints and priority class, and the pull
+secrets. Called with (dict "root" $ "pod" <driverPod|executorPod> "nodeSelector" <bool>): the
+executors take their node selector from Spark's settings instead (deployment.yaml).
+*/}}
 {{- define "queue-worker.scheduling" -}}
-{{- with .Values.nodeSelector }}
+{{- $root := .root }}
+{{- $pod := .pod }}
+{{- if .nodeSelector }}
+{{- with merge (deepCopy ($pod.nodeSelector | default dict)) ($root.Values.nodeSelector | default dict) }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.tolerations }}
+{{- end }}
+{{- with concat ($root.Values.tolerations | default list) ($pod.tolerations | default list) }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.imagePullSecrets }}
+{{- with $pod.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $pod.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $pod.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- range . }}
   - name: {{ . | quote }}
@@ -106,8 +128,57 @@ imagePullSecrets:
 {{- end -}}
 
 {{/*
-The executor pod template. Spark fills in the image, command, resources and environment;
-this adds what Spark does not: labels, security, writable scratch space, the TLS files.
+Environment variables no value may set (queueplane/deploy/cluster_values.py and values.schema.json
+refuse the same): the chart's own and Spark's, and the JVM's option variables. A later entry
+of the same name would win over the chart's.
+*/}}
+{{- define "queue-worker.refusedEnvName" -}}
+(?i)^(queueplane_|_?spark_|pyspark_|java_tool_options$|jdk_java_options$|_java_options$|pod_name$|home$|pythonpath$)
+{{- end -}}
+
+{{- define "queue-worker.credentialName" -}}
+(?i)password|secret|jaas|token|credential|access[._-]?key|account\.key|key[._-]?file|keytab|keystore|truststore
+{{- end -}}
+
+{{/* The volume kinds Pod Security "restricted" admits; a hostPath is never among them. */}}
+{{- define "queue-worker.volumeKinds" -}}
+emptyDir configMap secret persistentVolumeClaim projected downwardAPI csi ephemeral
+{{- end -}}
+
+{{/*
+The refusals of driverPod and executorPod that the values schema makes, made again so that
+`helm --skip-schema-validation` changes nothing: host paths and other volume kinds, the chart's
+and Spark's variables, and credentials written into values.
+*/}}
+{{- define "queue-worker.checkPodExtensions" -}}
+{{- $kinds := splitList " " (include "queue-worker.volumeKinds" .) }}
+{{- $refusedEnv := include "queue-worker.refusedEnvName" . }}
+{{- $credential := include "queue-worker.credentialName" . }}
+{{- range $role := list "driverPod" "executorPod" }}
+{{- $pod := index $.Values $role }}
+{{- range $i, $volume := $pod.extraVolumes }}
+{{- range $key, $_ := $volume }}
+{{- if and (ne $key "name") (not (has $key $kinds)) }}
+{{- fail (printf "%s.extraVolumes[%d].%s is refused: a worker's volumes are of the kinds Pod Security restricted admits (%s), never a host path" $role $i $key (join ", " $kinds)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $i, $env := $pod.extraEnv }}
+{{- if regexMatch $refusedEnv (toString $env.name) }}
+{{- fail (printf "%s.extraEnv[%d] %s is refused: the chart's, Spark's and the JVM's own variables are the platform's" $role $i $env.name) }}
+{{- end }}
+{{- if and (hasKey $env "value") (regexMatch $credential (toString $env.name)) }}
+{{- fail (printf "%s.extraEnv[%d] %s is refused with a literal value: credentials never go into values; use valueFrom.secretKeyRef" $role $i $env.name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The executor pod template. Spark fills in the image, command, resources, its environment and
+the node selector (spark.kubernetes.executor.node.selector.*); this adds what Spark has no
+setting for: labels, security, writable scratch space, the TLS files, and executorPod's
+tolerations, affinity, spread constraints, priority class, variables and volumes.
 Volumes named spark-local-dir-* are used by Spark as its local directories.
 */}}
 {{- define "queue-worker.executorPodTemplate" -}}
@@ -126,13 +197,18 @@ spec:
   enableServiceLinks: false
   securityContext:
     {{- include "queue-worker.podSecurityContext" . | nindent 4 }}
-  {{- with include "queue-worker.scheduling" . }}
+  {{- with include "queue-worker.scheduling" (dict "root" . "pod" .Values.executorPod "nodeSelector" false) }}
   {{- . | trim | nindent 2 }}
   {{- end }}
   containers:
     - name: executor
       securityContext:
         {{- include "queue-worker.containerSecurityContext" . | nindent 8 }}
+      {{- with .Values.executorPod.extraEnv }}
+      # Spark adds its own variables after these.
+      env:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       volumeMounts:
         - name: tmp
           mountPath: /tmp
@@ -143,6 +219,9 @@ spec:
           mountPath: {{ include "queue-worker.tlsDir" . }}
           readOnly: true
         {{- end }}
+        {{- with .Values.executorPod.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir: {}
@@ -152,5 +231,8 @@ spec:
     - name: kafka-tls
       secret:
         secretName: {{ .Values.kafka.tlsSecret.name | quote }}
+    {{- end }}
+    {{- with .Values.executorPod.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end -}}
