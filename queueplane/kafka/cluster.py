@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import (
@@ -54,6 +54,7 @@ _INHERITED = {
 
 
 AclKey = tuple[str, str, str, str, bool]  # principal, resource, name, operation, prefixed
+_Binding = TypeVar("_Binding", bound=AclBinding)  # an ACL to create, or a filter matching exactly it
 
 
 @dataclass(frozen=True)
@@ -283,11 +284,7 @@ class Cluster:
         found: set[AclKey] = set()
         futures = []  # all in flight at once
         for principal in sorted(set(principals)) or ["User:ANONYMOUS"]:
-            wanted = AclBindingFilter(
-                ResourceType.ANY, None, ResourcePatternType.ANY, principal, None, AclOperation.ANY,
-                AclPermissionType.ALLOW,
-            )  # fmt: skip
-            futures.append(self.admin.describe_acls(wanted, request_timeout=REQUEST_TIMEOUT_S))
+            futures.append(self.admin.describe_acls(_allows_of(principal), request_timeout=REQUEST_TIMEOUT_S))
         for future in futures:
             try:
                 bindings = future.result()
@@ -329,14 +326,14 @@ class Cluster:
     def change_acls(self, create: list[AclKey], delete: list[AclKey]) -> dict[AclKey, str | None]:
         """Create and delete ALLOW ACLs; per ACL, the error or None."""
         outcomes: dict[AclKey, str | None] = {}
-        for keys, kind, request in (
-            (create, AclBinding, self.admin.create_acls),
-            (delete, AclBindingFilter, self.admin.delete_acls),
-        ):
-            if keys:
-                bindings = {_binding(k, kind): k for k in keys}
-                futures = request(list(bindings), request_timeout=REQUEST_TIMEOUT_S)
-                outcomes.update({bindings[b]: outcome for b, outcome in _outcomes(futures).items()})
+        if create:
+            bindings = {_binding(k, AclBinding): k for k in create}
+            made = self.admin.create_acls(list(bindings), request_timeout=REQUEST_TIMEOUT_S)
+            outcomes.update({bindings[b]: outcome for b, outcome in _outcomes(made).items()})
+        if delete:
+            filters = {_binding(k, AclBindingFilter): k for k in delete}
+            deleted = self.admin.delete_acls(list(filters), request_timeout=REQUEST_TIMEOUT_S)
+            outcomes.update({filters[f]: outcome for f, outcome in _outcomes(deleted).items()})
         return outcomes
 
     def create_partitions(self, increases: list[NewPartitions], validate_only: bool) -> dict[str, str | None]:
@@ -373,7 +370,24 @@ class Cluster:
         return {resource.name: outcome for resource, outcome in _outcomes(futures).items()}
 
 
-def _binding(key: AclKey, kind: type[AclBinding] = AclBinding) -> AclBinding:
+def _allows_of(principal: str) -> AclBindingFilter:
+    """A filter matching every ALLOW ACL of ``principal``, on any resource from any host.
+
+    None is AclBindingFilter's wildcard for the resource name and the host, as confluent-kafka
+    documents the class, though its annotations type both as ``str``: hence the two ignores.
+    """
+    return AclBindingFilter(
+        ResourceType.ANY,
+        None,  # type: ignore[arg-type]
+        ResourcePatternType.ANY,
+        principal,
+        None,  # type: ignore[arg-type]
+        AclOperation.ANY,
+        AclPermissionType.ALLOW,
+    )
+
+
+def _binding(key: AclKey, kind: type[_Binding]) -> _Binding:
     """The ALLOW binding from any host for ``key``; ``kind`` AclBindingFilter matches exactly it."""
     principal, resource, name, operation, prefixed = key
     return kind(

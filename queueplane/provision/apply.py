@@ -127,8 +127,9 @@ def _step_requests(plan: Plan) -> list[tuple[str, list[Change], Callable[[Cluste
         refused = unrecorded(cluster.record_acls(records(True)), "recording the queue's ACLs failed")
         if refused:
             return refused
+        acls = {_key(a): a for a in (*create, *delete)}
         changed = cluster.change_acls([_key(a) for a in create], [_key(a) for a in delete])
-        outcomes = {Acl(*key).describe(): error for key, error in changed.items()}
+        outcomes = {acls[key].describe(): error for key, error in changed.items()}
         if any(outcomes.values()):
             return outcomes
         return {**outcomes, **unrecorded(cluster.record_acls(records(False)), "applied, but not recorded")}

@@ -7,13 +7,13 @@ without a broker and ``apply`` executes exactly what ``plan`` showed.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, TypeGuard, get_args
 
 from queueplane.errors import PlanRefused
 from queueplane.kafka import names as kn
-from queueplane.kafka.cluster import LiveConfig, LiveState
+from queueplane.kafka.cluster import AclKey, LiveConfig, LiveState
 from queueplane.kafka.owners import Owner
-from queueplane.provision.acls import Acl, AclChanges, acl_changes, wanted_acls
+from queueplane.provision.acls import Acl, AclChanges, Operation, Resource, acl_changes, wanted_acls
 from queueplane.spec.model import QueueSpec, TopicSpec
 
 Action = Literal["create", "adopt", "change", "delete", "refuse"]
@@ -24,6 +24,8 @@ SYMBOLS: dict[str, str] = {"create": "+", "adopt": "=", "change": "~", "delete":
 TOPIC_KINDS: frozenset[str] = frozenset({"topic", "partitions", "replication", "topic-config"})
 GROUP_KINDS: frozenset[str] = frozenset({"group", "group-config", "acl"})
 Role = Literal["queue", "dead-letter", "markers", "output"]
+_RESOURCES: frozenset[str] = frozenset(get_args(Resource))  # the resources and operations of queueplane's ACLs
+_OPERATIONS: frozenset[str] = frozenset(get_args(Operation))
 
 
 @dataclass(frozen=True)
@@ -459,6 +461,25 @@ def _plan_foreign_output(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
     plan.changes.append(Change("refuse", "topic", topic, queue.source, reason=reason))
 
 
+def _is_resource(name: str) -> TypeGuard[Resource]:
+    return name in _RESOURCES
+
+
+def _is_operation(name: str) -> TypeGuard[Operation]:
+    return name in _OPERATIONS
+
+
+def _known_acls(keys: set[AclKey]) -> set[Acl]:
+    """The live ACLs in the words queueplane grants in. The others (another operation, such as
+    ALL or DESCRIBE, or another resource) are someone else's: never wanted, so never created or
+    deleted, nor recorded, so left as they are."""
+    return {
+        Acl(principal, resource, name, operation, prefixed)
+        for principal, resource, name, operation, prefixed in keys
+        if _is_resource(resource) and _is_operation(operation)
+    }
+
+
 def _plan_acls(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
     wanted = wanted_acls(queue)
     recorded = {Acl(**a) for a in live.acl_records.get(queue.owner, [])}
@@ -468,7 +489,7 @@ def _plan_acls(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
         reason = "the cluster has no authorizer (authorizer.class.name): spec.access cannot be enforced"
         plan.changes.append(Change("refuse", "acl", queue.owner, queue.source, reason=reason))
         return
-    changes = acl_changes(wanted, {Acl(*key) for key in live.acls}, recorded)
+    changes = acl_changes(wanted, _known_acls(live.acls), recorded)
     for acl in changes.create:
         drift = "made by queueplane, deleted since (drift)" if acl in changes.drifted else ""
         plan.changes.append(Change("create", "acl", acl.describe(), queue.source, reason=drift))
