@@ -56,7 +56,7 @@ class HelmDeployOperator(BaseOperator):
     application (the DAG factory finds them), since the release runs exactly the queues it is given.
     """
 
-    template_fields: Sequence[str] = ("kubernetes_conn_id", "deploy", "dry_run")
+    template_fields: Sequence[str] = ("kubernetes_conn_id", "deploy", "dry_run_switch")
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -79,7 +79,7 @@ class HelmDeployOperator(BaseOperator):
         self.application_specs = list(application_specs)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.deploy = deploy
-        self.dry_run = dry_run
+        self.dry_run_switch = dry_run
         self.helm_timeout_s = helm_timeout_s
 
     def execute(self, context: Any) -> dict[str, str]:
@@ -100,7 +100,7 @@ class HelmDeployOperator(BaseOperator):
                 len(rendered.objects),
                 rendered.manifests,
             )
-            if switched_on(self.dry_run):
+            if switched_on(self.dry_run_switch):
                 raise AirflowSkipException(f"dry run: release {rendered.release} rendered and validated, not deployed")
             hook = kubernetes_hook(self.kubernetes_conn_id)
             if hook is None:

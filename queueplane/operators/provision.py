@@ -26,7 +26,11 @@ from queueplane.spec.model import QueueSpec
 
 
 def switched_on(value: bool | str) -> bool:
-    """A templated switch (``"{{ params.dry_run }}"``) as it renders: a bool, or its text."""
+    """A templated switch (``"{{ params.dry_run }}"``) as it renders: a bool, or its text.
+
+    The operators take the switch as ``dry_run`` (the trigger form's name for it) and keep it as
+    ``dry_run_switch``: an attribute ``dry_run`` would hide ``BaseOperator.dry_run()``.
+    """
     return str(value).lower() == "true"
 
 
@@ -109,13 +113,13 @@ class PlanQueueOperator(_SpecOperator):
 class _ApplyOperator(_SpecOperator):
     """Apply one part of the plan; ``dry_run`` shows that part and ends skipped."""
 
-    template_fields: Sequence[str] = (*_SpecOperator.template_fields, "dry_run")
+    template_fields: Sequence[str] = (*_SpecOperator.template_fields, "dry_run_switch")
     kinds: frozenset[str] = frozenset()
     part = ""
 
     def __init__(self, *, dry_run: bool | str = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.dry_run = dry_run
+        self.dry_run_switch = dry_run
 
     def execute(self, context: Any) -> dict[str, object]:
         with task_errors():
@@ -124,7 +128,7 @@ class _ApplyOperator(_SpecOperator):
             part = planned.plan.only(self.kinds)
             self.log.info("Plan (%s):\n%s", self.part, plan_text(part))
             part.raise_if_refused()
-            dry = switched_on(self.dry_run)
+            dry = switched_on(self.dry_run_switch)
             if dry and part.changes:
                 raise AirflowSkipException(f"dry run: {len(part.changes)} {self.part} change(s) not applied")
             if part.changes:
@@ -132,8 +136,9 @@ class _ApplyOperator(_SpecOperator):
                 def on_step(title: str, count: int) -> None:
                     self.log.info("%s%s", title, f" ({count})" if count else "")
 
-                report = steps.apply(planned, on_step, kinds=self.kinds).as_dict()
-                self.log.info("Applied %d %s change(s).", len(report["applied"]), self.part)
+                applied = steps.apply(planned, on_step, kinds=self.kinds)
+                self.log.info("Applied %d %s change(s).", len(applied.applied), self.part)
+                report = applied.as_dict()
             else:
                 self.log.info("No %s changes.", self.part)
                 report = ApplyReport().as_dict()

@@ -63,7 +63,7 @@ def _master(conn_id: str) -> tuple[str, StandaloneDrivers]:
 class SparkSubmitDeployOperator(BaseOperator):
     """Submit the queue's worker to the Spark cluster of ``spark_conn_id``; stop the one it replaces."""
 
-    template_fields: Sequence[str] = ("spark_conn_id", "kafka_conn_id", "deploy", "dry_run")
+    template_fields: Sequence[str] = ("spark_conn_id", "kafka_conn_id", "deploy", "dry_run_switch")
     ui_color = "#fdf0e0"
 
     def __init__(
@@ -83,7 +83,7 @@ class SparkSubmitDeployOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
         self.kafka_conn_id = kafka_conn_id
         self.deploy = deploy
-        self.dry_run = dry_run
+        self.dry_run_switch = dry_run
         self.run_choices = None if run_choices is None else tuple(run_choices)
         self.settings_variable = settings_variable
         self._hook: SparkSubmitHook | None = None
@@ -99,7 +99,7 @@ class SparkSubmitDeployOperator(BaseOperator):
             plan = submission(queue, kafka_target(self.kafka_conn_id), settings)
             master, drivers = _master(self.spark_conn_id)
             self.log.info("Submission of %s/%s:\n%s", queue.team, queue.name, " ".join(plan.command(master)))
-            if switched_on(self.dry_run):
+            if switched_on(self.dry_run_switch):
                 raise AirflowSkipException("dry run: the submission is above, nothing submitted")
             previous = Variable.get(driver_variable(queue), default=None, deserialize_json=True)
             if previous:
