@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
@@ -16,6 +16,11 @@ from jsonschema.exceptions import ValidationError
 from queueplane.errors import Problem
 from queueplane.spec.files import SpecFile, pointer
 from queueplane.spec.schema import SCHEMA_FILE_NAME, load_schema, subschema_at
+
+if TYPE_CHECKING:
+    from jsonschema._utils import Unset  # what the stubs say an error's unset field holds
+
+_T = TypeVar("_T")
 
 
 def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
@@ -57,20 +62,28 @@ _TYPE_WORDS = {
 }
 
 
+def _given(value: _T | Unset) -> _T:
+    """A field of a ValidationError that ``iter_errors`` yielded: the validator's keyword, its value
+    in the schema, and the instance. Every error a validator yields has them; jsonschema types them
+    ``| Unset`` for an error constructed without them, which this module never sees."""
+    return cast(_T, value)
+
+
 def _schema_error_problems(error: ValidationError, spec: SpecFile, name: str) -> list[Problem]:
     """Turn one jsonschema error into messages a team can act on, with the field's pointer."""
     path = list(error.absolute_path)
     ptr = pointer(path)
-    kind, expected, instance, schema = error.validator, error.validator_value, error.instance, error.schema
-    custom = schema.get("errorMessage") if isinstance(schema, dict) else None
+    kind, expected, instance = _given(error.validator), _given(error.validator_value), _given(error.instance)
+    schema = error.schema if isinstance(error.schema, dict) else {}  # a bool schema has no fields
+    custom = schema.get("errorMessage")
 
     if kind == "additionalProperties" and isinstance(instance, dict):
         known = sorted((schema.get("properties") or {}).keys())
         problems = []
         for key in sorted(set(instance) - set(known), key=str):
             close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-            hint = f'did you mean "{close[0]}"?' if close else f"known fields here: {', '.join(known)}"
-            problems.append(spec.problem(pointer([*path, key]), f'unknown field "{key}"', hint))
+            suggestion = f'did you mean "{close[0]}"?' if close else f"known fields here: {', '.join(known)}"
+            problems.append(spec.problem(pointer([*path, key]), f'unknown field "{key}"', suggestion))
         return problems
     if kind == "required" and isinstance(instance, dict):
         missing = [k for k in expected if k not in instance]
@@ -91,7 +104,7 @@ def _schema_error_problems(error: ValidationError, spec: SpecFile, name: str) ->
     if kind == "const":
         return [spec.problem(ptr, f"must be {_show(expected)}; got {_show(instance)}")]
     if kind == "type":
-        wanted = expected if isinstance(expected, list) else [expected]
+        wanted: list[str] = expected if isinstance(expected, list) else [expected]
         words = " or ".join(_TYPE_WORDS.get(w, w) for w in wanted)
         detail = f"must be {words}; got {_show(instance)}"
         if custom and "string" in wanted:
@@ -114,8 +127,9 @@ def _schema_error_problems(error: ValidationError, spec: SpecFile, name: str) ->
 def schema_problems(spec: SpecFile, name: str = SCHEMA_FILE_NAME) -> list[Problem]:
     """Every place the file breaks its schema (the queue spec's unless ``name`` says another)."""
     problems: list[Problem] = []
-    errors = _validator(name).iter_errors(spec.data)
-    errors = sorted(errors, key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    errors = sorted(
+        _validator(name).iter_errors(spec.data), key=lambda e: (list(map(str, e.absolute_path)), e.validator)
+    )
     for error in errors:
         problems.extend(_schema_error_problems(error, spec, name))
     # One field can fail two keywords (type and pattern); keep one line per pointer and message.
