@@ -150,8 +150,8 @@ class AloneWrites:
             reports: list[Any] = []
             try:
                 produce(producer, record, lambda err, _msg: reports.append(err), serve=True, partition=partition)
-            except InvalidOutput as why:  # refused by the client before it was sent: alone already
-                return why
+            except InvalidOutput as refused:  # refused by the client before it was sent: alone already
+                return refused
             if producer.flush(DELIVERY_TIMEOUT_S) or not reports:
                 raise RuntimeError(f"a write to {topic} was not acknowledged within {DELIVERY_TIMEOUT_S:.0f}s")
         error = reports[0]

@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import repeat
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "Reject",
     "Retry",
     "load_handler",
+    "load_hook",
     "outputs_of",
 ]
 
@@ -76,6 +77,15 @@ _set_message = MessageRecord._message.__set__  # type: ignore[attr-defined]
 
 def load_handler(reference: str, search_paths: Iterable[str] = ()) -> Handler:
     """Import ``module:function``; ``search_paths`` (the spec's folder) come before sys.path."""
+    return _load_callable(reference, search_paths)
+
+
+def load_hook(reference: str, search_paths: Iterable[str] = ()) -> Hook:
+    """Import a ``processing.setup`` or ``processing.teardown`` as ``load_handler`` imports a handler."""
+    return _load_callable(reference, search_paths)
+
+
+def _load_callable(reference: str, search_paths: Iterable[str]) -> Callable[..., Any]:
     module_name, _, function_name = reference.partition(":")
     for path in reversed(list(search_paths)):
         if path not in sys.path:
@@ -109,11 +119,11 @@ class ProcessHooks:
 
     @classmethod
     def load(cls, setup: str | None, teardown: str | None, search_paths: Iterable[str] = ()) -> ProcessHooks:
-        """The hooks named ``module:function``, imported as handlers are (``load_handler``)."""
+        """The hooks named ``module:function``, imported as handlers are (``load_hook``)."""
         paths = list(search_paths)
         return cls(
-            load_handler(setup, paths) if setup else None,
-            load_handler(teardown, paths) if teardown else None,
+            load_hook(setup, paths) if setup else None,
+            load_hook(teardown, paths) if teardown else None,
             (setup or "", teardown or ""),
         )
 

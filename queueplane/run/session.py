@@ -72,8 +72,12 @@ def spark_session(runtimes: list[QueueRuntime], app_name: str) -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     # The driver's JVM may already run (spark-submit starts it before this code): set them there.
-    for key, value in kafka_properties.items():
-        spark.sparkContext._jvm.java.lang.System.setProperty(key, value)
+    if kafka_properties:
+        jvm = spark.sparkContext._jvm
+        if jvm is None:  # the gateway getOrCreate started or joined is there until the context stops
+            raise RuntimeError("the Spark session has no JVM gateway: its context was stopped")
+        for key, value in kafka_properties.items():
+            jvm.java.lang.System.setProperty(key, value)
     return spark
 
 

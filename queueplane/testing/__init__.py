@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from queueplane.handler_api import Handler, InvalidOutput, Record, Reject, outputs_of
+from queueplane.handler_api import Handler, Hook, InvalidOutput, Record, Reject, outputs_of
 from queueplane.run.dead_letters import Failure, dlq_headers
-from queueplane.run.handler import ProcessHooks, load_handler
+from queueplane.run.handler import ProcessHooks, load_handler, load_hook
 from queueplane.run.outputs import output_record
 
 __all__ = [
@@ -232,8 +232,8 @@ class HandlerRunner:
         lock_duration_s: float = 30.0,
         delivery_limit: int = 5,
         output_topic: str | None = None,
-        setup: Any = None,
-        teardown: Any = None,
+        setup: Hook | str | None = None,
+        teardown: Hook | str | None = None,
         search_paths: Iterable[str] = (),
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ):
@@ -248,7 +248,7 @@ class HandlerRunner:
         self.delivery_limit = delivery_limit
         self.output_topic = output_topic
         self.max_record_bytes = max_record_bytes
-        hooks = [load_handler(h, paths) if isinstance(h, str) else h for h in (setup, teardown)]
+        hooks = [load_hook(h, paths) if isinstance(h, str) else h for h in (setup, teardown)]
         names = tuple(h if isinstance(h, str) else getattr(h, "__qualname__", "") for h in (setup, teardown))
         self.hooks = ProcessHooks(hooks[0], hooks[1], (str(names[0] or ""), str(names[1] or "")))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TypedDict, Unpack
 
 from queueplane.spec.model import QueueSpec
 
@@ -80,8 +81,19 @@ class Decision:
     lag_seconds: float | None = None
 
 
-def policy_for(queue: QueueSpec, cap: int | None = None, **overrides: float) -> ScalingPolicy:
-    """The policy of a queue's spec: autoscaling bounds and target, and the runtime's executor cap."""
+class Tuning(TypedDict, total=False):
+    """What a worker's flags may set of a policy beyond its spec (``ScalingPolicy``'s fields)."""
+
+    interval_s: float
+    up_cooldown_s: float
+    down_cooldown_s: float
+    headroom: float
+    down_margin: float
+
+
+def policy_for(queue: QueueSpec, cap: int | None = None, **overrides: Unpack[Tuning]) -> ScalingPolicy:
+    """The policy of a queue's spec: autoscaling bounds and target, and the runtime's executor cap;
+    ``overrides`` tune the rest."""
     return replace(
         ScalingPolicy(queue.min_executors, queue.max_executors, float(queue.target_lag_seconds), cap), **overrides
     )
