@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from queueplane.kafka import clients
+from queueplane.kafka.consumed import offset_of
 from queueplane.kafka.names import CLEANUP_POLICY
 from queueplane.kafka.target import KafkaTarget
 
@@ -80,7 +81,7 @@ def read_records(target: KafkaTarget) -> dict[str, dict[str, Any]]:
                 if error.code() == KafkaError._PARTITION_EOF:
                     break
                 raise KafkaException(error)
-            position = message.offset() + 1
+            position = offset_of(message) + 1
             key = (message.key() or b"").decode()
             value = message.value()
             if value is None:

@@ -21,6 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPart
 from queueplane.errors import QueueplaneError, UsageError
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
+from queueplane.kafka.consumed import headers_of, offset_of, partition_of, topic_of
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run import dead_letters as dlq
@@ -29,6 +30,7 @@ from queueplane.spec.model import QueueSpec, TopicSpec
 TXN_TIMEOUT_S = 60.0
 BATCH_S = 1.0  # a redrive transaction spans at most this long (and at most one second of --rate)
 IDLE_END_S = 3.0  # nothing more arrives before the end offsets: transaction markers end the log
+ANY_PARTITION = -1  # produce()'s default: the producer's partitioner chooses, by key
 
 
 def redrive_group(queue: QueueSpec) -> str:
@@ -64,7 +66,7 @@ def _int(value: str | None) -> int | None:
 
 
 def dead_letter(message: Message) -> DeadLetter:
-    headers = {k: _text(v) or "" for k, v in message.headers() or []}
+    headers = {k: _text(v) or "" for k, v in headers_of(message)}
     source = None
     if dlq.HEADER_SOURCE_TOPIC in headers:
         source = "/".join(
@@ -72,8 +74,8 @@ def dead_letter(message: Message) -> DeadLetter:
             for h in (dlq.HEADER_SOURCE_TOPIC, dlq.HEADER_SOURCE_PARTITION, dlq.HEADER_SOURCE_OFFSET)
         )
     return DeadLetter(
-        partition=message.partition(),
-        offset=message.offset(),
+        partition=partition_of(message),
+        offset=offset_of(message),
         key=_text(message.key()),
         timestamp_ms=message.timestamp()[1],
         source=source,
@@ -100,7 +102,7 @@ def parse_where(items: list[str]) -> list[tuple[str, str]]:
 
 
 def matches(message: Message, filters: list[tuple[str, str]]) -> bool:
-    headers = {k: _text(v) for k, v in message.headers() or []}
+    headers = {k: _text(v) for k, v in headers_of(message)}
     for name, value in filters:
         actual = _text(message.key()) if name == "key" else headers.get(name, headers.get(f"queueplane.{name}"))
         if actual != value:
@@ -119,7 +121,7 @@ class _DlqReader:
         )
         partitions = range(queue.dead_letter.partitions)
         committed = {} if from_start else fetch_committed(self.consumer, self.topic, partitions)
-        self.start = {p: committed.get(p) if committed.get(p) is not None else OFFSET_BEGINNING for p in partitions}
+        self.start = {p: _or_beginning(committed.get(p)) for p in partitions}
         marks = {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=15) for p in partitions}
         self.ends = {p: marks[p][1] for p in partitions}
         self.position = {p: o if o >= 0 else marks[p][0] for p, o in self.start.items()}
@@ -139,13 +141,14 @@ class _DlqReader:
                 continue
             if message.error():
                 continue
-            p = message.partition()
+            p = partition_of(message)
             if p not in self.open:
                 continue
-            if message.offset() >= self.ends[p]:
+            offset = offset_of(message)
+            if offset >= self.ends[p]:
                 self.open.discard(p)
                 continue
-            self.position[p] = message.offset() + 1
+            self.position[p] = offset + 1
             if self.position[p] >= self.ends[p]:
                 self.open.discard(p)
             return message
@@ -156,6 +159,11 @@ class _DlqReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _or_beginning(committed: int | None) -> int:
+    """Where the redrive group reads a partition from: its commit, else the log's start."""
+    return OFFSET_BEGINNING if committed is None else committed
 
 
 def pending_by_offsets(target: KafkaTarget, queue: QueueSpec) -> int:
@@ -232,7 +240,7 @@ class RedriveReport:
         return asdict(self)
 
 
-def _redriven(message: Message, source: TopicSpec) -> tuple[bool, int | None, list[tuple[str, bytes]]]:
+def _redriven(message: Message, source: TopicSpec) -> tuple[bool, int | None, list[tuple[str, str | bytes | None]]]:
     """How a DLQ record goes back to the queue's topic: whether its source header names another
     topic, the partition it came from (kept when it is the queue's), and its headers with the
     failure's removed and the redrive's added.
@@ -240,7 +248,7 @@ def _redriven(message: Message, source: TopicSpec) -> tuple[bool, int | None, li
     Headers are data anyone who can write to the DLQ controls, so they never choose the topic:
     a redrive writes only to the spec's own topic, with the platform's credentials.
     """
-    headers = list(message.headers() or [])
+    headers = headers_of(message)
     values = {k: _text(v) for k, v in headers}
     named = values.get(dlq.HEADER_SOURCE_TOPIC)
     elsewhere = named is not None and named != source.name
@@ -249,7 +257,7 @@ def _redriven(message: Message, source: TopicSpec) -> tuple[bool, int | None, li
         partition = None
     count = (_int(values.get(dlq.HEADER_REDRIVE_COUNT)) or 0) + 1
     kept = [(k, v or b"") for k, v in headers if k not in dlq.DLQ_HEADERS and k not in dlq.REDRIVE_HEADERS]
-    origin = f"{message.topic()}/{message.partition()}/{message.offset()}".encode()
+    origin = f"{topic_of(message)}/{partition_of(message)}/{offset_of(message)}".encode()
     added = [(dlq.HEADER_REDRIVE_FROM, origin), (dlq.HEADER_REDRIVE_COUNT, str(count).encode())]
     return elsewhere, partition, [*kept, *added]
 
@@ -292,8 +300,13 @@ def redrive(
                     report.kept += 1
                 else:
                     elsewhere, partition, headers = _redriven(message, queue.topic)
-                    kwargs = {"partition": partition} if partition is not None else {}
-                    producer.produce(queue.topic.name, message.value(), message.key(), headers=headers, **kwargs)
+                    producer.produce(
+                        queue.topic.name,
+                        message.value(),
+                        message.key(),
+                        ANY_PARTITION if partition is None else partition,
+                        headers=headers,
+                    )
                     report.moved += 1
                     report.other_source += elsewhere
                 sent += 1
