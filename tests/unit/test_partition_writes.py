@@ -17,7 +17,7 @@ from queueplane.run.crash_journal import CrashJournal
 from queueplane.run.dead_letters import HEADER_PARKED
 from queueplane.run.failed_writes import AloneWrites, FailedWrites
 from queueplane.run.handler import InvalidOutput, Record
-from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED, Outcome
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED, Outcome, each_record
 
 
 class Producer:
@@ -88,6 +88,11 @@ def _task(process: SimpleNamespace, count: int) -> PartitionTask:
     return task
 
 
+def _outcomes(task: PartitionTask) -> dict[int, str]:
+    """Each record's outcome, by offset, as the rows the task shows say (the accepted in runs)."""
+    return {offset: outcome for block in task.drain() for _, offset, _, outcome in each_record(block)}
+
+
 def _alone(task: PartitionTask, refused: set[tuple[str, bytes]]) -> AloneProducer:
     """The task writes its suspects again alone to a stand-in that refuses ``refused``."""
     producer = AloneProducer(refused)
@@ -103,7 +108,7 @@ def test_a_refused_output_turns_its_own_record_into_a_dead_letter_at_the_commit(
     process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"value-3"))
     assert task.commit(5)
     assert alone.written == [("q.out", b"k", b"value-3")], "written again alone before it was turned"
-    rows = {row.offset: row.outcome for row in task.drain()}
+    rows = _outcomes(task)
     assert rows == {0: ACCEPTED, 1: ACCEPTED, 2: ACCEPTED, 3: DEAD_LETTERED, 4: ACCEPTED}
     dead = [w for w in process.producer.written if w[0] == "q.dlq"]
     assert [value for _, _, value in dead] == [b"value-3"], "the dead letter carries the record"
@@ -119,7 +124,7 @@ def test_an_output_refused_with_its_batch_but_taken_alone_leaves_its_record_acce
     for offset in (1, 3):
         process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"value-%d" % offset))
     assert task.commit(5)
-    rows = {row.offset: row.outcome for row in task.drain()}
+    rows = _outcomes(task)
     assert rows == {0: ACCEPTED, 1: ACCEPTED, 2: ACCEPTED, 3: DEAD_LETTERED, 4: ACCEPTED}
     assert alone.written == [("q.out", b"k", b"value-1"), ("q.out", b"k", b"value-3")]
     dead = [w for w in process.producer.written if w[0] == "q.dlq"]
@@ -147,8 +152,22 @@ def test_another_tasks_refusal_is_left_for_it_and_costs_this_one_nothing(tmp_pat
     task = _task(process, 3)
     process.failed_writes(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported("q.out", b"k", b"not-ours"))
     assert task.commit(3)
-    assert {row.outcome for row in task.drain()} == {ACCEPTED}
+    assert set(_outcomes(task).values()) == {ACCEPTED}
     assert process.failed_writes.refusals == 1 and process.commits == [3]
+
+
+def test_records_settled_one_by_one_are_shown_with_the_quick_ones_and_not_kept_past_their_commit(tmp_path):
+    """A record accepted after a retry settles on its own, with its outputs kept until its commit:
+    shown beside the quick path's runs, and let go once committed."""
+    process = _process(tmp_path)
+    task = _task(process, 3)
+    again = Record(b"k", b"value-3", (), "q", 0, 3, 2, 0)  # its second delivery, accepted
+    task.tracker.add([3])
+    task.settle(again, ACCEPTED, None, [("q.out", b"k", b"value-3", [])], 1.0, 1)
+    assert list(task._written) == [3], "kept: the broker may still refuse its output"
+    assert task.commit(4)
+    assert _outcomes(task) == {0: ACCEPTED, 1: ACCEPTED, 2: ACCEPTED, 3: ACCEPTED}
+    assert task._written == {}, "committed: nothing of it is kept"
 
 
 def test_a_write_that_failed_otherwise_fails_the_task_before_it_commits(tmp_path):

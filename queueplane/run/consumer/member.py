@@ -50,7 +50,7 @@ from queueplane.run.consumer.process import ConsumerSettings, WorkerProcess
 from queueplane.run.consumer.unreported import Unreported
 from queueplane.run.crash_journal import journal_folder
 from queueplane.run.handler import Record
-from queueplane.run.outcomes import DELIVERY_TIMEOUT_S, SKIPPED, Outcome
+from queueplane.run.outcomes import DELIVERY_TIMEOUT_S, SKIPPED, Outcome, OutcomeColumns, columns_of
 from queueplane.run.processes import PerProcess
 
 log = logging.getLogger("queueplane.worker")
@@ -79,7 +79,7 @@ class GroupMember:
         self.topic = settings.topic
         self.unreported = Unreported(journal_folder(settings.group_id))
         self._lock = threading.Lock()
-        self._rows: list[Outcome] = []  # committed, not yet collected by a slice
+        self._rows: list[OutcomeColumns] = []  # rows of what was committed, not yet collected by a slice
         self._tokens: list[int] = []  # the notes (unreported.py) that count those rows
         self._collect_due = False
         self._error: BaseException | None = None
@@ -102,7 +102,7 @@ class GroupMember:
         self._failing = False
 
     # -- the slices (a micro-batch task's thread) ------------------------------------------
-    def run_batch(self, final: bool = False) -> list[Outcome]:
+    def run_batch(self, final: bool = False) -> list[OutcomeColumns]:
         """Renew the lease for one time slice and return the rows committed meanwhile; ``final``
         drains instead: every task finishes and commits, the member leaves the group, and the
         rows of all of it come back."""
@@ -123,7 +123,7 @@ class GroupMember:
         if error is not None:
             raise MemberFailed(f"the group member of {self.settings.queue} failed: {error}") from error
 
-    def _take(self) -> list[Outcome]:
+    def _take(self) -> list[OutcomeColumns]:
         with self._lock:
             rows, self._rows = self._rows, []
             tokens, self._tokens = self._tokens, []
@@ -179,7 +179,7 @@ class GroupMember:
     def _unleased_long(self) -> bool:
         return self._lease_until < time.monotonic() - IDLE_LEAVE_S
 
-    def _rows_added(self, noted: tuple[list[Outcome], list[int]]) -> None:
+    def _rows_added(self, noted: tuple[list[OutcomeColumns], list[int]]) -> None:
         rows, tokens = noted
         if not rows and not tokens:
             return
@@ -494,7 +494,7 @@ class GroupMember:
         ]
         if rows:
             log.info("%s: %d rows a dead process committed and never reported: skipped", self.settings.queue, len(rows))
-            self._rows_added((rows, []))
+            self._rows_added(([columns_of(rows)], []))
 
     def _assigned_cb(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         self.process.journal.collect()  # a process that died in a call of these partitions

@@ -35,7 +35,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, cast
 
 from confluent_kafka import TopicPartition
 
@@ -52,10 +53,14 @@ from queueplane.run.outcomes import (
     RELEASED,
     SKIPPED,
     Outcome,
+    OutcomeColumns,
     ProducedRecord,
+    accepted_runs,
+    columns_of,
     dead_letter_record,
     error_text,
     is_parked,
+    joined_columns,
     parked_record,
     produce,
     refused_write,
@@ -67,6 +72,12 @@ log = logging.getLogger("queueplane.worker")
 
 WATCH_INTERVAL_S = 0.05
 MAX_CACHED_KEYS = 100_000
+
+# What the offset tracker holds for a completed record at-least-once: a slot's ``Done`` (a plain
+# tuple) for one accepted on the quick path, kept as it came so that no outcome is made per
+# record; an ``Outcome`` for any other.
+Settled = Done | Outcome
+_RECORD, _LATENCY, _INFLIGHT = itemgetter(0), itemgetter(2), itemgetter(3)
 
 
 @dataclass(slots=True)
@@ -98,7 +109,8 @@ class PartitionTask:
         self.settings = s = process.settings
         self.topic, self.partition = topic, partition
         self.tracker = ContiguousOffsets()
-        self._outcomes: list[Outcome] = []
+        self._outcomes: list[OutcomeColumns] = []  # the rows of committed records, shown
+        self._reported: list[Outcome] = []  # outcomes shown at once (skipped, released for a retry)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._pending: list[TxnWrites] = []  # exactly-once: released records awaiting the next transaction
@@ -107,10 +119,11 @@ class PartitionTask:
         # committed; and the offsets parked, whose rows say so once they are shown.
         self._unparked: list[tuple[Record, ProducedRecord, str]] = []
         self._parked: dict[int, Failure] = {}
-        # At-least-once: rows of records released from the tracker, shown once their writes are
-        # acknowledged; records whose outputs went to the producer, by offset, with the outputs,
-        # until their rows are committed (the broker may refuse one until then).
-        self._awaiting: list[Outcome] = []
+        # At-least-once: records released from the tracker, shown once their writes are
+        # acknowledged; records settled one by one whose outputs went to the producer, by offset,
+        # with the outputs, until they are committed (the broker may refuse one until then; a
+        # quick path's ``Done`` carries its outputs itself).
+        self._awaiting: list[Settled] = []
         self._written: dict[int, tuple[Record, list[ProducedRecord]]] = {}
         self._write_errors = process.failed_writes.errors  # failures before this task are not its own
         self.alone = alone_writes(s.kafka)  # suspects written again, each in a batch of its own
@@ -227,7 +240,7 @@ class PartitionTask:
     def report(self, record: Record, outcome: str, failure: Failure | None, latency_ms: float, inflight: int) -> None:
         row = Outcome.of(record, outcome, failure, latency_ms, inflight)
         with self._lock:
-            self._outcomes.append(row)
+            self._reported.append(row)
 
     def settle(
         self,
@@ -288,15 +301,10 @@ class PartitionTask:
         return True
 
     def settled(self, done: list[Done]) -> None:
-        """Records a slot accepted on its quick path, their outputs with the producer: their rows,
-        the records kept until their rows are committed, their offsets complete, all at once."""
-        accepted = Outcome.accepted
-        rows = [accepted(record, latency_ms, inflight) for record, _, latency_ms, inflight in done]
-        written = self._written
-        for record, produced, _, _ in done:
-            if produced:
-                written[record.offset] = (record, produced)
-        self.tracker.complete_many([record.offset for record, _, _, _ in done], rows)
+        """Records a slot accepted on its quick path, their outputs with the producer: their
+        offsets complete, all at once, each with its ``Done`` as it came (its record, outputs,
+        latency and calls in flight: what its row and a refused output need)."""
+        self.tracker.complete_many([record.offset for record, _, _, _ in done], done)
 
     def _write_dead_letter(self, record: Record, dead: ProducedRecord) -> None:
         """A DLQ record, with a callback of its own (dead letters are few). One the DLQ refuses
@@ -366,9 +374,7 @@ class PartitionTask:
                     f"DLQ write failed for {record.topic}[{record.partition}]@{record.offset} ({entry.refused}): "
                     f"parked at the end of {record.topic}[{record.partition}] until the DLQ takes it",
                 )
-        rows = [entry.row for entry in pending]
-        with self._lock:
-            self._outcomes.extend(rows)
+        self._show(columns_of([entry.row for entry in pending]))
 
     def _turn_refused(self, entry: TxnWrites, why: InvalidOutput) -> None:
         """A record of ``entry`` was refused in its transaction, which is written again: what the
@@ -398,17 +404,30 @@ class PartitionTask:
         entry.produced = [dead]
         entry.row = Outcome.of(record, DEAD_LETTERED, failure, row.latency_ms, row.inflight)
 
-    def _shown(self, rows: list[Outcome]) -> list[Outcome]:
-        """Rows about to be shown; those of parked records say where their dead letters went."""
-        if not self._parked:
-            return rows
-        parked = self._parked
-        return [
-            row._replace(outcome=RELEASED, error=error_text(parked.pop(row.offset)))
-            if row.offset in parked and row.outcome == DEAD_LETTERED
-            else row
-            for row in rows
-        ]
+    def _shown(self, settled: list[Settled]) -> OutcomeColumns:
+        """The rows of records about to be shown: the quick path's accepted ones in runs read
+        straight from their ``Done``s, the others from their outcomes (those of parked records
+        say where their dead letters went)."""
+        kinds = list(map(type, settled))
+        if kinds.count(tuple) == len(settled):  # the usual commit: every record quick
+            return _done_columns(cast(list[Done], settled))
+        done = cast(list[Done], [item for item, kind in zip(settled, kinds, strict=True) if kind is tuple])
+        rows = cast(list[Outcome], [item for item, kind in zip(settled, kinds, strict=True) if kind is not tuple])
+        if self._parked:
+            parked = self._parked
+            rows = [
+                row._replace(outcome=RELEASED, error=error_text(parked.pop(row.offset)))
+                if row.offset in parked and row.outcome == DEAD_LETTERED
+                else row
+                for row in rows
+            ]
+        return joined_columns([_done_columns(done), columns_of(rows)] if done else [columns_of(rows)])
+
+    def _show(self, block: OutcomeColumns) -> None:
+        """Rows for the next slice to collect (a commit that passed only transaction markers has none)."""
+        if block[0]:
+            with self._lock:
+                self._outcomes.append(block)
 
     def _dead_letter_refused(self) -> None:
         """Records whose outputs the broker refused go to the DLQ (on the watcher's thread: never
@@ -424,37 +443,43 @@ class PartitionTask:
         dead = dead_letter_record(record, self.settings.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
         self.settle(record, DEAD_LETTERED, failure, [dead], latency_ms, inflight)
 
-    def _turn_refused_outputs(self) -> bool:
-        """Records among the awaiting rows whose output the broker refused go to the DLQ instead,
+    def _turn_refused_outputs(self, mark: int) -> bool:
+        """Records among the awaiting ones whose output the broker refused go to the DLQ instead,
         their rows with them; True when it wrote dead letters, which the commit waits for too.
 
         Called once the producer acknowledged every write so far, so every refusal of an
-        awaiting row's outputs has been reported (failed_writes). A refused output is written
+        awaiting record's outputs has been reported (failed_writes). A refused output is written
         again alone first (``AloneWrites``): taken, its record stays accepted; only an output
-        refused alone turns its record into a dead letter."""
+        refused alone turns its record into a dead letter. ``mark``: every awaiting record is
+        below it."""
         failed, written = self.process.failed_writes, self._written
         if not failed.refusals:  # the usual case: nothing of this process's was refused
-            for row in self._awaiting:
-                written.pop(row.offset, None)
+            for offset in [offset for offset in written if offset < mark]:
+                del written[offset]
             return False
-        rows: list[Outcome] = []
+        kept: list[Settled] = []
         turned = 0
         now_ms = int(time.time() * 1000)
-        for row in self._awaiting:
-            entry = written.pop(row.offset, None)
+        for item in self._awaiting:
+            if isinstance(item, Outcome):
+                entry = written.pop(item.offset, None)
+                latency_ms, inflight = item.latency_ms, item.inflight
+            else:  # a quick path's Done
+                record, produced, latency_ms, inflight = item
+                entry = (record, produced) if produced else None
             suspects = failed.claim_each(entry[1]) if entry is not None else None
             # Any failure but a refusal fails the task: the record comes again.
-            why = self.alone.first_refusal([item for item, _ in suspects]) if entry and suspects else None
+            why = self.alone.first_refusal([output for output, _ in suspects]) if entry and suspects else None
             if entry is None or why is None:
-                rows.append(row)
+                kept.append(item)
                 continue
             record, failure = entry[0], Failure.of(why)
-            first_ms = now_ms - int(row.latency_ms)
+            first_ms = now_ms - int(latency_ms)
             dead = dead_letter_record(record, self.settings.dlq_topic, record.delivery_count, failure, first_ms, now_ms)
             self._write_dead_letter(record, dead)
-            rows.append(Outcome.of(record, DEAD_LETTERED, failure, row.latency_ms, row.inflight))
+            kept.append(Outcome.of(record, DEAD_LETTERED, failure, latency_ms, inflight))
             turned += 1
-        self._awaiting = rows
+        self._awaiting = kept
         return turned > 0
 
     def _raise_if_writes_failed(self) -> None:
@@ -473,17 +498,23 @@ class PartitionTask:
         with self._lock:
             self.commit_tokens.append(token)
 
-    def drain_noted(self) -> tuple[list[Outcome], list[int]]:
+    def drain_noted(self) -> tuple[list[OutcomeColumns], list[int]]:
         """The rows shown so far, and the tokens of the commit notes that count them."""
         with self._lock:
-            rows, self._outcomes = self._outcomes, []
+            blocks, self._outcomes = self._outcomes, []
+            reported, self._reported = self._reported, []
             tokens, self.commit_tokens = self.commit_tokens, []
-        return rows, tokens
+        if reported:
+            blocks.append(columns_of(reported))
+        return blocks, tokens
 
-    def drain(self) -> list[Outcome]:
+    def drain(self) -> list[OutcomeColumns]:
         with self._lock:
-            rows, self._outcomes = self._outcomes, []
-        return rows
+            blocks, self._outcomes = self._outcomes, []
+            reported, self._reported = self._reported, []
+        if reported:
+            blocks.append(columns_of(reported))
+        return blocks
 
     def fail(self, exc: BaseException) -> None:
         with self._lock:
@@ -545,15 +576,18 @@ class PartitionTask:
                 return False
             self._raise_if_writes_failed()
             self.raise_if_failed()
-            if self._turn_refused_outputs() and not delivery.all_delivered(within_s):
+            if self._turn_refused_outputs(mark) and not delivery.all_delivered(within_s):
                 return False  # the dead letters are not acknowledged yet: the next try commits
             self.raise_if_failed()
             self._park_refused()
             self._note_commit(mark, len(self._awaiting))
             self.process.commit(self.topic, self.partition, mark)
-            rows = self._shown(self._awaiting)
-            with self._lock:
-                self._outcomes.extend(rows)
+            self._show(self._shown(self._awaiting))
             self._awaiting = []
         self.last_commit = mark
         return True
+
+
+def _done_columns(done: list[Done]) -> OutcomeColumns:
+    """The rows of records the quick path accepted, from their ``Done``s a field a pass."""
+    return accepted_runs(list(map(_RECORD, done)), list(map(_LATENCY, done)), list(map(_INFLIGHT, done)))

@@ -24,7 +24,7 @@ from queueplane.kafka.cluster import refusal
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.consumer.member import MEMBERS, MemberFailed
 from queueplane.run.consumer.process import ConsumerSettings
-from queueplane.run.outcomes import OUTCOME_SCHEMA, SKIPPED, Outcome, outcome_batch
+from queueplane.run.outcomes import OUTCOME_SCHEMA, SKIPPED, Outcome, columns_batch, columns_of
 
 log = logging.getLogger("queueplane.worker")
 
@@ -106,7 +106,7 @@ class MemberStreamReader(DataSourceStreamReader):
         task = cast(SliceTask, partition)  # what partitions() planned
         member = MEMBERS.get(self.settings_json)
         try:
-            rows = member.run_batch(final=task.final)
+            blocks = member.run_batch(final=task.final)
         except MemberFailed as exc:
             refused = refusal(exc.__cause__) if exc.__cause__ is not None else None
             if refused is None:
@@ -119,9 +119,10 @@ class MemberStreamReader(DataSourceStreamReader):
         if task.final:
             MEMBERS.drained(self.settings_json)  # the spec's processing.teardown
         for p, (first, end) in task.skipped.items():
-            rows += [Outcome(member.topic, p, offset, None, 1, SKIPPED, None, 0.0, 0) for offset in range(first, end)]
-        if rows:
-            yield outcome_batch(rows)
+            skipped = [Outcome(member.topic, p, offset, None, 1, SKIPPED, None, 0.0, 0) for offset in range(first, end)]
+            blocks.append(columns_of(skipped))
+        if blocks:
+            yield columns_batch(blocks)
 
     def commit(self, end: dict) -> None:
         # Offsets were committed to the group by its members, before their rows came out.
