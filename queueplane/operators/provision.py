@@ -1,8 +1,11 @@
 """Validate, plan and apply as Airflow tasks: each one call into queueplane.steps.
 
-The tasks re-read the spec and the cluster themselves instead of passing a plan through
-XCom: a task may be retried or cleared hours later, and apply must act on the cluster as it
-is then. The plan task's XCom (the plan as JSON) is the record of what was planned.
+The plan task's XCom is the saved plan (provision/saved_plan.py): the plan as JSON, with
+digests of its spec files and of the live state it read. Each apply task applies its part of
+exactly that plan: it reads the spec and the cluster again and goes ahead only when its part of
+the live state and its changes are still the saved ones. A task retried or cleared after the
+cluster moved (a partial apply, a hand change) fails without retrying and changes nothing;
+triggering the DAG again plans anew. An apply operator used without a plan task plans itself.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from rich.console import Console
 from queueplane.errors import EXIT_FAILED, QueueplaneError
 from queueplane.kafka.target import KafkaTarget
 from queueplane.operators.hooks import KAFKA_CONN_ID, kafka_target
-from queueplane.provision import steps
+from queueplane.provision import saved_plan, steps
 from queueplane.provision.apply import ApplyReport
 from queueplane.provision.plan import GROUP_KINDS, TOPIC_KINDS, Plan, brief
 from queueplane.spec.model import QueueSpec
@@ -96,7 +99,7 @@ class PlanQueueOperator(_SpecOperator):
         super().__init__(**kwargs)
         self.fail_on_changes = fail_on_changes
 
-    def execute(self, context: Any) -> dict[str, object]:
+    def execute(self, context: Any) -> dict[str, Any]:
         with task_errors():
             planned = steps.plan([self.spec_path], kafka_target(self.kafka_conn_id))
             plan = planned.plan
@@ -107,24 +110,26 @@ class PlanQueueOperator(_SpecOperator):
                 f"drift: the cluster differs from {len(plan.specs)} spec(s) in {len(plan.changes)} place(s): "
                 + brief(plan.changes, limit=20)
             )
-        return plan.as_dict()
+        return saved_plan.saved(planned, f"the plan of task {self.task_id}").as_dict()
 
 
 class _ApplyOperator(_SpecOperator):
-    """Apply one part of the plan; ``dry_run`` shows that part and ends skipped."""
+    """Apply one part of the plan task's saved plan (``plan_task_id``; None: plan here);
+    ``dry_run`` shows that part and ends skipped."""
 
     template_fields: Sequence[str] = (*_SpecOperator.template_fields, "dry_run_switch")
     kinds: frozenset[str] = frozenset()
     part = ""
 
-    def __init__(self, *, dry_run: bool | str = False, **kwargs: Any) -> None:
+    def __init__(self, *, dry_run: bool | str = False, plan_task_id: str | None = "plan", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dry_run_switch = dry_run
+        self.plan_task_id = plan_task_id
 
     def execute(self, context: Any) -> dict[str, object]:
         with task_errors():
             target = kafka_target(self.kafka_conn_id)
-            planned = steps.plan([self.spec_path], target)
+            planned = self._planned(context, target)
             part = planned.plan.only(self.kinds)
             self.log.info("Plan (%s):\n%s", self.part, plan_text(part))
             part.raise_if_refused()
@@ -145,6 +150,19 @@ class _ApplyOperator(_SpecOperator):
         if not dry:  # a dry run provisions nothing, so it announces nothing
             self._publish(context, planned.queues, target)
         return report
+
+    def _planned(self, context: Any, target: KafkaTarget) -> steps.Planned:
+        """The plan task's saved plan, made again and checked (PlanStale if it moved); without a
+        plan task, a plan made here."""
+        if self.plan_task_id is None:
+            return steps.plan([self.spec_path], target)
+        document = context["ti"].xcom_pull(task_ids=self.plan_task_id)
+        if document is None:
+            raise AirflowFailException(
+                f"task {self.plan_task_id} left no plan to apply: run the DAG from its plan task"
+            )
+        saved = saved_plan.parse(document, f"the plan of task {self.plan_task_id}")
+        return saved_plan.replan(saved, target, kinds=self.kinds)
 
     def _publish(self, context: Any, queues: list[QueueSpec], target: KafkaTarget) -> None:
         """Through each AssetAlias outlet, an asset event for every queue's topic in the Kafka provider's

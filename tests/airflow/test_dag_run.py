@@ -63,7 +63,7 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
         "deploy": "skipped",
         "wait_until_ready": "skipped",
     }
-    planned = _xcom(first, "plan")
+    planned = _xcom(first, "plan")["plan"]
     # Three topics and the group's claim.
     assert planned["summary"] == {"create": 4, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
     admin = _admin(kafka)
@@ -86,7 +86,7 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     second = dag.test(run_conf={"deploy": False})
 
     assert second.state == "success", _states(second)
-    assert _xcom(second, "plan")["summary"] == {"create": 0, "adopt": 0, "change": 0, "delete": 0, "refuse": 0}
+    assert _xcom(second, "plan")["plan"]["summary"] == {"create": 0, "adopt": 0, "change": 0, "delete": 0, "refuse": 0}
     assert _xcom(second, "apply_topics")["applied"] == []
     assert _xcom(second, "apply_group_configs")["applied"] == []
     assert len(_asset_events(uri)) == 2, "a run that finds the queue provisioned says so again"
@@ -109,7 +109,7 @@ def test_dry_run_plans_and_applies_nothing(specs, kafka):
     run = queue_dags(root)["queue__payments__payment-events"].test(run_conf={"dry_run": True, "deploy": False})
     assert run.state == "success", _states(run)
     assert _states(run)["apply_topics"] == "skipped"
-    assert _xcom(run, "plan")["summary"]["create"] > 0
+    assert _xcom(run, "plan")["plan"]["summary"]["create"] > 0
     assert f"{tag}.payments.events.v1" not in _admin(kafka).list_topics(timeout=10).topics
     assert _asset_events(f"kafka://{kafka.bootstrap}/{tag}.payments.events.v1") == [], "a dry run announces nothing"
 
@@ -147,6 +147,57 @@ def test_a_spec_dag_provisions_a_secured_cluster_through_the_kafka_connection(
     run = queue_dags(tmp_path / "specs")[COFFEE].test(run_conf={"deploy": False})
 
     assert run.state == "success", _states(run)
-    assert _xcom(run, "plan")["cluster"].startswith(secure_kafka.admin.bootstrap)
+    assert _xcom(run, "plan")["plan"]["cluster"].startswith(secure_kafka.admin.bootstrap)
     topics = _admin(secure_kafka.admin).list_topics(timeout=10).topics
     assert {f"{tag}.cafe.coffee-orders.v1", f"{tag}.cafe.coffee-orders.v1.dlq"} <= set(topics)
+
+
+def test_the_apply_tasks_apply_the_plan_tasks_plan_or_fail_if_the_cluster_moved(specs, kafka):
+    """The apply tasks take the plan task's saved plan through XCom. With no change between plan
+    and apply, each task applies its part of that plan. A managed config set by hand between
+    them (which a plan made at apply time would simply set back) makes the topic task fail
+    without retrying, and nothing is applied: what was approved is not what would be applied."""
+    from airflow.providers.standard.operators.python import PythonOperator
+    from airflow.sdk import DAG
+
+    from queueplane.operators.dag_factory import START
+    from queueplane.operators.provision import ApplyGroupConfigsOperator, ApplyTopicsOperator, PlanQueueOperator
+
+    root, tag = specs
+    spec = str(root / "payments" / "payment-events.yaml")
+    topic = f"{tag}.payments.events.v1"
+
+    def run(between) -> object:
+        # dag.test() runs only DAGs its bundle (the repository's dags/) holds: this one takes the
+        # payments queue's DAG id, with a task between its plan and its applies.
+        with DAG("queue__payments__payment-events", schedule=None, start_date=START) as dag:
+            common = {"spec_path": spec}
+            plan = PlanQueueOperator(task_id="plan", **common)
+            meanwhile = PythonOperator(task_id="meanwhile", python_callable=between)
+            topics = ApplyTopicsOperator(task_id="apply_topics", **common)
+            groups = ApplyGroupConfigsOperator(task_id="apply_group_configs", **common)
+            plan >> meanwhile >> topics >> groups
+        return dag.test()
+
+    kept = run(lambda: None)
+    assert kept.state == "success", _states(kept)
+    planned = {c["target"] for c in _xcom(kept, "plan")["plan"]["changes"] if c["kind"] == "topic"}
+    assert {topic, f"{topic}.dlq"} <= planned
+    assert planned <= set(_admin(kafka).list_topics(timeout=10).topics)
+    admin = _admin(kafka)
+    wanted = _config(admin, ResourceType.TOPIC, topic)["max.message.bytes"]
+
+    def set_by_hand() -> None:
+        resource = ConfigResource(
+            ResourceType.TOPIC,
+            topic,
+            incremental_configs=[ConfigEntry("max.message.bytes", "1000", incremental_operation=AlterConfigOpType.SET)],
+        )
+        admin.incremental_alter_configs([resource])[resource].result()
+
+    moved = run(set_by_hand)
+    assert _xcom(moved, "plan")["plan"]["changes"] == [], "planned with the queue provisioned: nothing to do"
+    assert _states(moved)["apply_topics"] == "failed"
+    assert _states(moved)["apply_group_configs"] == "upstream_failed"
+    assert _config(admin, ResourceType.TOPIC, topic)["max.message.bytes"] == "1000", "nothing was applied"
+    assert wanted != "1000"
