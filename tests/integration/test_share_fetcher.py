@@ -13,7 +13,7 @@ from worker_support import make_queue, order, produce, read_all
 
 from queueplane.kafka import clients
 from queueplane.run.handler import Record
-from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, OFFSET_COLUMN, OUTCOME_COLUMN
+from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, each_record
 from queueplane.run.share.process import ProcessRuntime
 from queueplane.run.share.settings import ShareSettings
 from queueplane.spec.model import SHARE_RESERVE_DELIVERIES
@@ -140,9 +140,9 @@ def test_a_record_whose_acceptances_did_not_land_is_accepted_again_without_a_cal
         deadline = time.monotonic() + 90
         while {offset for offset, _ in landed} != lost and time.monotonic() < deadline:
             for block in runtime.run_batch():
-                rows += zip(block[OFFSET_COLUMN], block[OUTCOME_COLUMN], strict=True)
+                rows += [(offset, outcome) for _, offset, _, outcome in each_record(block)]
         for block in runtime.run_batch(final=True):
-            rows += zip(block[OFFSET_COLUMN], block[OUTCOME_COLUMN], strict=True)
+            rows += [(offset, outcome) for _, offset, _, outcome in each_record(block)]
     finally:
         runtime.close()
 
