@@ -1,9 +1,9 @@
 """Kubernetes' rules for a CustomResourceDefinition's schema, checked offline.
 
-An API server refuses a CRD whose ``openAPIV3Schema`` is not *structural*, and some schemas
-it accepts still fail every object later (a pattern Go's RE2 cannot compile). The Queue CRD's
-spec schema is generated from the spec's JSON Schema (crd_schema.py), so these rules are what
-the generator must meet; they follow apiextensions-apiserver v0.35 (Kubernetes 1.35):
+An API server refuses a CRD whose ``openAPIV3Schema`` is not *structural* or breaks the
+apiextensions rules. The Queue CRD's spec schema is generated from the spec's JSON Schema
+(crd_schema.py), so these rules are what the generator must meet, checked without a cluster;
+they follow apiextensions-apiserver v0.35 (Kubernetes 1.35):
 ``pkg/apis/apiextensions/validation/validation.go`` (``ValidateCustomResourceDefinitionOpenAPISchema``
 and its ``specStandardValidatorV3``) and ``pkg/apiserver/schema/validation.go`` (structurality):
 
@@ -18,8 +18,9 @@ and its ``specStandardValidatorV3``) and ``pkg/apiserver/schema/validation.go`` 
   ``description``, ``title``, ``default``, ``nullable``, ``additionalProperties`` or
   ``x-kubernetes-*``), and properties the enclosing schema also declares;
 - list types: ``set`` of scalars, ``map`` with its keys among the items' required properties;
-- with the status subresource, only a few fields at the root;
-- enum values of the node's type, and patterns RE2 compiles (no lookaround or backreferences).
+- with the status subresource, only a few fields at the root, where ``metadata`` may restrict
+  nothing but ``name`` and ``generateName``;
+- patterns Go's RE2 compiles (no lookaround, backreferences or possessive repeats).
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ JSON_SCHEMA_PROPS = frozenset(
 )
 FORBIDDEN = {
     "id": "id is not supported",
-    "$schema": "$schema is not supported",
     "$ref": "$ref is not supported",
     "definitions": "definitions is not supported",
     "patternProperties": "patternProperties is not supported",
@@ -119,32 +119,10 @@ ROOT_FIELDS = frozenset(
 )
 # Regular-expression constructs Python has and Go's RE2 lacks.
 NOT_RE2 = re.compile(r"\(\?[=!]|\(\?<[=!]|\(\?>|\(\?P=|\\[1-9]|[*+?}][+]")
-_VALUE_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "object": (dict,),
-    "array": (list,),
-}
 
 
 def _any_value(node: dict[str, Any]) -> bool:
     return bool(node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields"))
-
-
-def _fits(value: Any, kind: str) -> bool:
-    if isinstance(value, bool):  # a bool is an int to Python, never to Kubernetes
-        return kind == "boolean"
-    return isinstance(value, _VALUE_TYPES[kind])
-
-
-def _enum_problems(node: dict[str, Any], where: str) -> list[str]:
-    kind = node.get("type")
-    if not isinstance(kind, str) or kind not in _VALUE_TYPES or "enum" not in node:
-        return []
-    wrong = [value for value in node["enum"] if not _fits(value, kind)]
-    return [f"{where}/enum: {wrong[0]!r} is not of type {kind}"] if wrong else []
 
 
 def _list_type_problems(node: dict[str, Any], where: str) -> list[str]:
@@ -230,7 +208,6 @@ def schema_problems(node: dict[str, Any], where: str = "openAPIV3Schema", *, roo
     pattern = node.get("pattern")
     if isinstance(pattern, str) and NOT_RE2.search(pattern):
         problems.append(f"{where}/pattern: {pattern!r} uses lookaround, a backreference or a possessive (RE2 has none)")
-    problems += _enum_problems(node, where)
     problems += _list_type_problems(node, where)
     for name, sub in (node.get("properties") or {}).items():
         problems += schema_problems(sub, f"{where}/properties/{name}", root=False)

@@ -18,8 +18,9 @@ from specs_factory import BASES, dump
 
 from queueplane.deploy import crd_schema
 from queueplane.deploy.crd_schema import CrdSchemaError, convert, crd_path, generated_text
+from queueplane.deploy.definitions import DIGEST_ANNOTATION, definition_digest, stamped
 from queueplane.deploy.kube_schema import object_problems
-from queueplane.deploy.render import chart_crds, chart_kinds, render
+from queueplane.deploy.render import chart_cluster_objects, chart_crds, chart_kinds, render
 from queueplane.deploy.structural import schema_problems
 from queueplane.provision import steps
 from queueplane.spec.rules import check_text
@@ -98,7 +99,6 @@ def test_the_crd_is_a_structural_schema_kubernetes_accepts():
         ),
         (lambda s: s["properties"]["topic"].update(patternProperties={"a": {}}), "patternProperties is not supported"),
         (lambda s: s["properties"]["topic"]["properties"]["name"]["not"].update(type="string"), "logical junctor"),
-        (lambda s: s["properties"]["group"]["properties"]["type"].update(enum=["share", 3]), "is not of type string"),
         (lambda s: s["properties"]["access"]["properties"]["producers"].pop("items"), "needs one items schema"),
     ],
 )
@@ -241,3 +241,53 @@ def test_the_printer_columns_read_the_deployed_queue():
             value = value.get(part) if isinstance(value, dict) else None
         shown[column["name"]] = value
     assert shown["Team"] == "cafe" and shown["Type"] == "share", shown
+
+
+def test_the_admission_policy_is_valid_and_matches_writes_of_queues_never_status_reports():
+    objects = {o["kind"]: o for o in chart_cluster_objects()}
+    assert sorted(objects) == [
+        "CustomResourceDefinition",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    for obj in objects.values():
+        assert object_problems(obj, chart_kinds()) == [], "against the pinned Kubernetes API, strictly"
+    policy, binding = objects["ValidatingAdmissionPolicy"], objects["ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [_crd()["spec"]["group"]] and rule["resources"] == ["queues"], "not queues/status"
+    assert rule["operations"] == ["CREATE", "UPDATE"] and policy["spec"]["failurePolicy"] == "Fail"
+    made_by, spec_changes = policy["spec"]["validations"]
+    # What the chart writes on every Queue is what the policy asks of one.
+    queue = next(
+        o
+        for o in render(steps.validate([str(EXAMPLES / "cafe" / "coffee-orders.yaml")], None)[0]).objects
+        if o["kind"] == "Queue"
+    )
+    for key in re.findall(r"'([a-z./-]+)' in object\.metadata\.labels", made_by["expression"]):
+        assert key in queue["metadata"]["labels"], key
+    chart_annotations = {
+        "meta.helm.sh/release-name",
+        "meta.helm.sh/release-namespace",
+        *queue["metadata"]["annotations"],
+    }
+    for key in re.findall(
+        r"'([a-z./-]+)' in object\.metadata\.annotations", made_by["expression"] + spec_changes["expression"]
+    ):
+        assert key in chart_annotations, key
+    for validation in (made_by, spec_changes):
+        assert validation["reason"] == "Forbidden"
+        assert (
+            "run its DAG (queue__<team>__<name>)" in validation["message"]
+            and "queueplane deploy SPEC" in validation["message"]
+        )
+
+
+def test_the_deploy_writes_each_definition_with_the_digest_of_the_charts_copy():
+    crd = _crd()
+    body = stamped(crd)
+    assert body["metadata"]["annotations"] == {DIGEST_ANNOTATION: definition_digest(crd)}
+    assert "annotations" not in crd["metadata"], "the chart's copy is left as it is"
+    changed = copy.deepcopy(crd)
+    changed["spec"]["versions"][0]["additionalPrinterColumns"].pop()
+    assert definition_digest(changed) != definition_digest(crd) == definition_digest(copy.deepcopy(crd))
