@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 import dataclasses
+import hashlib
 import shlex
 from pathlib import Path
 
