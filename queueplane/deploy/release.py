@@ -48,7 +48,8 @@ def upgrade_args(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_T
 
 def upgrade(source: str, rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> str:
     """Install or upgrade the release of the application whose spec is at ``source`` and wait for
-    it; returns helm's output, after a line naming any queue the release ran and no longer does.
+    it; returns helm's output, after a line per cluster-wide definition written and one naming
+    any queue the release ran and no longer does.
 
     Refuses (SpecInvalid, nothing deployed) when the release exists and is not this application's,
     and (DeployError, nothing deployed) when its namespace exists and enforces a Pod Security level
