@@ -14,7 +14,9 @@ import re
 import pytest
 import yaml
 from helpers import EXAMPLE_SPECS, EXAMPLES
+from hypothesis import HealthCheck, given, settings
 from specs_factory import BASES, dump
+from test_spec_fuzz import mutated_specs
 
 from queueplane.deploy import crd_schema
 from queueplane.deploy.crd_schema import CrdSchemaError, convert, crd_path, generated_text
@@ -193,6 +195,14 @@ def test_every_spec_queueplane_accepts_is_a_queue_the_crd_accepts():
     custom = chart_kinds()
     for doc in _specs_queueplane_accepts():
         assert object_problems(_as_queue(doc["spec"], doc["metadata"]["name"]), custom) == [], doc["metadata"]["name"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_specs())
+def test_a_mutated_spec_the_spec_check_accepts_is_a_queue_the_crd_accepts(doc):
+    loaded = check_text(dump(doc), "fuzz.yaml")
+    if not loaded.problems:
+        assert object_problems(_as_queue(doc["spec"]), chart_kinds()) == []
 
 
 @pytest.mark.parametrize(
