@@ -301,3 +301,17 @@ def test_the_deploy_writes_each_definition_with_the_digest_of_the_charts_copy():
     changed = copy.deepcopy(crd)
     changed["spec"]["versions"][0]["additionalPrinterColumns"].pop()
     assert definition_digest(changed) != definition_digest(crd) == definition_digest(copy.deepcopy(crd))
+
+
+def test_the_crd_checks_less_than_the_spec_check_only_where_loosened_says():
+    def anything_goes(node: dict, at: str = "") -> set[str]:
+        found = {at} if node.get("x-kubernetes-preserve-unknown-fields") else set()
+        for name, sub in (node.get("properties") or {}).items():
+            found |= anything_goes(sub, f"{at}/{name}")
+        for key in ("additionalProperties", "items"):
+            if isinstance(node.get(key), dict):
+                found |= anything_goes(node[key], f"{at}/*")
+        return found
+
+    spec = _root()["properties"]["spec"]
+    assert {pointer.removesuffix("/*") for pointer in anything_goes(spec)} == set(crd_schema.LOOSENED)
