@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 QP := $(BIN)/queueplane
 
 .PHONY: setup setup-demo setup-kubernetes setup-check setup-test demo demo-kubernetes check test lint typecheck \
-  bench clean local-down test-host kubernetes-host
+  crd bench clean local-down test-host kubernetes-host
 
 # One venv, installed as far as the targets run so far need: the demo needs the worker extra
 # (Spark, Arrow), the Kubernetes demo also the deploy extra (the Kubernetes API client), the
@@ -138,6 +138,12 @@ lint: $(DEV_STAMP)
 # mypy over the library; pyproject.toml's [tool.mypy] lists the modules not yet clean.
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy queueplane
+
+# The Queue CRD's spec schema is generated from specs/queue-v1.schema.json
+# (queueplane/deploy/crd_schema.py): run this after changing the spec schema and commit the CRD;
+# tests/unit/test_queue_crd.py fails while the committed one is stale.
+crd: $(DEV_STAMP)
+	$(BIN)/python -m queueplane.deploy.crd_schema
 
 # The local Kubernetes runs containerd, runc and the CNI plugins from Debian, and builds images with
 # mmdebstrap and buildah (queueplane/local/kubernetes). Root only: elsewhere the cluster is not built.

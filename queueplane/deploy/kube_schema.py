@@ -41,6 +41,8 @@ CHECKED_KINDS = frozenset(
         ("rbac.authorization.k8s.io/v1", "Role"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding"),
         ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
     }
 )
 

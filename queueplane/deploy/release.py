@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from queueplane.deploy import ownership, spark_auth
+from queueplane.deploy import definitions, ownership, spark_auth
+from queueplane.deploy.cluster_values import merge_values
 from queueplane.deploy.helm import run_helm
 from queueplane.deploy.kube_access import KubeAccess
-from queueplane.deploy.render import Rendered
+from queueplane.deploy.render import Rendered, chart_defaults
 
 HELM_TIMEOUT_S = 600
 
@@ -47,24 +48,29 @@ def upgrade_args(rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_T
 
 def upgrade(source: str, rendered: Rendered, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> str:
     """Install or upgrade the release of the application whose spec is at ``source`` and wait for
-    it; returns helm's output, after a line naming any queue the release ran and no longer does.
+    it; returns helm's output, after a line per cluster-wide definition written and one naming
+    any queue the release ran and no longer does.
 
     Refuses (SpecInvalid, nothing deployed) when the release exists and is not this application's,
     and (DeployError, nothing deployed) when its namespace exists and enforces a Pod Security level
     laxer than ``restricted``; creates a missing namespace ``restricted`` first (see ownership.py),
-    then the Secret of Spark's RPC authentication the render names, once (see spark_auth.py).
+    then the Secret of Spark's RPC authentication the render names, once (see spark_auth.py), and
+    brings the Queue definition and its admission policy up to the chart's when the release has
+    Queue objects (see definitions.py).
     """
     left_out = ownership.check_release(source, rendered, access)
     ownership.ensure_namespace(rendered, access, source)
     spark_auth.ensure_secret(rendered, access)
+    notes = []
+    if merge_values(chart_defaults(), rendered.values)["queueResource"]["enabled"]:
+        notes = definitions.ensure_definitions(access)
     result = run_helm(upgrade_args(rendered, access, timeout_s), kubeconfig=access.kubeconfig, timeout=timeout_s + 60)
-    if not left_out:
-        return result.stdout
-    return (
-        f"stopped queue(s) {', '.join(left_out)}: application {rendered.release} ran them, and their specs were "
-        "not among those deployed (their Queue objects are gone; their topics and groups are untouched)\n"
-        + result.stdout
-    )
+    if left_out:
+        notes.append(
+            f"stopped queue(s) {', '.join(left_out)}: application {rendered.release} ran them, and their specs were "
+            "not among those deployed (their Queue objects are gone; their topics and groups are untouched)"
+        )
+    return "".join(f"{note}\n" for note in notes) + result.stdout
 
 
 def deployment_verdict(namespace: str, name: str, status: Any) -> tuple[bool, str]:

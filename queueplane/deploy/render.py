@@ -16,6 +16,7 @@ they are not.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tempfile
@@ -34,6 +35,7 @@ from queueplane.deploy.monitoring_schema import API_VERSIONS, monitoring_crds
 from queueplane.deploy.policy import policy_problems
 from queueplane.errors import Problem, QueueplaneError, SpecInvalid, UsageError
 from queueplane.paths import shipped_file
+from queueplane.spec.files import parse_text
 from queueplane.spec.model import QueueSpec, memory_mi
 from queueplane.spec.schema import load_schema
 
@@ -136,6 +138,31 @@ def _spec_text(queue: QueueSpec) -> str:
         raise QueueplaneError(f"{queue.source}: cannot read the spec to mount it: {exc.strerror}") from None
 
 
+def spec_json(queue: QueueSpec, text: str) -> str:
+    """The file's ``spec`` as one line of JSON: what the chart writes as the Queue object's spec.
+
+    JSON, and not the YAML helm would parse (into float64 numbers, by its own YAML rules): the
+    object holds exactly the values the spec check read, as the file wrote them (no defaults).
+    """
+    parsed = parse_text(text, queue.source)
+    if parsed.problems or not isinstance(parsed.data, dict) or not isinstance(parsed.data.get("spec"), dict):
+        raise SpecInvalid([Problem(queue.source, "/spec", "changed since it was checked; validate it again")])
+    return json.dumps(parsed.data["spec"], sort_keys=True, ensure_ascii=True)
+
+
+def _queue_values(queue: QueueSpec, label: re.Pattern[str]) -> dict[str, Any]:
+    text = _spec_text(queue)
+    return {
+        "name": _checked(queue, "/metadata/name", queue.name, label),
+        "groupType": queue.group.type,
+        "topic": queue.topic.name,
+        "deadLetterTopic": queue.dead_letter.name,
+        "targetLagSeconds": queue.target_lag_seconds,
+        "spec": text,
+        "specJson": spec_json(queue, text),
+    }
+
+
 def helm_values(queues: Sequence[QueueSpec]) -> dict:
     """The chart values the specs of one application determine (the chart's values.yaml supplies the rest).
 
@@ -149,17 +176,7 @@ def helm_values(queues: Sequence[QueueSpec]) -> dict:
             "name": _checked(first, "/spec/deployment/application", first.application, label),
             "team": _checked(first, "/metadata/team", first.team, label),
         },
-        "queues": [
-            {
-                "name": _checked(queue, "/metadata/name", queue.name, label),
-                "groupType": queue.group.type,
-                "topic": queue.topic.name,
-                "deadLetterTopic": queue.dead_letter.name,
-                "targetLagSeconds": queue.target_lag_seconds,
-                "spec": _spec_text(queue),
-            }
-            for queue in queues
-        ],
+        "queues": [_queue_values(queue, label) for queue in queues],
         "image": _image(first),
         "driver": _pod(first, "driver", first.driver),
         "executor": _pod(first, "executor", first.executor),
@@ -264,14 +281,23 @@ def left_out_note(kinds: Sequence[str]) -> str:
     )
 
 
-def chart_crds() -> list[dict]:
-    """The CustomResourceDefinitions the chart ships (crds/): Helm installs them before the release."""
+def chart_cluster_objects() -> list[dict]:
+    """The chart's cluster-wide objects, which the deploy creates or updates before the release
+    (deploy/definitions.py): crds/ (the Queue CustomResourceDefinition, which Helm also installs
+    with a first release) and cluster/ (the Queue admission policy: Helm takes only CRDs from
+    crds/, and a release's templates must not hold one cluster-wide policy many releases share)."""
     return [
         doc
-        for path in sorted((chart_path() / "crds").glob("*.yaml"))
+        for folder in ("crds", "cluster")
+        for path in sorted((chart_path() / folder).glob("*.yaml"))
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
         if doc
     ]
+
+
+def chart_crds() -> list[dict]:
+    """The CustomResourceDefinitions among them."""
+    return [doc for doc in chart_cluster_objects() if doc.get("kind") == "CustomResourceDefinition"]
 
 
 @cache

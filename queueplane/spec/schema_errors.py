@@ -112,6 +112,9 @@ def _schema_error_problems(error: ValidationError, spec: SpecFile, name: str) ->
         return [spec.problem(ptr, detail)]
     if kind == "pattern":
         return [spec.problem(ptr, f"{custom or 'must match ' + expected}; got {_show(instance)}")]
+    if kind == "not":
+        # A value the pattern admits and the field still refuses (a topic named "." or "..").
+        return [spec.problem(ptr, f"{custom or 'is not allowed here'}; got {_show(instance)}")]
     if kind in ("minimum", "maximum"):
         word = "at least" if kind == "minimum" else "at most"
         return [spec.problem(ptr, f"must be {word} {expected}; got {_show(instance)}")]

@@ -113,8 +113,7 @@ def test_a_share_a_consumer_and_a_kmq_queue_run_in_one_driver_each_with_its_own_
         shown = wait_for("each Queue object to show its own queue settled", reported, 120)
         for path, doc in docs.items():
             queue = shown[doc["metadata"]["name"]]
-            assert queue["spec"]["groupType"] == doc["spec"]["group"]["type"]
-            assert queue["spec"]["topic"] == doc["spec"]["topic"]["name"]
+            assert queue["spec"] == doc["spec"], "the spec as deployed"
             assert queue["status"]["deadLetters"] >= poison[path], "its own poison, in its own DLQ"
 
         # The release runs exactly the queues it is given: deployed without the kmq queue's spec,

@@ -62,7 +62,7 @@ def test_rate_is_finished_records_over_the_interval_and_every_status_fits_the_cr
             "apiVersion": "queueplane.io/v1",
             "kind": "Queue",
             "metadata": {"name": "q", "namespace": "team"},
-            "spec": {"team": "team", "groupType": "share", "topic": "t", "deadLetterTopic": "t.dlq"},
+            "spec": {"topic": {"name": "t"}, "group": {"type": "share", "id": "g"}, "processing": {"handler": "m:f"}},
             "status": as_stored(status),
         }
         assert object_problems(queue, custom) == []

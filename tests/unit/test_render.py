@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import dataclasses
+import hashlib
 import shlex
 from pathlib import Path
 
@@ -270,8 +271,9 @@ def _driver(objects):
         (lambda o: _find(o, "Role")["rules"][2].update(resourceNames=[]), "only the release's own"),
         (lambda o: _find(o, "Role")["rules"][2]["resources"].append("queues"), "'queueplane.io/queues'"),
         (lambda o: _find(o, "Role")["rules"][0].update(resourceNames=["x"]), "generated names"),
-        (lambda o: _find(o, "Queue")["spec"].update(groupType="fifo"), "/spec/groupType"),
+        (lambda o: _find(o, "Queue")["spec"]["group"].update(type="fifo"), "/spec/group/type"),
         (lambda o: _find(o, "Queue")["spec"].update(colour="red"), "/spec"),
+        (lambda o: _find(o, "Queue")["spec"]["topic"].update(partitions=0), "/spec/topic/partitions"),
     ],
 )
 def test_policy_rejects(coffee, mutate, needle):
@@ -294,18 +296,18 @@ def test_the_role_grants_exactly_the_driver_verbs(coffee):
 
 def test_the_queue_object_carries_the_spec_and_the_driver_reports_to_it(coffee):
     queue = _find(coffee.objects, "Queue")
+    digest = hashlib.sha256(coffee.values["queues"][0]["specJson"].encode()).hexdigest()
     assert queue["metadata"] == {
         "name": "coffee-orders",
         "namespace": "cafe",
         "labels": queue["metadata"]["labels"],
+        "annotations": {"queueplane.io/spec-digest": digest},
     }
     assert queue["metadata"]["labels"]["queueplane.io/queue"] == "coffee-orders"
-    assert queue["spec"] == {
-        "team": "cafe",
-        "groupType": "share",
-        "topic": "cafe.coffee-orders.v1",
-        "deadLetterTopic": "cafe.coffee-orders.v1.dlq",
-    }
+    assert queue["metadata"]["labels"]["queueplane.io/team"] == "cafe"
+    written = yaml.safe_load((EXAMPLES / "cafe" / "coffee-orders.yaml").read_text())
+    assert queue["spec"] == written["spec"], "the spec as its file wrote it, no defaults added"
+    assert queue["spec"]["topic"]["config"] == {"retention.ms": 604800000}, "numbers stay whole"
     args = _driver(coffee.objects)["args"]
     assert args[args.index("--status-namespace") + 1] == "cafe"
 
@@ -447,7 +449,7 @@ def test_an_application_of_three_queues_is_one_driver_with_a_queue_object_and_a_
     assert sorted(objects) == sorted(q.name for q in queues)
     for queue in queues:
         shown = objects[queue.name]
-        assert shown["spec"]["groupType"] == queue.group.type and shown["spec"]["topic"] == queue.topic.name
+        assert shown["spec"] == yaml.safe_load(Path(queue.source).read_text())["spec"]
         assert shown["metadata"]["labels"]["queueplane.io/queue"] == queue.name
         assert shown["metadata"]["labels"]["queueplane.io/application"] == "cafe-workers"
         assert _find(rendered.objects, "ConfigMap")["data"][f"{queue.name}.yaml"] == Path(queue.source).read_text()

@@ -28,6 +28,7 @@ CASES = [
     ),
     ("share", "spec/topic/name", "orders/v1", "/spec/topic/name", "legal Kafka topic name", None),
     ("share", "spec/topic/name", "..", "/spec/topic/name", "legal Kafka topic name", None),
+    ("share", "spec/topic/name", ".", "/spec/topic/name", "legal Kafka topic name", None),
     ("share", "spec/topic/name", "t" * 250, "/spec/topic/name", "legal Kafka topic name", None),
     ("share", "spec/topic/partitions", 0, "/spec/topic/partitions", "must be at least 1; got 0", None),
     ("share", "spec/topic/partitions", "six", "/spec/topic/partitions", 'must be a whole number; got "six"', None),
