@@ -222,10 +222,10 @@ class _OrphanRemoval:
         for other in self.live.acl_records:
             if other != self.queue and other not in self.gone:
                 kept |= recorded_acls(self.live, other)
-        live = self.live.acls
-        for acl in sorted(recorded_acls(self.live, self.queue) - kept):
+        live, granted = self.live.acls, recorded_acls(self.live, self.queue)
+        for acl in sorted(granted - kept):
             if live is not None and (acl.principal, acl.resource, acl.name, acl.operation, acl.prefixed) in live:
-                self.line("delete", "acl", acl.describe(), "revoked: " + _acl_role(acl, self.orphan))
+                self.line("delete", "acl", acl.describe(), "revoked: " + _acl_role(acl, granted))
                 self.removal.acls.append(acl)
 
     def _topics(self) -> tuple[list[Change], list[str]]:
@@ -267,6 +267,8 @@ class _OrphanRemoval:
         for group in self.own_groups:
             seen = self.activity[group]
             if topics_wait:
+                if not (seen.exists or seen.configs):
+                    continue  # nothing to keep: the group never ran
                 self.line(
                     "wait",
                     "group",
@@ -344,10 +346,11 @@ def _siblings(
     return sorted(planned | recorded)
 
 
-def _acl_role(acl: Acl, orphan: Orphan) -> str:
-    if acl.operation == "WRITE" and acl.resource == "TOPIC" and acl.name == orphan.queue_topic:
-        return "a producer's or the worker's write to the removed queue"
-    return "the removed queue's grant"
+def _acl_role(acl: Acl, granted: set[Acl]) -> str:
+    """Whose grant it was: a producer's (a principal granted only writes to the queue) or the worker's."""
+    if all(a.operation == "WRITE" and a.resource == "TOPIC" for a in granted if a.principal == acl.principal):
+        return "a producer of the removed queue"
+    return "the removed queue's worker"
 
 
 def _waits(
