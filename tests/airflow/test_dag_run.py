@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from airflow.models.xcom import XComModel
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.utils.session import create_session
@@ -131,10 +132,53 @@ def test_reconcile_passes_when_the_cluster_matches_and_fails_on_drift(specs, kaf
 
     drifted = reconcile.test()
     assert drifted.state == "failed"
-    assert _states(drifted) == {"plan_all": "failed"}
+    assert _states(drifted) == {"plan_all": "success", "remove_queues": "success", "check_drift": "failed"}
     drift = rf"drift: .*topic-config {tag}\.cafe\.coffee-orders\.v1 retention\.ms: 3600000 -> 604800000"
     with pytest.raises(AirflowFailException, match=drift):
-        reconcile.get_task("plan_all").execute(context={})
+        reconcile.get_task("check_drift").execute(context={})
+
+
+def test_reconcile_removes_a_removed_specs_queue_only_in_a_run_that_approves_it(specs, kafka):
+    """The scheduled run is the dry run: it shows the removal, applies nothing and reports drift.
+    A run triggered with approve_removal applies exactly what its plan_all showed."""
+    from queueplane.kafka.owners import read_records
+    from queueplane.provision import steps
+
+    root, tag = specs
+    refunds = root / "payments" / "refunds.yaml"
+    refunds.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "queueplane.io/v1",
+                "kind": "Queue",
+                "metadata": {"name": "refunds", "team": "payments"},
+                "spec": {
+                    "topic": {"name": f"payments.{tag}.refunds.v1", "partitions": 1},
+                    "group": {"type": "consumer", "id": f"payments-{tag}-refunds"},
+                    "processing": {"handler": "payments.ledger:post"},
+                    "deployment": {"target": "spark-submit"},
+                },
+            }
+        )
+    )
+    steps.apply(steps.plan([str(root)], kafka))  # every queue provisioned: no drift but the removal
+    refunds.unlink()
+    topic, queue = f"payments.{tag}.refunds.v1", "payments/refunds"
+    reconcile = reconcile_dag(root)
+
+    dry = reconcile.test()
+    assert _states(dry) == {"plan_all": "success", "remove_queues": "skipped", "check_drift": "failed"}
+    shown = [c for c in _xcom(dry, "plan_all")["plan"]["changes"] if c["removes"] == queue]
+    assert ("delete", "records", queue) in {(c["action"], c["kind"], c["target"]) for c in shown}
+    assert ("retain", "topic", topic) in {(c["action"], c["kind"], c["target"]) for c in shown}
+    assert f"acls:{queue}" in read_records(kafka) and f"group:payments-{tag}-refunds" in read_records(kafka)
+
+    approved = reconcile.test(run_conf={"approve_removal": True})
+    assert approved.state == "success", _states(approved)
+    assert _states(approved) == {"plan_all": "success", "remove_queues": "success", "check_drift": "success"}
+    records = read_records(kafka)
+    assert not [k for k, v in records.items() if k == f"acls:{queue}" or v.get("queue") == queue]
+    assert topic in _admin(kafka).list_topics(timeout=10).topics, "deletionPolicy retain keeps the topic"
 
 
 def test_a_spec_dag_provisions_a_secured_cluster_through_the_kafka_connection(
