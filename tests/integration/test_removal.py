@@ -3,7 +3,7 @@ records, and apply removes it in order; the broker's authorizer then refuses wha
 queue's principals were granted.
 
 The specs here deploy with spark-submit, which queueplane does not uninstall: a Kubernetes
-release's removal (helm uninstall, the Queue object gone) is tests/kubernetes/test_removal.py's.
+release's removal (helm uninstall, the Queue object gone) is tests/kubernetes/test_release_removal.py's.
 """
 
 from __future__ import annotations
