@@ -24,6 +24,7 @@ from queueplane.provision.acls import Acl
 from queueplane.provision.plan import Change, Plan, brief
 
 Step = tuple[str, list[Change], Callable[[Cluster, bool], dict[str, str | None]]]
+RECORD_QUEUES = "record queues"  # the one step that runs without lines of its own (see _queue_records)
 # How long DeleteGroups is asked again after a release was uninstalled, while the stopped
 # worker's members leave the group (a consumer's session is queueplane's 10 s, KIP-848's 45 s at most).
 MEMBERS_LEAVE_S = 60.0
@@ -161,7 +162,7 @@ def _step_requests(plan: Plan, kube: KubeAccess | None = None) -> list[Step]:
     # creates many partitions takes long to publish (it creates their logs), so configs
     # queued behind it would stay invisible for tens of seconds.
     return [
-        ("record queues", _queue_record_changes(plan, queue_records), record_queues),
+        (RECORD_QUEUES, queue_records, record_queues),
         ("adopt topics", adopts, adopt_topics),
         ("claim groups", group_claims, claim_groups),
         ("set group configs", group_configs, set_group_configs),
@@ -174,12 +175,10 @@ def _step_requests(plan: Plan, kube: KubeAccess | None = None) -> list[Step]:
     ]
 
 
-def _queue_record_changes(plan: Plan, lines: list[Change]) -> list[Change]:
-    """The lines the queue-record step reports on: each queue whose record it writes, its ``~ queue``
-    line where it has one (the others' records are written with their other changes)."""
-    shown = {c.target for c in lines}
-    rest = [Change("change", "queue", q, "", reason="queue record") for q in sorted(plan.record_queues - shown)]
-    return [*lines, *rest]
+def _needed(step: Step, plan: Plan) -> bool:
+    """Whether a step runs: it has lines, or it writes the records of queues whose other changes
+    are the lines (a queue's record goes with any change of it, shown or not)."""
+    return bool(step[1]) or (step[0] == RECORD_QUEUES and bool(plan.record_queues))
 
 
 def _removal_steps(plan: Plan, kube: KubeAccess | None) -> list[Step]:
@@ -264,7 +263,7 @@ def apply_plan(
     """Make the cluster match the plan; raises with a report of what was and was not applied.
     ``kube``: the Kubernetes cluster whose releases the plan's removals uninstall."""
     plan.raise_if_refused()
-    steps = [s for s in _step_requests(plan, kube) if s[1]]
+    steps = [s for s in _step_requests(plan, kube) if _needed(s, plan)]
     rejected: list[str] = []
     for title, _changes, run in steps:
         for target, error in run(cluster, True).items():
@@ -286,6 +285,10 @@ def apply_plan(
                 report.failed.append((change, failed_targets[change.target]))
             else:
                 report.applied.append(change)
+        shown = {c.target for c in changes}
+        for target, error in sorted(failed_targets.items()):  # a queue's record written without a line of its own
+            if target not in shown:
+                report.failed.append((Change("change", "records", target, "", reason=title), error))
         on_step(title, len(changes))
         if failed_targets:
             for _, later, _ in steps[index + 1 :]:

@@ -78,11 +78,11 @@ def _no_specs_under(paths: list[str]) -> bool:
 def plan(paths: list[str], target: KafkaTarget, options: RemovalOptions | None = None) -> Planned:
     """Check the specs, read the cluster in batched requests, and diff; queues whose specs are
     gone from ``paths`` are removed as ``options`` say (provision/removal.py)."""
-    cluster = Cluster(target)
     if _no_specs_under(paths):
-        return plan_queues([], cluster, paths, options)
+        return plan_queues([], Cluster(target), paths, options)
     loaded = check_specs(paths)
     loaded.raise_if_invalid()
+    cluster = Cluster(target)
     return plan_queues(loaded.with_bounds(broker_bounds(cluster)).raise_if_invalid(), cluster, paths, options)
 
 
