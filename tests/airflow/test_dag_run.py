@@ -66,7 +66,15 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     }
     planned = _xcom(first, "plan")["plan"]
     # Three topics and the group's claim.
-    assert planned["summary"] == {"create": 4, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
+    assert planned["summary"] == {
+        "create": 4,
+        "adopt": 0,
+        "change": 5,
+        "delete": 0,
+        "refuse": 0,
+        "retain": 0,
+        "wait": 0,
+    }
     admin = _admin(kafka)
     topics = admin.list_topics(timeout=10).topics
     for name in (f"{tag}.cafe.coffee-orders.v1", f"{tag}.cafe.coffee-orders.v1.dlq", f"{tag}.cafe.drinks-ready.v1"):
@@ -87,7 +95,8 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     second = dag.test(run_conf={"deploy": False})
 
     assert second.state == "success", _states(second)
-    assert _xcom(second, "plan")["plan"]["summary"] == {"create": 0, "adopt": 0, "change": 0, "delete": 0, "refuse": 0}
+    nothing = {"create": 0, "adopt": 0, "change": 0, "delete": 0, "refuse": 0, "retain": 0, "wait": 0}
+    assert _xcom(second, "plan")["plan"]["summary"] == nothing
     assert _xcom(second, "apply_topics")["applied"] == []
     assert _xcom(second, "apply_group_configs")["applied"] == []
     assert len(_asset_events(uri)) == 2, "a run that finds the queue provisioned says so again"
