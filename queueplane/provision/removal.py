@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from queueplane.kafka import names as kn
 from queueplane.kafka.cluster import GroupActivity, LiveState, TopicContents
@@ -376,16 +377,18 @@ def _waits(
             "(queueplane dlq), or plan with --force-delete-dlq"
         )
     if contents.newest_ms is not None and options.now_ms - contents.newest_ms < options.grace_s * 1000:
+        until = datetime.fromtimestamp((contents.newest_ms + options.grace_s * 1000) / 1000, UTC)
         grace = format_ms(options.grace_s * 1000)
-        return f"waits: {_age(contents, options)}, under the removal grace of {grace}"
+        return f"waits for the removal grace ({grace} after its newest record): until {until:%Y-%m-%dT%H:%M:%SZ}"
     return ""
 
 
 def _age(contents: TopicContents, options: RemovalOptions) -> str:
+    """How old the topic's data is, in words that stay the same from one plan to the next (a saved
+    plan is made again when applied, and must read the same)."""
     if contents.newest_ms is None:
         return "empty"
-    age_s = max(0, options.now_ms - contents.newest_ms) // 1000
-    return f"newest record {format_ms(age_s * 1000)} old"
+    return f"its newest record older than the removal grace of {format_ms(options.grace_s * 1000)}"
 
 
 def _waiting(change: Change) -> Change:

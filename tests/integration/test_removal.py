@@ -188,7 +188,8 @@ def test_a_delete_topic_goes_only_once_the_worker_stopped_and_the_queue_drained(
     _commit(kafka, group, topic, _ends(kafka, topic))
     graced = _lines(_cli(["plan", str(folder)], cli_env, cluster).stdout)
     assert any(
-        line.startswith(f"> topic {topic} waits: newest record") and "removal grace of 1d" in line for line in graced
+        line.startswith(f"> topic {topic} waits for the removal grace (1d after its newest record): until")
+        for line in graced
     )
     drained = _cli(["plan", str(folder), "--removal-grace", "0s", "-o", "json"], cli_env, cluster)
     changes = json.loads(drained.stdout)["changes"]

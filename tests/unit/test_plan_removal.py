@@ -5,6 +5,7 @@ what the owner records and the removed queue's topics and groups look like on a 
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -175,7 +176,13 @@ def test_delete_topics_wait_for_the_worker_then_the_drain_and_the_grace(tmp_path
     live.removed_topics["pay.events.v1"] = TopicContents(10, NOW_MS - 60_000)
     plan = _plan([], live, tmp_path)
     topic = next(c for c in plan.changes if c.target == "pay.events.v1")
-    assert topic.symbol == ">" and "newest record 1m old, under the removal grace of 1h" in topic.reason
+    newest = datetime.fromtimestamp((NOW_MS - 60_000 + 3600_000) / 1000, UTC)
+    assert (
+        topic.reason == f"waits for the removal grace (1h after its newest record): until {newest:%Y-%m-%dT%H:%M:%SZ}"
+    )
+    assert topic.symbol == ">"
+    later = _plan([], live, tmp_path, RemovalOptions(3600, False, NOW_MS + 1000))
+    assert later.changes == _plan([], live, tmp_path).changes, "what a plan says does not move with the clock"
 
 
 def test_a_dead_letter_topic_with_records_goes_only_with_the_force(tmp_path):
