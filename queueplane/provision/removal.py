@@ -251,7 +251,7 @@ class _OrphanRemoval:
                 forget.append(name)
                 continue
             drained = {g: self.activity[g] for g in self.orphan.groups}  # a kmq tracker's group has no lag
-            why = _waits(role, contents, drained, self.members == 0, self.uninstalling, self.options)
+            why = _waits(role, contents, drained, self.members, self.uninstalling, self.options)
             if why:
                 lines.append(Change("wait", "topic", name, spec, reason=why, removes=queue))
                 continue
@@ -358,13 +358,15 @@ def _waits(
     role: str,
     contents: TopicContents,
     activity: Mapping[str, GroupActivity],
-    stopped: bool,
+    members: int | None,
     uninstalling: bool,
     options: RemovalOptions,
 ) -> str:
     """Why a ``deletionPolicy: delete`` topic is not deleted yet ("" when it goes now)."""
-    if not stopped:
-        after = " (the release is uninstalled first: plan again once it is)" if uninstalling else ""
+    after = " (the release is uninstalled first: plan again once it is)" if uninstalling else ""
+    if members is None:
+        return f"waits for the drain: the group's members cannot be read on this listener{after}"
+    if members:
         return f"waits for the drain: the group has members, the worker still runs{after}"
     lag = sum((seen.lag or 0) for seen in activity.values())
     if any(seen.lag is None and seen.exists for seen in activity.values()):
