@@ -185,25 +185,30 @@ def _removal_steps(plan: Plan, kube: KubeAccess | None) -> list[Step]:
     """The removals' steps, in the order that drains first (see the module's docstring)."""
     removing = [c for c in plan.changes if c.removes and c.applicable]
     of = {kind: [c for c in removing if c.kind == kind] for kind in ("release", "acl", "group", "group-config")}
+    uninstalled = [c for c in removing if c.kind in ("release", "queue-object")]
     topics = [c for c in removing if c.kind == "topic"]
     records = [c for c in removing if c.kind == "records"]
     removals = plan.removals
 
     def uninstall(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
+        """Each release, and with it the Queue objects of its removed queues (the chart's objects)."""
         from queueplane.deploy import release
 
-        outcomes: dict[str, str | None] = {}
+        outcomes: dict[tuple[str, str], str | None] = {}
         for removal in removals.values():
             if removal.release is None:
                 continue
             namespace, name = removal.release
-            target = f"{namespace}/{name}"
             problem = release.uninstall_problem(namespace, name, removal.application, kube)
             if problem or validate_only or kube is None:
-                outcomes[target] = problem
+                outcomes[removal.release] = problem
                 continue
-            outcomes[target] = release.uninstall(namespace, name, kube)
-        return outcomes
+            outcomes[removal.release] = release.uninstall(namespace, name, kube)
+        by_target = {f"{namespace}/{name}": error for (namespace, name), error in outcomes.items()}
+        for removal in removals.values():
+            if removal.queue_object is not None and removal.queue_object[1] in outcomes:
+                by_target[removal.queue_object[0]] = outcomes[removal.queue_object[1]]
+        return by_target
 
     def revoke(cluster: Cluster, validate_only: bool) -> dict[str, str | None]:
         acls = {_key(a): a for r in removals.values() for a in r.acls}
@@ -241,7 +246,7 @@ def _removal_steps(plan: Plan, kube: KubeAccess | None) -> list[Step]:
         return outcomes
 
     return [
-        ("uninstall releases", of["release"], uninstall),
+        ("uninstall releases", uninstalled, uninstall),
         ("revoke ACLs", of["acl"], revoke),
         ("delete groups", of["group"], delete_groups),
         ("delete group configs", of["group-config"], delete_group_configs),

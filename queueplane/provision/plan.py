@@ -24,7 +24,17 @@ from queueplane.spec.model import QueueSpec, TopicSpec
 
 Action = Literal["create", "adopt", "change", "delete", "refuse", "retain", "wait"]
 Kind = Literal[
-    "topic", "partitions", "replication", "topic-config", "group", "group-config", "acl", "queue", "release", "records"
+    "topic",
+    "partitions",
+    "replication",
+    "topic-config",
+    "group",
+    "group-config",
+    "acl",
+    "queue",
+    "release",
+    "queue-object",
+    "records",
 ]
 # "=" for a topic taken over as it is (Pulumi's mark for an import), and for one a removal keeps;
 # ">" for a removal that waits (the worker still runs, the queue is not drained yet): shown, not
@@ -101,7 +111,7 @@ class Change:
         return self.action not in PENDING and self.action != "refuse"
 
     def describe(self) -> str:
-        if self.removes or self.action in PENDING or self.kind in ("queue", "release", "records"):
+        if self.removes or self.action in PENDING or self.kind in ("queue", "release", "queue-object", "records"):
             return self.reason
         if self.field == "owner":
             return f"owner: queue {self.old} -> {self.new} ({self.reason})"
@@ -128,8 +138,11 @@ class Removal:
     while the removal waits for its worker to stop."""
 
     spec: str  # the removed spec, as the plan names it
-    release: tuple[str, str] | None = None  # (namespace, release) to uninstall
+    release: tuple[str, str] | None = None  # (namespace, release) this removal uninstalls
     application: str = ""  # team/application the release must belong to
+    # The queue's Queue object (namespace/name) and the release it goes with (this removal's or
+    # another removed queue's of the same application)
+    queue_object: tuple[str, tuple[str, str]] | None = None
     acls: list[Acl] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)
     group_configs: dict[str, list[str]] = field(default_factory=dict)

@@ -198,12 +198,16 @@ class _OrphanRemoval:
         note = ""
         if record.target == "kubernetes" and not record.released and not siblings:
             self.uninstalling = True
-            if (record.namespace, record.application) not in released:
-                released.add((record.namespace, record.application))
-                self.removal.release = (record.namespace, record.application)
+            release = (record.namespace, record.application)
+            if release not in released:  # the application's other removed queues go with the same release
+                released.add(release)
+                self.removal.release = release
                 self.removal.application = f"{self.queue.split('/', 1)[0]}/{record.application}"
-                reason = "helm uninstall --wait: the worker drains (SIGTERM) and stops; its Queue object goes with it"
+                reason = "helm uninstall --wait: the worker drains (SIGTERM) and stops"
                 self.line("delete", "release", where, reason)
+            queue_object = f"{record.namespace}/{self.queue.split('/', 1)[1]}"
+            self.removal.queue_object = (queue_object, release)
+            self.line("delete", "queue-object", queue_object, f"goes with release {where} (kubectl get queues)")
         elif not stopped and siblings:
             note = f"release {where} still runs it with {', '.join(siblings)}: deploy the application without it first"
         elif not stopped:

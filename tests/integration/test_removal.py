@@ -324,3 +324,57 @@ def test_a_release_apply_cannot_reach_is_not_uninstalled_and_nothing_is_removed(
     assert refused.returncode == EXIT_FAILED
     assert "dry run; nothing was applied" in refused.stderr and "no kubeconfig at" in refused.stderr, refused.stderr
     assert len(_records_of(kafka, f"payments/rm-{tag}")) == 4, "every owner record is still there"
+
+
+def test_a_removal_that_fails_midway_says_what_it_removed_and_the_next_plan_finishes_it(kafka, tmp_path):
+    """A worker rejoins the group between the dry run and the real step: DeleteGroups is refused
+    (the group is not empty), the report says what was removed and what was not attempted, and
+    the owner records, forgotten last, still lead the next plan to the rest."""
+    from queueplane.provision import steps
+    from queueplane.provision.apply import ApplyFailed
+
+    tag = uuid.uuid4().hex[:8]
+    folder = tmp_path / "specs"
+    path = _write(folder, _doc(tag))
+    steps.apply(steps.plan([str(folder)], kafka))
+    topic, group, queue = f"{tag}.pay", f"g-{tag}", f"payments/rm-{tag}"
+    _commit(kafka, group, topic, {0: 0})
+    path.unlink()
+    planned = steps.plan([str(folder)], kafka)
+    member = clients.consumer(kafka, {"group.id": group, "enable.auto.commit": False})
+
+    def rejoin(title: str, _count: int) -> None:
+        if title == "checked: forget owner records":  # every dry run passed
+            member.subscribe([topic])
+            for _ in range(40):
+                member.poll(0.25)
+                if member.assignment():
+                    return
+
+    try:
+        with pytest.raises(ApplyFailed) as caught:
+            steps.apply(planned, rejoin)
+        report = caught.value.report.as_dict()
+        assert [f["change"] for f in report["failed"]] == [
+            f"- group {group} deleted with its committed offsets (DeleteGroups)"
+        ]
+        assert "NON_EMPTY_GROUP" in report["failed"][0]["error"]
+        assert report["applied"] == []
+        assert report["not_attempted"] == [
+            f"- group-config {group} {CONSUMER_SESSION_TIMEOUT_MS} deleted (GROUP configs outlive the group)",
+            f"- records {queue} 4 owner record(s) forgotten",
+        ]
+        message = str(caught.value)
+        assert "\n" not in message and "applied 0: nothing" in message and "Not attempted 2" in message
+        assert len(_records_of(kafka, queue)) == 4, "nothing forgotten: the next plan finds the removal"
+    finally:
+        member.close()
+
+    rest = steps.plan([str(folder)], kafka)
+    assert {(c.symbol, c.kind) for c in rest.plan.actionable} == {
+        ("-", "group"),
+        ("-", "group-config"),
+        ("-", "records"),
+    }
+    steps.apply(rest)
+    assert _group_state(kafka, group) == ConsumerGroupState.DEAD and _records_of(kafka, queue) == set()

@@ -53,8 +53,9 @@ def test_a_removed_spec_uninstalls_its_release_and_queue_object_then_its_group_a
         planned = run_cli(["plan", str(folder), "--detailed-exitcode", *cluster], cli_env)
         assert planned.returncode == 4, planned.stdout + planned.stderr
         lines = [" ".join(line.split()) for line in planned.stdout.splitlines()]
-        uninstall = "helm uninstall --wait: the worker drains (SIGTERM) and stops; its Queue object goes with it"
-        assert f"- release {namespace}/{name} {uninstall}" in lines
+        assert f"- release {namespace}/{name} helm uninstall --wait: the worker drains (SIGTERM) and stops" in lines
+        queue_object = f"- queue-object {namespace}/{name} goes with release {namespace}/{name} (kubectl get queues)"
+        assert queue_object in lines
         assert f"- group {group} deleted with its share-partition state (DeleteGroups)" in lines
         assert any(line.startswith(f"- group-config {group} share.") for line in lines)
         assert any(line.startswith(f"= topic {topic} kept with its data") for line in lines)

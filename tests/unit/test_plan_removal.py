@@ -95,6 +95,7 @@ def test_a_removed_spec_plans_the_release_acls_group_and_records_going_and_its_t
     plan = _plan([], live, tmp_path)
     assert _lines(plan) == [
         ("-", "release", "payments/pay-events"),
+        ("-", "queue-object", "payments/pay-events"),
         *[("-", "acl", a.describe()) for a in sorted(Acl(**a) for a in live.acl_records["payments/pay-events"])],
         ("-", "group", "pay-ledger"),
         ("-", "group-config", "pay-ledger"),
@@ -235,7 +236,11 @@ def test_a_renamed_queue_takes_over_its_topics_group_and_grants_and_the_rest_is_
     assert plan.acls["payments/pay-ledger-events"].record, "and into its record"
     removed = [(c.symbol, c.kind, c.target) for c in plan.changes if c.removes]
     # Its release goes (the new name is a new application); nothing it handed over is touched.
-    assert removed == [("-", "release", "payments/pay-events"), ("-", "records", "payments/pay-events")]
+    assert removed == [
+        ("-", "release", "payments/pay-events"),
+        ("-", "queue-object", "payments/pay-events"),
+        ("-", "records", "payments/pay-events"),
+    ]
     assert plan.removals["payments/pay-events"].forget == ["acls:payments/pay-events"]
     assert plan.removals["payments/pay-events"].renamed_to == ["payments/pay-ledger-events"]
     text = io.StringIO()
