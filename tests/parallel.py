@@ -52,6 +52,7 @@ CHECK_INTEGRATION = (
     "test_plan_batching.py",
     "test_private_state.py",
     "test_queue_status.py",
+    "test_removal.py",
     "test_share_fetcher.py",
     "test_share_group_members.py",
     "test_team_names.py",

@@ -52,14 +52,20 @@ def _helm_json(args: list[str], access: KubeAccess) -> Any | None:
 def release_owner(rendered: Rendered, access: KubeAccess) -> tuple[str, list[str]] | None:
     """Who the existing release belongs to (``team/name``, or what else it is) and the queues it
     runs; None when there is no release."""
-    where = ["--namespace", rendered.namespace]
-    metadata = _helm_json(["get", "metadata", rendered.release, *where], access)
+    return owner_of(rendered.release, rendered.namespace, access)
+
+
+def owner_of(release: str, namespace: str, access: KubeAccess) -> tuple[str, list[str]] | None:
+    """Who the release ``release`` in ``namespace`` belongs to (``team/application``, or what else
+    it is) and the queues it runs; None when there is no such release."""
+    where = ["--namespace", namespace]
+    metadata = _helm_json(["get", "metadata", release, *where], access)
     if metadata is None:
         return None
     chart = str(metadata.get("chart", ""))
     if chart != CHART_NAME:
         return f"a release of chart {chart or 'unknown'}, not queueplane's", []
-    values = _helm_json(["get", "values", rendered.release, *where], access) or {}
+    values = _helm_json(["get", "values", release, *where], access) or {}
     # A release made before applications held one queue, under "queue": its name was the release's.
     application = values.get("application") or values.get("queue") or {}
     queues = [str(q.get("name")) for q in values.get("queues") or [application]]

@@ -1,11 +1,14 @@
-"""A worker application's Helm release on a cluster: install or upgrade it, and ask whether its worker is up.
+"""A worker application's Helm release on a cluster: install or upgrade it, ask whether its worker
+is up, and uninstall it when its queues' specs are removed.
 
-The command line (`queueplane deploy`) and the Airflow deploy task and readiness sensor all
-come here, so the helm invocation and the readiness rule exist once.
+The command line (`queueplane deploy`, `queueplane apply`) and the Airflow deploy task,
+readiness sensor and removal task all come here, so the helm invocations and the readiness
+rule exist once.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from queueplane.deploy import definitions, ownership, spark_auth
@@ -13,6 +16,7 @@ from queueplane.deploy.cluster_values import merge_values
 from queueplane.deploy.helm import run_helm
 from queueplane.deploy.kube_access import KubeAccess
 from queueplane.deploy.render import Rendered, chart_defaults
+from queueplane.errors import QueueplaneError
 
 HELM_TIMEOUT_S = 600
 
@@ -81,3 +85,36 @@ def deployment_verdict(namespace: str, name: str, status: Any) -> tuple[bool, st
     available = any(c.type == "Available" and c.status == "True" for c in status.conditions or [])
     ready = status.ready_replicas or 0
     return available and ready > 0, f"deployment {namespace}/{name}: {ready} ready, available={available}"
+
+
+def uninstall_problem(namespace: str, release: str, application: str, access: KubeAccess | None) -> str | None:
+    """Why apply must not uninstall ``release`` (None: it is ``application``'s, team/name, or gone).
+
+    A removal uninstalls only a release of queueplane's chart made for the removed queue's
+    application: never another team's, nor one queueplane did not make.
+    """
+    if access is None:
+        return "no Kubernetes cluster to uninstall it from: give --kubeconfig (or the Kubernetes connection)"
+    if not access.in_cluster and (not access.kubeconfig or not os.path.isfile(access.kubeconfig)):
+        return f"no kubeconfig at {access.kubeconfig or '(none)'} to uninstall it with: give --kubeconfig"
+    try:
+        found = ownership.owner_of(release, namespace, access)
+    except QueueplaneError as exc:
+        return str(exc)
+    if found is None or found[0] == application:
+        return None
+    shown = found[0] if found[0].startswith("a release") else f"application {found[0]}"
+    return f"the release is {shown}, not {application}'s: a removal never uninstalls another release"
+
+
+def uninstall(namespace: str, release: str, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> str | None:
+    """`helm uninstall --wait` of the release: its pods get SIGTERM and drain (run/termination.py),
+    and the chart's objects, the Queue object among them, are gone when it returns. A release
+    already gone counts as uninstalled. The error text, or None."""
+    args = ["uninstall", release, "--namespace", namespace, "--wait", "--timeout", f"{timeout_s}s"]
+    if access.context:
+        args += ["--kube-context", access.context]
+    result = run_helm(args, kubeconfig=access.kubeconfig, check=False, timeout=timeout_s + 60)
+    if result.returncode == 0 or "not found" in result.stderr:
+        return None
+    return " ".join(result.stderr.strip().splitlines()[-3:]) or f"helm uninstall exit code {result.returncode}"

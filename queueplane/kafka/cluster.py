@@ -2,7 +2,9 @@
 
 Every read is batched: one DescribeTopics for all topics, one DescribeConfigs for all
 topic configs, one for all group configs, issued together, so planning 200 specs costs
-a handful of round trips rather than hundreds.
+a handful of round trips rather than hundreds. A queue being removed (its spec gone) is read
+apart, by what its owner records name: whether its topics exist and hold records, whether
+its group still has members and lag, which group configs are set on it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -27,13 +29,23 @@ from confluent_kafka.admin import (
     ConfigSource,
     NewPartitions,
     NewTopic,
+    OffsetSpec,
     ResourcePatternType,
     ResourceType,
 )
 
 from queueplane.errors import ACL_HINT, ClusterRefused, ClusterUnreachable
 from queueplane.kafka import clients
-from queueplane.kafka.owners import ACLS_KEY, GROUP_KEY, Owner, group_owners_in, owners_in, read_records, write_records
+from queueplane.kafka.owners import (
+    ACLS_KEY,
+    GROUP_KEY,
+    Owner,
+    group_owners_in,
+    owners_in,
+    queue_records_in,
+    read_records,
+    write_records,
+)
 from queueplane.kafka.refused import Refused
 from queueplane.kafka.target import KafkaTarget
 
@@ -53,6 +65,9 @@ _INHERITED = {
 }
 
 
+# What a group coordinator answers while it loads or moves: asked again, not a failure.
+_COORDINATOR_MOVING = ("COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE")
+
 AclKey = tuple[str, str, str, str, bool]  # principal, resource, name, operation, prefixed
 _Binding = TypeVar("_Binding", bound=AclBinding)  # an ACL to create, or a filter matching exactly it
 
@@ -61,6 +76,24 @@ _Binding = TypeVar("_Binding", bound=AclBinding)  # an ACL to create, or a filte
 class LiveTopic:
     partitions: int
     replication_factor: int
+
+
+@dataclass(frozen=True)
+class TopicContents:
+    """What a topic of a queue being removed holds."""
+
+    records: int  # log-end minus log-start, summed over the partitions
+    newest_ms: int | None  # the largest record timestamp (None: empty)
+
+
+@dataclass(frozen=True)
+class GroupActivity:
+    """A group of a queue being removed, as the broker knows it."""
+
+    exists: bool  # the broker holds the group (members, committed offsets or share state)
+    members: int | None  # None: unknown (a share group on a listener queueplane cannot ask)
+    lag: int | None  # records of the queue topic not yet done; None: unknown
+    configs: tuple[str, ...] = ()  # GROUP configs set on the group itself
 
 
 @dataclass(frozen=True)
@@ -92,6 +125,12 @@ class LiveState:
     # ALLOW ACLs of the principals the specs name: (principal, resource, name, operation, prefixed);
     # None when the cluster has no authorizer (ACLs there would be listed, never enforced)
     acls: set[AclKey] | None = field(default_factory=set)
+    # team/name -> the queue's whole record (its ACLs and what removal needs: kafka/owners.py)
+    queue_records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Of the queues being removed (read by read_removals): their topics' contents, by topic; their
+    # groups' activity, by group id
+    removed_topics: dict[str, TopicContents] = field(default_factory=dict)
+    removed_groups: dict[str, GroupActivity] = field(default_factory=dict)
 
 
 def _error_text(exc: BaseException) -> str:
@@ -261,18 +300,130 @@ class Cluster:
                 state.group_config_names = frozenset(entries)
             else:
                 state.group_configs[resource.name] = _configs(entries)
-        if topic_names:
-            records = read_records(self.target)
-            state.owners = owners_in(records)
-            state.group_owners = group_owners_in(records)
-            state.acl_records = {
-                key.removeprefix(ACLS_KEY): value["acls"] for key, value in records.items() if key.startswith(ACLS_KEY)
-            }
+        # Always: the records also say which queues are gone from the specs (removal).
+        records = read_records(self.target)
+        state.owners = owners_in(records)
+        state.group_owners = group_owners_in(records)
+        state.queue_records = queue_records_in(records)
+        state.acl_records = {queue: value.get("acls", []) for queue, value in state.queue_records.items()}
         # The ACLs of the principals the specs name, and of those apply once granted these queues.
         named = set(principals) | {a["principal"] for q in acl_queues for a in state.acl_records.get(q, [])}
         if named:
             state.acls = self.describe_acls(named) if self.has_authorizer() else None
         return state
+
+    def read_removals(
+        self,
+        state: LiveState,
+        topics: Iterable[str],
+        groups: Mapping[str, tuple[str | None, str | None]],
+        principals: Iterable[str] = (),
+    ) -> None:
+        """Into ``state``: the contents of ``topics`` that exist; for ``groups`` (group id -> (group
+        type or None when unknown, the queue topic or None)) their members, lag and own configs;
+        and the ALLOW ACLs of ``principals`` (those the removed queues' records name)."""
+        names = sorted(set(topics))
+        if names:
+            described = self.admin.describe_topics(TopicCollection(names), request_timeout=REQUEST_TIMEOUT_S)
+            partitions = {name: len(d.partitions) for name, d in _existing(described)}
+            for name, count in partitions.items():
+                state.removed_topics[name] = self._contents(name, count)
+        unread = set(principals) - {key[0] for key in state.acls or ()}
+        if unread and state.acls is not None:
+            if self.has_authorizer():
+                state.acls = state.acls | (self.describe_acls(unread) or set())
+            else:
+                state.acls = None
+        if not groups:
+            return
+        resources = [ConfigResource(ResourceType.GROUP, g) for g in sorted(groups)]
+        configs: dict[str, tuple[str, ...]] = {}
+        for resource, future in self.admin.describe_configs(resources, request_timeout=REQUEST_TIMEOUT_S).items():
+            try:
+                entries = future.result()
+            except KafkaException:
+                continue  # brokers before KIP-848 have no GROUP configs
+            configs[resource.name] = tuple(sorted(n for n, e in entries.items() if e.source not in _INHERITED))
+        for group, (kind, topic) in sorted(groups.items()):
+            if kind is None:  # a record from before group types were recorded: share configs tell
+                kind = "share" if any(c.startswith("share.") for c in configs.get(group, ())) else "consumer"
+            activity = self._share_activity(group, topic) if kind == "share" else self._group_activity(group, topic)
+            state.removed_groups[group] = GroupActivity(
+                activity.exists, activity.members, activity.lag, configs.get(group, ())
+            )
+
+    def _contents(self, topic: str, partitions: int) -> TopicContents:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        specs = {"start": OffsetSpec.earliest(), "end": OffsetSpec.latest(), "newest": OffsetSpec.max_timestamp()}
+        futures = {
+            key: self.admin.list_offsets({tp: spec for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
+            for key, spec in specs.items()
+        }
+        read = {key: {tp.partition: f[tp].result() for tp in tps} for key, f in futures.items()}
+        records = sum(max(0, read["end"][p].offset - read["start"][p].offset) for p in range(partitions))
+        stamps = [read["newest"][p].timestamp for p in range(partitions) if read["newest"][p].offset >= 0]
+        return TopicContents(records, max(stamps) if stamps and records else None)
+
+    def _group_activity(self, group: str, topic: str | None) -> GroupActivity:
+        """A consumer (or kmq) group: members, and the records of ``topic`` past its committed offsets
+        (all of a partition it never committed)."""
+        from queueplane.kafka.offsets import committed_offsets
+
+        description = self.admin.describe_consumer_groups([group], request_timeout=REQUEST_TIMEOUT_S)[group].result()
+        members = len(description.members or [])
+        exists = description.state != ConsumerGroupState.DEAD
+        if topic is None:
+            return GroupActivity(exists, members, None)
+        partitions = self._topic_partitions([topic]).get(topic)
+        lag = 0
+        if partitions:
+            committed = committed_offsets(self.target, group, topic, partitions) if exists else {}
+            for p, (start, end) in self._offsets(topic, partitions).items():
+                done = committed.get(p)
+                lag += max(0, end - max(done if done is not None else start, start))
+        return GroupActivity(exists, members, lag)
+
+    def _share_activity(self, group: str, topic: str | None) -> GroupActivity:
+        """A share group: members and the broker's share-partition lag; unknown where queueplane's
+        own requests cannot reach the cluster."""
+        from queueplane.kafka.protocol import describe_share_group, share_partition_offsets
+
+        if not self.target.speaks_share_requests():
+            return GroupActivity(True, None, None)
+        try:
+            described = describe_share_group(self.target.settings, group, topic or "")
+        except (OSError, ValueError):
+            return GroupActivity(True, None, None)
+        exists = described.state != "Dead"
+        if topic is None:
+            return GroupActivity(exists, len(described.members), None)
+        partitions = self._topic_partitions([topic]).get(topic)
+        if not partitions:
+            return GroupActivity(exists, len(described.members), 0)
+        contents = self._offsets(topic, partitions)
+        try:
+            states = share_partition_offsets(self.target.settings, group, topic, sorted(contents))
+        except (OSError, ValueError):
+            return GroupActivity(exists, len(described.members), None)
+        lag: int | None = 0
+        for p, (start, end) in contents.items():
+            state_start, partition_lag = states.get(p, (None, None))
+            if state_start is None:
+                partition_lag = end - start  # never fetched: everything retained is still to do
+            if partition_lag is None or lag is None:
+                lag = None
+            else:
+                lag += partition_lag
+        return GroupActivity(exists, len(described.members), lag)
+
+    def _topic_partitions(self, topics: list[str]) -> dict[str, int]:
+        described = self.admin.describe_topics(TopicCollection(topics), request_timeout=REQUEST_TIMEOUT_S)
+        return {name: len(d.partitions) for name, d in _existing(described)}
+
+    def _offsets(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+        from queueplane.kafka.offsets import log_offsets
+
+        return log_offsets(self.admin, topic, partitions)
 
     def has_authorizer(self) -> bool:
         """Whether the brokers enforce ACLs: without an authorizer they keep and list ACLs
@@ -318,10 +469,83 @@ class Cluster:
         written = write_records(self.target, {GROUP_KEY + group: asdict(owner) for group, owner in owners.items()})
         return {key.removeprefix(GROUP_KEY): error for key, error in written.items()}
 
-    def record_acls(self, acls: dict[str, list[dict[str, Any]]]) -> dict[str, str | None]:
-        """Record the ACLs apply made for each queue (team/name); per queue, the error or None."""
-        written = write_records(self.target, {ACLS_KEY + queue: {"acls": made} for queue, made in acls.items()})
+    def record_acls(
+        self, acls: dict[str, list[dict[str, Any]]], queue_fields: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> dict[str, str | None]:
+        """Record the ACLs apply made for each queue (team/name), beside the rest of the queue's
+        record (``queue_fields``: kafka/owners.QUEUE_RECORD_FIELDS); per queue, the error or None."""
+        queue_fields = queue_fields or {}
+        written = write_records(
+            self.target,
+            {ACLS_KEY + queue: {**queue_fields.get(queue, {}), "acls": made} for queue, made in acls.items()},
+        )
         return {key.removeprefix(ACLS_KEY): error for key, error in written.items()}
+
+    def forget(self, keys: Iterable[str]) -> dict[str, str | None]:
+        """Delete owner records (topic names, ``group:<id>``, ``acls:<team>/<name>``); per key, the error or None."""
+        return write_records(self.target, dict.fromkeys(keys))
+
+    def delete_topics(self, topics: list[str]) -> dict[str, str | None]:
+        """Delete topics; a topic already gone counts as deleted."""
+        if not topics:
+            return {}
+        futures = self.admin.delete_topics(
+            topics, operation_timeout=REQUEST_TIMEOUT_S, request_timeout=REQUEST_TIMEOUT_S
+        )
+        return {
+            name: None if error and "UNKNOWN_TOPIC" in error else error for name, error in _outcomes(futures).items()
+        }
+
+    def delete_groups(self, groups: list[str], wait_s: float = 0.0) -> dict[str, str | None]:
+        """Delete groups with their committed offsets or share-partition state (DeleteGroups, which
+        the broker runs for every group type); a group already gone counts as deleted.
+
+        The broker refuses a group that still has members (NON_EMPTY_GROUP): for up to ``wait_s``
+        it is asked again, while a stopped worker's members leave (their session ends). A
+        coordinator still loading the group is asked again in any case.
+        """
+        outcomes: dict[str, str | None] = {}
+        pending = sorted(set(groups))
+        deadline = time.monotonic() + max(wait_s, REQUEST_TIMEOUT_S)
+        members_deadline = time.monotonic() + wait_s
+        while pending:
+            futures = self.admin.delete_consumer_groups(pending, request_timeout=REQUEST_TIMEOUT_S)
+            again = []
+            for group, error in _outcomes(futures).items():
+                if error and "GROUP_ID_NOT_FOUND" in error:
+                    error = None
+                transient = error is not None and any(name in error for name in _COORDINATOR_MOVING)
+                waiting = error is not None and "NON_EMPTY_GROUP" in error and time.monotonic() < members_deadline
+                if (transient or waiting) and time.monotonic() < deadline:
+                    again.append(group)
+                outcomes[group] = error
+            pending = again
+            if pending:
+                time.sleep(1.0)
+        return outcomes
+
+    def delete_group_configs(
+        self, configs: Mapping[str, Iterable[str]], validate_only: bool = False
+    ) -> dict[str, str | None]:
+        """IncrementalAlterConfigs DELETE of the named GROUP configs: a group's configs outlive the
+        group itself, and would apply to a later group of the same id."""
+        resources = [
+            ConfigResource(
+                ResourceType.GROUP,
+                group,
+                incremental_configs=[
+                    ConfigEntry(key, None, incremental_operation=AlterConfigOpType.DELETE) for key in sorted(keys)
+                ],
+            )
+            for group, keys in sorted(configs.items())
+            if keys
+        ]
+        if not resources:
+            return {}
+        futures = self.admin.incremental_alter_configs(
+            resources, validate_only=validate_only, request_timeout=REQUEST_TIMEOUT_S
+        )
+        return {resource.name: outcome for resource, outcome in _outcomes(futures).items()}
 
     def change_acls(self, create: list[AclKey], delete: list[AclKey]) -> dict[AclKey, str | None]:
         """Create and delete ALLOW ACLs; per ACL, the error or None."""

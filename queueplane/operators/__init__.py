@@ -19,6 +19,7 @@ _HOMES = {
     "ApplyGroupConfigsOperator": "queueplane.operators.provision",
     "ApplyTopicsOperator": "queueplane.operators.provision",
     "PlanQueueOperator": "queueplane.operators.provision",
+    "RemoveQueuesOperator": "queueplane.operators.provision",
     "ValidateSpecOperator": "queueplane.operators.provision",
     "HelmDeployOperator": "queueplane.operators.deploy",
     "QueueReadySensor": "queueplane.operators.deploy",

@@ -6,6 +6,10 @@ checks the broker's bounds at run time). A spec that fails is left out of the qu
 and reported by the spec-check DAG file as an import error, so one team's typo never
 hides another team's DAG. Parsing writes nothing (no spec cache in the DAG processor's
 working directory), and a task's parse, whose parsing context names its DAG, builds that one.
+
+A spec removed from the folder takes its DAG with it: the DAG file no longer defines it, and
+Airflow's DAG processor marks it stale. What the spec made on the cluster is removed by the
+reconcile DAG, once a person approves the removal its dry run showed.
 """
 
 from __future__ import annotations
@@ -24,17 +28,21 @@ from queueplane.operators import (
     HelmDeployOperator,
     PlanQueueOperator,
     QueueReadySensor,
+    RemoveQueuesOperator,
     SparkDriverReadySensor,
     SparkSubmitDeployOperator,
     ValidateSpecOperator,
 )
 from queueplane.operators.hooks import KAFKA_CONN_ID
+from queueplane.provision.plan import RemovalOptions
 from queueplane.provision.steps import check_specs
+from queueplane.spec import durations
 from queueplane.spec.model import QueueSpec
 from queueplane.spec.rules import ShareBounds
 
 SPECS_DIR_ENV = "QUEUEPLANE_SPECS_DIR"
 RECONCILE_SCHEDULE_ENV = "QUEUEPLANE_RECONCILE_SCHEDULE"
+REMOVAL_GRACE_ENV = "QUEUEPLANE_REMOVAL_GRACE"  # the platform's, like the schedule: not a trigger's choice
 RECONCILE_DAG_ID = "queueplane__reconcile"
 START = datetime(2026, 1, 1)
 
@@ -183,22 +191,79 @@ def queue_dags(root: Path) -> dict[str, DAG]:
     }
 
 
+def removal_grace_s() -> int:
+    """The removal grace: $QUEUEPLANE_REMOVAL_GRACE (a duration), else a day."""
+    text = os.environ.get(REMOVAL_GRACE_ENV)
+    if not text:
+        return RemovalOptions.grace_s
+    try:
+        return int(durations.parse_seconds(text))
+    except ValueError as exc:
+        raise UsageError(f"${REMOVAL_GRACE_ENV}: {exc}") from None
+
+
 def reconcile_dag(root: Path) -> DAG:
-    """Plans every spec on a schedule; fails with the drift listed when the cluster no longer matches."""
+    """plan_all → remove_queues → check_drift, on a schedule.
+
+    plan_all plans every spec, and the removal of every queue whose spec is gone (its log is the
+    dry run). remove_queues applies exactly those removals, and only in a run triggered with
+    ``approve_removal`` on; otherwise it ends skipped. check_drift plans again and fails, listing
+    each difference, when the cluster still does not match the specs (a removal waiting for its
+    approval, its drain or its grace among them).
+    """
     with DAG(
         dag_id=RECONCILE_DAG_ID,
-        description="Plan every queue spec against the cluster; fail on drift",
+        description="Plan every queue spec against the cluster; remove what removed specs made, once approved",
         doc_md=(
-            f"Plans every spec under `{root}` against `{KAFKA_CONN_ID}`. Fails, listing each difference, when "
-            "the cluster no longer matches the specs (someone changed a topic or group config by hand, or a "
-            "spec was merged but not applied). Trigger the queue's DAG to converge."
+            f"Plans every spec under `{root}` against `{KAFKA_CONN_ID}`, and the removal of every queue whose "
+            "spec is gone (found by the cluster's owner records): `plan_all`'s log shows it, a dry run. "
+            "`remove_queues` applies exactly those removals (the release uninstalled first, then the ACLs, the "
+            "group, the topics as each spec's `deletionPolicy` said, the owner records) only in a run triggered "
+            "with `approve_removal` on, and fails if the cluster moved since `plan_all`; otherwise it ends "
+            "skipped. `check_drift` fails, listing each difference, when the cluster still does not match the "
+            "specs (someone changed a config by hand, a spec was merged but not applied, a removal waits). "
+            "Trigger the queue's DAG to converge a spec's queue."
         ),
         schedule=os.environ.get(RECONCILE_SCHEDULE_ENV, "@hourly"),
         start_date=START,
         catchup=False,
         tags=["queueplane", "reconcile"],
         default_args={"owner": "queueplane"},
+        params={
+            "approve_removal": Param(
+                False,
+                type="boolean",
+                description="Apply the removals this run's plan_all shows. Off: show them only (a dry run).",
+            ),
+            "force_delete_dlq": Param(
+                False,
+                type="boolean",
+                description="Also delete a removed queue's dead-letter topic that still holds records "
+                "(deletionPolicy: delete).",
+            ),
+        },
+        render_template_as_native_obj=True,
         max_active_runs=1,
     ) as dag:
-        PlanQueueOperator(task_id="plan_all", spec_path=str(root), fail_on_changes=True)
+        plan = PlanQueueOperator(
+            task_id="plan_all",
+            spec_path=str(root),
+            removal_grace_s=removal_grace_s(),
+            force_delete_dlq="{{ params.force_delete_dlq }}",
+        )
+        remove = RemoveQueuesOperator(
+            task_id="remove_queues",
+            spec_path=str(root),
+            plan_task_id="plan_all",
+            approve="{{ params.approve_removal }}",
+        )
+        drift = PlanQueueOperator(
+            task_id="check_drift",
+            spec_path=str(root),
+            fail_on_changes=True,
+            removal_grace_s=removal_grace_s(),
+            force_delete_dlq="{{ params.force_delete_dlq }}",
+            trigger_rule=TriggerRule.ALL_DONE,  # after a dry run (skipped) too
+        )
+        plan >> remove >> drift
     return dag

@@ -6,13 +6,17 @@ exactly that plan: it reads the spec and the cluster again and goes ahead only w
 the live state and its changes are still the saved ones. A task retried or cleared after the
 cluster moved (a partial apply, a hand change) fails without retrying and changes nothing;
 triggering the DAG again plans anew. An apply operator used without a plan task plans itself.
+
+The removal of queues whose specs are gone (provision/removal.py) is applied by its own task,
+the reconcile DAG's, and only when its run was approved; otherwise that task shows the
+removals and ends skipped.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -21,10 +25,10 @@ from rich.console import Console
 
 from queueplane.errors import EXIT_FAILED, QueueplaneError
 from queueplane.kafka.target import KafkaTarget
-from queueplane.operators.hooks import KAFKA_CONN_ID, kafka_target
+from queueplane.operators.hooks import KAFKA_CONN_ID, KUBERNETES_CONN_ID, kafka_target, kube_access, kubernetes_hook
 from queueplane.provision import saved_plan, steps
 from queueplane.provision.apply import ApplyReport
-from queueplane.provision.plan import GROUP_KINDS, TOPIC_KINDS, Plan, brief
+from queueplane.provision.plan import GROUP_KINDS, REMOVAL_KINDS, TOPIC_KINDS, Plan, RemovalOptions, brief
 from queueplane.spec.model import QueueSpec
 
 
@@ -91,17 +95,31 @@ class ValidateSpecOperator(_SpecOperator):
 class PlanQueueOperator(_SpecOperator):
     """Diff the specs against the cluster; the plan goes to the log and to XCom.
 
-    With ``fail_on_changes`` (the reconcile DAG) any change is drift: the task fails and
-    lists it, so an alert fires when the cluster no longer matches git.
+    With ``fail_on_changes`` (the reconcile DAG's drift check) any change is drift, a removal
+    too: the task fails and lists it, so an alert fires when the cluster no longer matches git.
+    A queue whose spec is gone from ``spec_path`` is removed as ``removal_grace_s`` and
+    ``force_delete_dlq`` (templated) say.
     """
 
-    def __init__(self, *, fail_on_changes: bool = False, **kwargs: Any) -> None:
+    template_fields: Sequence[str] = (*_SpecOperator.template_fields, "force_delete_dlq_switch")
+
+    def __init__(
+        self,
+        *,
+        fail_on_changes: bool = False,
+        removal_grace_s: int = RemovalOptions.grace_s,
+        force_delete_dlq: bool | str = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.fail_on_changes = fail_on_changes
+        self.removal_grace_s = removal_grace_s
+        self.force_delete_dlq_switch = force_delete_dlq
 
     def execute(self, context: Any) -> dict[str, Any]:
+        options = RemovalOptions(self.removal_grace_s, switched_on(self.force_delete_dlq_switch))
         with task_errors():
-            planned = steps.plan([self.spec_path], kafka_target(self.kafka_conn_id))
+            planned = steps.plan([self.spec_path], kafka_target(self.kafka_conn_id), options)
             plan = planned.plan
             self.log.info("Plan:\n%s", plan_text(plan))
             plan.raise_if_refused()
@@ -190,3 +208,51 @@ class ApplyGroupConfigsOperator(_ApplyOperator):
 
     kinds = GROUP_KINDS
     part = "group config"
+
+
+class RemoveQueuesOperator(_ApplyOperator):
+    """Apply the removals of the plan task's saved plan: the release, ACLs, groups, topics (as their
+    policy says) and owner records of the queues whose specs are gone.
+
+    ``approve`` (templated: the reconcile DAG's ``approve_removal`` param) must render true: the
+    run's plan task showed the removals in its log first (the dry run), and this task applies
+    exactly that plan or fails when the cluster moved since. Without the approval it shows them
+    and ends skipped. A release is uninstalled through ``kubernetes_conn_id``; without that
+    connection a removal that must uninstall one fails before anything is removed.
+    """
+
+    template_fields: Sequence[str] = (*_SpecOperator.template_fields, "approve_switch", "kubernetes_conn_id")
+    kinds = REMOVAL_KINDS
+    part = "removal"
+
+    def __init__(
+        self, *, approve: bool | str = False, kubernetes_conn_id: str = KUBERNETES_CONN_ID, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.approve_switch = approve
+        self.kubernetes_conn_id = kubernetes_conn_id
+
+    def execute(self, context: Any) -> dict[str, object]:
+        with task_errors():
+            planned = self._planned(context, kafka_target(self.kafka_conn_id))
+            part = planned.plan.only(self.kinds)
+            self.log.info("Removals:\n%s", plan_text(part))
+            part.raise_if_refused()
+            if not part.actionable:
+                waiting = f" ({len(part.pending)} line(s) kept or waiting)" if part.pending else ""
+                self.log.info("Nothing to remove now%s.", waiting)
+                return ApplyReport().as_dict()
+            if not switched_on(self.approve_switch):
+                raise AirflowSkipException(
+                    f"dry run: {len(part.actionable)} removal change(s) shown above, not applied; trigger "
+                    f"{self.dag_id} with approve_removal: true to apply exactly the plan its run shows"
+                )
+
+            def on_step(title: str, count: int) -> None:
+                self.log.info("%s%s", title, f" ({count})" if count else "")
+
+            hook = kubernetes_hook(self.kubernetes_conn_id)
+            with kube_access(hook) if hook is not None else nullcontext(None) as kube:
+                applied = steps.apply(planned, on_step, kinds=self.kinds, kube=kube)
+            self.log.info("Applied %d removal change(s).", len(applied.applied))
+        return applied.as_dict()

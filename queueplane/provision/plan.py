@@ -1,28 +1,61 @@
 """The plan: what the specs want, what the cluster has, and the changes between them.
 
 Planning is a pure function of the specs and a LiveState snapshot, so it is tested
-without a broker and ``apply`` executes exactly what ``plan`` showed.
+without a broker and ``apply`` executes exactly what ``plan`` showed. A queue whose owner
+records name a spec under the planned paths that no spec there declares any more is being
+removed: provision/removal.py finds it, plans what goes away (lines that carry ``removes``)
+and makes the whole plan; ``diff`` is told which queues are gone, so a new spec may take over
+what they owned (a rename).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
-from typing import Literal, TypeGuard, get_args
+from pathlib import Path
+from typing import Any, Literal, TypeGuard, get_args
 
 from queueplane.errors import PlanRefused
 from queueplane.kafka import names as kn
 from queueplane.kafka.cluster import AclKey, LiveConfig, LiveState
-from queueplane.kafka.owners import Owner
+from queueplane.kafka.owners import GROUP_KEY, Owner, QueueRecord, spec_key
 from queueplane.provision.acls import Acl, AclChanges, Operation, Resource, acl_changes, wanted_acls
 from queueplane.spec.model import QueueSpec, TopicSpec
 
-Action = Literal["create", "adopt", "change", "delete", "refuse"]
-Kind = Literal["topic", "partitions", "replication", "topic-config", "group", "group-config", "acl"]
-# "=" for a topic taken over as it is (Pulumi's mark for an import).
-SYMBOLS: dict[str, str] = {"create": "+", "adopt": "=", "change": "~", "delete": "-", "refuse": "!"}
-# The two halves an orchestrator applies as separate steps (each with its own log).
+Action = Literal["create", "adopt", "change", "delete", "refuse", "retain", "wait"]
+Kind = Literal[
+    "topic",
+    "partitions",
+    "replication",
+    "topic-config",
+    "group",
+    "group-config",
+    "acl",
+    "queue",
+    "release",
+    "queue-object",
+    "records",
+]
+# "=" for a topic taken over as it is (Pulumi's mark for an import), and for one a removal keeps;
+# ">" for a removal that waits (the worker still runs, the queue is not drained yet): shown, not
+# applied, and a change still to come (``--detailed-exitcode`` counts it).
+SYMBOLS: dict[str, str] = {
+    "create": "+",
+    "adopt": "=",
+    "change": "~",
+    "delete": "-",
+    "refuse": "!",
+    "retain": "=",
+    "wait": ">",
+}
+# Shown, never applied: what a removal keeps, and what it does later.
+PENDING: frozenset[str] = frozenset({"retain", "wait"})
+# The two halves an orchestrator applies as separate steps (each with its own log), and the
+# removals (every line that ``removes`` a queue: Change.part), which it applies only once approved.
 TOPIC_KINDS: frozenset[str] = frozenset({"topic", "partitions", "replication", "topic-config"})
-GROUP_KINDS: frozenset[str] = frozenset({"group", "group-config", "acl"})
+GROUP_KINDS: frozenset[str] = frozenset({"group", "group-config", "acl", "queue"})
+REMOVAL = "removal"
+REMOVAL_KINDS: frozenset[str] = frozenset({REMOVAL})
 Role = Literal["queue", "dead-letter", "markers", "output"]
 _RESOURCES: frozenset[str] = frozenset(get_args(Resource))  # the resources and operations of queueplane's ACLs
 _OPERATIONS: frozenset[str] = frozenset(get_args(Operation))
@@ -61,12 +94,27 @@ class Change:
     old: str | None = None
     new: str | None = None
     reason: str = ""
+    removes: str = ""  # team/name of the queue whose removal this line is part of
 
     @property
     def symbol(self) -> str:
         return SYMBOLS[self.action]
 
+    @property
+    def part(self) -> str:
+        """The part of the plan the line belongs to: its kind, or REMOVAL."""
+        return REMOVAL if self.removes else self.kind
+
+    @property
+    def applicable(self) -> bool:
+        """Whether ``apply`` makes this change (a kept or waiting line is only shown)."""
+        return self.action not in PENDING and self.action != "refuse"
+
     def describe(self) -> str:
+        if self.removes or self.action in PENDING or self.kind in ("queue", "release", "queue-object", "records"):
+            return self.reason
+        if self.field == "owner":
+            return f"owner: queue {self.old} -> {self.new} ({self.reason})"
         if self.action == "refuse":
             return f"{self.field}: {self.old} -> {self.new}: {self.reason}" if self.field else self.reason
         if self.kind == "acl":
@@ -85,6 +133,46 @@ def brief(changes: list[Change], limit: int = 5) -> str:
 
 
 @dataclass
+class Removal:
+    """What apply removes for one queue whose spec is gone, in the order it removes it; nothing
+    while the removal waits for its worker to stop."""
+
+    spec: str  # the removed spec, as the plan names it
+    release: tuple[str, str] | None = None  # (namespace, release) this removal uninstalls
+    application: str = ""  # team/application the release must belong to
+    # The queue's Queue object (namespace/name) and the release it goes with (this removal's or
+    # another removed queue's of the same application)
+    queue_object: tuple[str, tuple[str, str]] | None = None
+    acls: list[Acl] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    group_configs: dict[str, list[str]] = field(default_factory=dict)
+    topics: list[str] = field(default_factory=list)
+    forget: list[str] = field(default_factory=list)  # owner record keys, deleted last
+    # The queue's record as it is left while part of the removal waits (None: deleted with the rest)
+    keep_record: dict[str, Any] | None = None
+    renamed_to: list[str] = field(default_factory=list)  # planned queues that took over part of it
+    waits_for_worker: bool = False  # nothing is removed until the worker stops
+
+
+@dataclass(frozen=True)
+class RemovalOptions:
+    """How removals are planned: the grace a ``deletionPolicy: delete`` topic's newest record must
+    be older than, whether a dead-letter topic that holds records may go, and the time now."""
+
+    grace_s: int = 24 * 3600
+    force_delete_dlq: bool = False
+    now_ms: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"graceSeconds": self.grace_s, "forceDeleteDlq": self.force_delete_dlq}
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> RemovalOptions:
+        """The options as_dict wrote (a saved plan's); the time is the new plan's."""
+        return cls(int(value.get("graceSeconds", cls.grace_s)), bool(value.get("forceDeleteDlq", False)))
+
+
+@dataclass
 class Plan:
     cluster: str
     specs: list[str]
@@ -98,6 +186,16 @@ class Plan:
     # Per queue (team/name) whose ACLs change: the ACLs to create and delete, and the record of
     # the ACLs queueplane made for it once they are applied.
     acls: dict[str, AclChanges] = field(default_factory=dict, repr=False)
+    # The queue records (kafka/owners.QueueRecord fields, and the ACLs recorded when planned) of the
+    # planned queues, and the queues whose record apply writes (those with any change: the record
+    # says what a removal will need).
+    queue_fields: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    record_queues: set[str] = field(default_factory=set, repr=False)
+    # Per queue being removed (team/name): what apply deletes.
+    removals: dict[str, Removal] = field(default_factory=dict, repr=False)
+    # The planned paths (orphans are found under them) and how removals were planned.
+    paths: list[str] = field(default_factory=list, repr=False)
+    options: RemovalOptions = field(default_factory=RemovalOptions, repr=False)
 
     @property
     def refused(self) -> list[Change]:
@@ -105,7 +203,13 @@ class Plan:
 
     @property
     def actionable(self) -> list[Change]:
-        return [c for c in self.changes if c.action != "refuse"]
+        """The changes apply makes."""
+        return [c for c in self.changes if c.applicable]
+
+    @property
+    def pending(self) -> list[Change]:
+        """What a removal keeps, or does later: shown, never applied."""
+        return [c for c in self.changes if c.action in PENDING]
 
     def raise_if_refused(self) -> None:
         """Refusals block the whole apply, so a half-applied spec never happens by design."""
@@ -116,7 +220,7 @@ class Plan:
 
     def only(self, kinds: frozenset[str]) -> Plan:
         """The changes of these kinds; refusals of every kind stay, so a part never applies past one."""
-        kept = [c for c in self.changes if c.kind in kinds or c.action == "refuse"]
+        kept = [c for c in self.changes if c.part in kinds or c.action == "refuse"]
         topics = "topic" in kinds
         return Plan(
             self.cluster,
@@ -126,6 +230,11 @@ class Plan:
             {n: o for n, o in self.claims.items() if topics},
             {g: o for g, o in self.group_claims.items() if "group" in kinds},
             {q: c for q, c in self.acls.items() if "acl" in kinds},
+            self.queue_fields,
+            self.record_queues if "queue" in kinds else set(),
+            self.removals if REMOVAL in kinds else {},
+            self.paths,
+            self.options,
         )
 
     def counts(self) -> dict[str, int]:
@@ -135,6 +244,8 @@ class Plan:
         return {
             "cluster": self.cluster,
             "specs": self.specs,
+            "paths": self.paths,
+            "removal": self.options.as_dict(),
             "summary": self.counts(),
             "changes": [asdict(c) for c in self.changes],
         }
@@ -322,10 +433,13 @@ def _group_changes(group: DesiredGroup, live: LiveState) -> list[Change]:
     return out
 
 
-def _ownership(topic: DesiredTopic, owner: Owner | None) -> Change | None:
-    """None when the topic is this queue's; an adopt line, or a refusal, when it is not (yet)."""
+def _ownership(topic: DesiredTopic, owner: Owner | None, gone: Collection[str] = ()) -> Change | None:
+    """None when the topic is this queue's; an adopt line, a take-over from a queue being removed
+    (a rename), or a refusal, when it is not (yet)."""
     if owner is not None and owner.queue == topic.queue:
         return None
+    if owner is not None and owner.queue in gone:
+        return Change("change", "topic", topic.name, topic.spec, "owner", owner.queue, topic.queue, "renamed")
     if owner is not None:
         reason = (
             f"the topic belongs to queue {owner.queue} ({owner.spec}); two queues never share a topic, "
@@ -342,8 +456,12 @@ def _ownership(topic: DesiredTopic, owner: Owner | None) -> Change | None:
     return Change("adopt", "topic", topic.name, topic.spec, new=f"adopted as it is ({topic.role})")
 
 
-def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
-    """Every change needed to make the cluster match the specs; refusals for what must not change."""
+def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str, gone: Collection[str] = ()) -> Plan:
+    """Every change needed to make the cluster match the specs; refusals for what must not change.
+
+    ``gone``: the queues being removed (provision/removal.py), whose topics, group and ACLs a
+    spec may take over (a rename); their own lines are removal.plan_removals'.
+    """
     topics, groups = desired_state(queues, live)
     plan = Plan(cluster_label, sorted({q.source for q in queues}))
     brokers = len(live.broker_ids)
@@ -379,7 +497,7 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
             continue
         if not topic.managed:
             continue
-        ownership = _ownership(topic, live.owners.get(topic.name))
+        ownership = _ownership(topic, live.owners.get(topic.name), gone)
         if ownership is not None:
             plan.changes.append(ownership)
             if ownership.action == "refuse":
@@ -416,21 +534,103 @@ def diff(queues: list[QueueSpec], live: LiveState, cluster_label: str) -> Plan:
             "topic-config", topic.name, topic.spec, topic.config, live.topic_configs.get(topic.name, {})
         )
     for queue in queues:
-        _plan_group_owner(plan, queue, live)
+        _plan_group_owner(plan, queue, live, gone)
         _plan_foreign_output(plan, queue, live)
     for group in groups:
         plan.changes += _group_changes(group, live)
+    handed_over = {a for q in gone for a in recorded_acls(live, q)}
     for queue in queues:
-        _plan_acls(plan, queue, live)
+        _plan_acls(plan, queue, live, handed_over)
+    for queue in queues:
+        _plan_queue_record(plan, queue, live, gone)
+    changed = {c.spec for c in plan.changes if c.applicable}
+    plan.record_queues = {q.owner for q in queues if q.source in changed}
     return plan
 
 
-def _plan_group_owner(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
-    """A group id belongs to the first queue apply claimed it for: another queue's is refused,
-    an unclaimed one is claimed (recorded before anything else of the plan's group half)."""
+def recorded_acls(live: LiveState, queue: str) -> set[Acl]:
+    """The ACLs apply recorded making for ``queue``."""
+    return {Acl(**a) for a in live.acl_records.get(queue, [])}
+
+
+def _plan_queue_record(plan: Plan, queue: QueueSpec, live: LiveState, gone: Collection[str]) -> None:
+    """The queue's record says what removal needs once the spec is gone (kafka/owners.QueueRecord).
+    It is written with any change of the queue; a line shows a rename, and a record that differs
+    from the spec in a queue with no other change (such as a new ``deletionPolicy``)."""
+    wanted = QueueRecord(
+        queue.owner,
+        str(Path(queue.source).resolve()),
+        spec_key(queue.source),
+        queue.deletion_policy,
+        queue.group.type,
+        queue.application,
+        queue.namespace,
+        queue.deploy_target,
+        recorded=True,
+    )
+    plan.queue_fields[queue.owner] = {**wanted.fields(), "acls": live.acl_records.get(queue.owner, [])}
+    taken = [(key, owner) for key, owner in _owned_names(live) if key in _names_of(queue) and owner in gone]
+    renamed = sorted({owner for _, owner in taken})
+    if renamed:
+        passed = ", ".join(sorted(key for key, _ in taken))
+        reason = (
+            f"renamed from queue {', '.join(renamed)}: {passed} pass to {queue.owner}; the rest of "
+            f"{', '.join(renamed)} is removed (its lines below)"
+        )
+        plan.changes.append(Change("change", "queue", queue.owner, queue.source, reason=reason))
+        return
+    if any(c.spec == queue.source and c.applicable for c in plan.changes):
+        return  # written with the queue's other changes
+    current = QueueRecord.from_record(queue.owner, live.queue_records.get(queue.owner))
+    differs = [
+        (name, old, new)
+        for name, old, new in (
+            ("deletionPolicy", current.deletion_policy, wanted.deletion_policy),
+            ("application", current.application, wanted.application),
+            ("namespace", current.namespace, wanted.namespace),
+            ("target", current.target, wanted.target),
+        )
+        if old != new
+    ]
+    if current.recorded and not _same_spec(current, wanted):
+        differs.append(("spec", current.spec_key or current.spec, wanted.spec_key or wanted.spec))
+    if differs:
+        reason = "recorded " + ", ".join(f"{name}: {old} -> {new}" for name, old, new in differs)
+        plan.changes.append(Change("change", "queue", queue.owner, queue.source, reason=reason))
+
+
+def _names_of(queue: QueueSpec) -> set[str]:
+    """The record keys of what the queue owns: its topics and ``group:<id>``."""
+    return {name for _, name in queue.owned_topics()} | {GROUP_KEY + queue.group.id}
+
+
+def _owned_names(live: LiveState) -> list[tuple[str, str]]:
+    return [(n, o.queue) for n, o in live.owners.items()] + [
+        (GROUP_KEY + g, o.queue) for g, o in live.group_owners.items()
+    ]
+
+
+def _same_spec(current: QueueRecord, wanted: QueueRecord) -> bool:
+    """Whether a record names the spec file: by its place in the repository when both have one (each
+    checkout has its own absolute path), else by the absolute path."""
+    if current.spec_key and wanted.spec_key:
+        return current.spec_key == wanted.spec_key
+    return current.spec == wanted.spec
+
+
+def _plan_group_owner(plan: Plan, queue: QueueSpec, live: LiveState, gone: Collection[str] = ()) -> None:
+    """A group id belongs to the first queue apply claimed it for: another queue's is refused (one
+    being removed hands it over: a rename), an unclaimed one is claimed (recorded before anything
+    else of the plan's group half)."""
     group = queue.group.id
     owner = live.group_owners.get(group)
     if owner is not None and owner.queue == queue.owner:
+        return
+    if owner is not None and owner.queue in gone:
+        plan.changes.append(
+            Change("change", "group", group, queue.source, "owner", owner.queue, queue.owner, "renamed")
+        )
+        plan.group_claims[group] = Owner(queue.owner, queue.source, "group")
         return
     if owner is not None:
         reason = (
@@ -480,9 +680,12 @@ def _known_acls(keys: set[AclKey]) -> set[Acl]:
     }
 
 
-def _plan_acls(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
+def _plan_acls(plan: Plan, queue: QueueSpec, live: LiveState, handed_over: Collection[Acl] = ()) -> None:
+    """The queue's ACL changes. ``handed_over``: ACLs apply made for queues being removed; those this
+    queue wants become its own (a renamed queue keeps its grants), the rest the removal revokes."""
     wanted = wanted_acls(queue)
-    recorded = {Acl(**a) for a in live.acl_records.get(queue.owner, [])}
+    own = recorded_acls(live, queue.owner)
+    recorded = own | (set(handed_over) & set(wanted))
     if not wanted and not recorded:
         return
     if live.acls is None:
@@ -496,5 +699,5 @@ def _plan_acls(plan: Plan, queue: QueueSpec, live: LiveState) -> None:
     for acl in changes.delete:
         reason = "no longer in the spec"
         plan.changes.append(Change("delete", "acl", acl.describe(), queue.source, reason=reason))
-    if changes.create or changes.delete or set(changes.record) != recorded:
+    if changes.create or changes.delete or set(changes.record) != own:
         plan.acls[queue.owner] = changes

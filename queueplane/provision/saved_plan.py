@@ -1,19 +1,24 @@
 """Saved plans: what an approver saw is what gets applied, or nothing is.
 
-``plan --out FILE`` writes the plan with what it was made from: the spec files (their paths
-and a digest of their bytes) and a digest of the live state it read. ``apply FILE`` reads
-the specs and the cluster again and goes ahead only when both digests match and the plan made
-now is, change for change, the one in the file; otherwise it refuses with ``PlanStale`` (its
-own exit code) and changes nothing. Re-planning instead of replaying the file keeps one path
-for applying (the batched steps, the owner claims first, the read-back), and the equality
-check makes it the saved plan exactly.
+``plan --out FILE`` writes the plan with what it was made from: the planned paths, the spec
+files (their paths and a digest of their bytes), how removals were planned (the grace, the
+DLQ force) and a digest of the live state it read. ``apply FILE`` plans the same paths again
+and goes ahead only when both digests match and the plan made now is, change for change, the
+one in the file; otherwise it refuses with ``PlanStale`` (its own exit code) and changes
+nothing. A removal is part of the plan like any change: a spec removed, added or edited
+since, or a removed queue's group, topics or records changed on the cluster, make it stale.
+Re-planning instead of replaying the file keeps one path for applying (the batched steps, the
+owner claims first, the read-back), and the equality check makes it the saved plan exactly.
 
-The live digests cover everything the plan read, in two parts: the topics (their partitions,
-managed configs and owner records) and the groups (group configs and claims, ACL records and
-the specs' principals' ACLs), each with the brokers and their defaults. A change anywhere else
-on the cluster does not make a plan stale. Two parts, because the DAG applies a plan in two
-tasks: once its topic task has applied the topic changes, the group task checks only the part
-it applies, which the topic task did not touch.
+The live digests cover everything the plan read, in three parts: the topics (their partitions,
+managed configs and owner records), the groups (group configs and claims, queue and ACL
+records and the specs' principals' ACLs), and the removals (the removed queues' records and
+ACLs, whether their topics hold records, their groups' members, lag and configs: whether, not
+how many, so a worker still draining does not make the plan stale by itself; the plan's lines
+decide), each with the brokers and their defaults. A change anywhere else on the cluster does
+not make a plan stale. Parts, because Airflow applies a plan in separate tasks: once one task
+has applied its changes, the next checks only the part it applies, which the others did not
+touch.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from queueplane.errors import PlanStale, UsageError
 from queueplane.kafka.cluster import LiveState
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
-from queueplane.provision.plan import GROUP_KINDS, TOPIC_KINDS
+from queueplane.provision.plan import GROUP_KINDS, REMOVAL, REMOVAL_KINDS, TOPIC_KINDS, RemovalOptions
 from queueplane.spec.model import QueueSpec
 
 FORMAT = "queueplane-plan/1"
@@ -36,7 +41,14 @@ FORMAT = "queueplane-plan/1"
 _SHARED = ("cluster_id", "broker_ids", "broker_configs")
 PARTS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "topics": ((*_SHARED, "topics", "topic_configs", "owners"), TOPIC_KINDS),
-    "groups": ((*_SHARED, "group_configs", "group_config_names", "group_owners", "acl_records", "acls"), GROUP_KINDS),
+    "groups": (
+        (*_SHARED, "group_configs", "group_config_names", "group_owners", "queue_records", "acl_records", "acls"),
+        GROUP_KINDS,
+    ),
+    "removals": (
+        (*_SHARED, "owners", "group_owners", "queue_records", "acls", "removed_topics", "removed_groups"),
+        REMOVAL_KINDS,
+    ),
 }
 
 
@@ -47,6 +59,8 @@ class SavedPlan:
     path: str
     specs: list[str]
     specs_digest: str
+    paths: list[str]  # what was planned: the removed specs' queues are found under them
+    removal: dict[str, Any]  # RemovalOptions.as_dict()
     cluster_id: str
     live_digests: dict[str, str]
     plan: dict[str, Any]
@@ -55,6 +69,8 @@ class SavedPlan:
         """The plan file's content (also what the DAG's plan task hands its apply tasks)."""
         return {
             "format": FORMAT,
+            "paths": self.paths,
+            "removal": self.removal,
             "specs": self.specs,
             "specs_digest": self.specs_digest,
             "cluster_id": self.cluster_id,
@@ -82,7 +98,16 @@ def _digest(value: Any) -> str:
 def live_digests(live: LiveState) -> dict[str, str]:
     """A digest of each part of what the plan read from the cluster."""
     state = asdict(live)
+    # Of a removed queue's topics and groups, whether (not how much) they hold records, members and lag.
+    state["removed_topics"] = {name: c.records > 0 for name, c in live.removed_topics.items()}
+    state["removed_groups"] = {
+        group: [g.exists, _some(g.members), _some(g.lag), list(g.configs)] for group, g in live.removed_groups.items()
+    }
     return {part: _digest({name: state[name] for name in fields}) for part, (fields, _) in PARTS.items()}
+
+
+def _some(count: int | None) -> bool | None:
+    return None if count is None else count > 0
 
 
 def specs_digest(queues: list[QueueSpec]) -> str:
@@ -97,6 +122,8 @@ def saved(planned: steps.Planned, origin: str = "the plan") -> SavedPlan:
         origin,
         sorted({str(Path(q.source).resolve()) for q in planned.queues}),
         specs_digest(planned.queues),
+        list(planned.paths),
+        planned.options.as_dict(),
         planned.live.cluster_id,
         live_digests(planned.live),
         planned.plan.as_dict(),
@@ -137,6 +164,8 @@ def parse(document: Any, origin: str) -> SavedPlan:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise UsageError(f"{origin}: /format: not a saved plan of this version (expected {FORMAT!r})")
     for key, kind in (
+        ("paths", list),
+        ("removal", dict),
         ("specs", list),
         ("specs_digest", str),
         ("cluster_id", str),
@@ -152,6 +181,8 @@ def parse(document: Any, origin: str) -> SavedPlan:
         origin,
         document["specs"],
         document["specs_digest"],
+        document["paths"],
+        document["removal"],
         document["cluster_id"],
         document["live_digests"],
         document["plan"],
@@ -169,7 +200,10 @@ def replan(saved: SavedPlan, target: KafkaTarget, kinds: frozenset[str] | None =
     missing = [spec for spec in saved.specs if not Path(spec).is_file()]
     if missing:
         raise PlanStale(f"{saved.path}: the spec {missing[0]} is gone since the plan was made; nothing was changed")
-    planned = steps.plan(saved.specs, target)
+    gone = [path for path in saved.paths if not Path(path).exists()]
+    if gone:
+        raise PlanStale(f"{saved.path}: {gone[0]} is gone since the plan was made; nothing was changed")
+    planned = steps.plan(saved.paths, target, RemovalOptions.from_dict(saved.removal))
     if specs_digest(planned.queues) != saved.specs_digest:
         raise PlanStale(f"{saved.path}: the specs changed since the plan was made; plan again. Nothing was changed")
     if planned.live.cluster_id != saved.cluster_id:
@@ -189,6 +223,10 @@ def replan(saved: SavedPlan, target: KafkaTarget, kinds: frozenset[str] | None =
 
 
 def _changes(plan: dict[str, Any], kinds: frozenset[str] | None) -> list[Any]:
-    """A plan's change lines of ``kinds`` (all when None), refusals always."""
+    """A plan's change lines of ``kinds`` (all when None; a removal's lines are REMOVAL's), refusals always."""
     changes: list[dict[str, Any]] = plan.get("changes") or []
-    return [c for c in changes if kinds is None or c.get("kind") in kinds or c.get("action") == "refuse"]
+
+    def part(change: dict[str, Any]) -> Any:
+        return REMOVAL if change.get("removes") else change.get("kind")
+
+    return [c for c in changes if kinds is None or part(c) in kinds or c.get("action") == "refuse"]

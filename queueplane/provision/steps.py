@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from queueplane.deploy.kube_access import KubeAccess
+from queueplane.errors import UsageError
 from queueplane.kafka.cluster import Cluster, LiveState
 from queueplane.kafka.target import KafkaTarget
+from queueplane.provision import removal
 from queueplane.provision.acls import wanted_acls
 from queueplane.provision.apply import ApplyFailed, ApplyReport, apply_plan
-from queueplane.provision.plan import MAX_MESSAGE_BYTES, Plan, brief, desired_state, diff
+from queueplane.provision.plan import MAX_MESSAGE_BYTES, Plan, RemovalOptions, brief, desired_state
 from queueplane.spec.cache import SpecCache
 from queueplane.spec.files import expand_paths, read_spec_file
 from queueplane.spec.model import QueueSpec
@@ -55,17 +59,41 @@ class Planned:
     plan: Plan
     cluster: Cluster
     live: LiveState  # what the plan read (a saved plan keeps its digest)
+    paths: list[str] = field(default_factory=list)  # what was planned: orphans are found under them
+    options: RemovalOptions = field(default_factory=RemovalOptions)
 
 
-def plan(paths: list[str], target: KafkaTarget) -> Planned:
-    """Check the specs, read the cluster in batched requests, and diff."""
+def _no_specs_under(paths: list[str]) -> bool:
+    """Whether ``paths`` are folders holding no spec at all: their last specs were removed, and
+    planning them removes what those specs made."""
+    if not paths or not all(Path(p).is_dir() for p in paths):
+        return False
+    try:
+        expand_paths(paths)
+    except UsageError:
+        return True
+    return False
+
+
+def plan(paths: list[str], target: KafkaTarget, options: RemovalOptions | None = None) -> Planned:
+    """Check the specs, read the cluster in batched requests, and diff; queues whose specs are
+    gone from ``paths`` are removed as ``options`` say (provision/removal.py)."""
+    if _no_specs_under(paths):
+        return plan_queues([], Cluster(target), paths, options)
     loaded = check_specs(paths)
     loaded.raise_if_invalid()
     cluster = Cluster(target)
-    return plan_queues(loaded.with_bounds(broker_bounds(cluster)).raise_if_invalid(), cluster)
+    return plan_queues(loaded.with_bounds(broker_bounds(cluster)).raise_if_invalid(), cluster, paths, options)
 
 
-def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
+def plan_queues(
+    queues: list[QueueSpec], cluster: Cluster, paths: list[str] | None = None, options: RemovalOptions | None = None
+) -> Planned:
+    """The plan of ``queues``, and of the removal of every queue whose spec is gone from ``paths``
+    (the planned files and folders, kept absolute so a saved plan finds them from anywhere)."""
+    paths = [str(Path(p).resolve()) for p in (paths if paths is not None else [q.source for q in queues])]
+    # The time the removal grace counts from is the plan's.
+    options = replace(options or RemovalOptions(), now_ms=int(time.time() * 1000))
     topics, groups = desired_state(queues)
     configured = {t.name: list(t.config) for t in topics if t.managed and t.config}
     for topic in topics:  # a queue topic's size bounds its DLQ's (plan.dead_letter_config), set or not
@@ -75,27 +103,34 @@ def plan_queues(queues: list[QueueSpec], cluster: Cluster) -> Planned:
     live = cluster.read_state(
         [t.name for t in topics], [g.id for g in groups], configured, principals, [q.owner for q in queues]
     )
+    gone = removal.orphans(queues, live, paths)
+    if gone:
+        cluster.read_removals(live, *removal.reads(queues, live, gone))
     label = f"{cluster.target.label}, {len(cluster.broker_ids)} broker(s)"
-    return Planned(queues, diff(queues, live, label), cluster, live)
+    planned = removal.plan_with_removals(queues, live, label, paths, options, gone)
+    return Planned(queues, planned, cluster, live, paths, options)
 
 
 def apply(
     planned: Planned,
     on_step: Callable[[str, int], None] = lambda _s, _n: None,
     kinds: frozenset[str] | None = None,
+    kube: KubeAccess | None = None,
 ) -> ApplyReport:
     """Apply the plan (only changes of ``kinds`` if given), then read the cluster back until it matches.
 
     Brokers pick up config changes from the metadata log a moment after the controller
-    accepts them; reading back makes "apply finished" mean "a new plan is empty".
+    accepts them; reading back makes "apply finished" mean "a new plan has nothing to apply"
+    (what a removal keeps or waits for stays in it). ``kube``: how to reach the Kubernetes
+    cluster whose Helm releases a removal uninstalls.
     """
     plan = planned.plan.only(kinds) if kinds is not None else planned.plan
-    report = apply_plan(planned.cluster, plan, on_step)
+    report = apply_plan(planned.cluster, plan, on_step, kube)
     on_step("waiting for the brokers to show the changes", 0)
     deadline = time.monotonic() + VERIFY_TIMEOUT_S
     while True:
-        latest = plan_queues(planned.queues, planned.cluster).plan
-        remaining = (latest.only(kinds) if kinds is not None else latest).changes
+        latest = plan_queues(planned.queues, planned.cluster, planned.paths, planned.options).plan
+        remaining = (latest.only(kinds) if kinds is not None else latest).actionable
         if not remaining:
             return report
         if time.monotonic() > deadline:

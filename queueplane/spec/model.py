@@ -15,6 +15,7 @@ from queueplane.spec import durations
 from queueplane.spec.schema import apply_defaults
 
 GroupType = Literal["consumer", "share", "kmq"]
+DeletionPolicy = Literal["retain", "delete"]
 Ordering = Literal["none", "partition", "key"]
 
 
@@ -100,6 +101,8 @@ class QueueSpec:
     # processing.setup and processing.teardown: module:function, run once per worker process
     setup: str | None = None
     teardown: str | None = None
+    # spec.deletionPolicy: whether removing the spec deletes its topics (provision/removal in plan.py)
+    deletion_policy: DeletionPolicy = "retain"
 
     def memory_mi(self, role: str) -> int:
         """``deployment.<role>.memory`` (driver or executor) in MiB: the schema allows ``<n>m`` or ``<n>g``."""
@@ -211,4 +214,5 @@ def build(document: dict[str, Any], source: str) -> QueueSpec:
         producer_principals=tuple(spec.get("access", {}).get("producers", [])),
         setup=processing.get("setup"),
         teardown=processing.get("teardown"),
+        deletion_policy=spec.get("deletionPolicy", "retain"),
     )

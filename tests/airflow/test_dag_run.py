@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from airflow.models.xcom import XComModel
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.utils.session import create_session
@@ -65,7 +66,15 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     }
     planned = _xcom(first, "plan")["plan"]
     # Three topics and the group's claim.
-    assert planned["summary"] == {"create": 4, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
+    assert planned["summary"] == {
+        "create": 4,
+        "adopt": 0,
+        "change": 5,
+        "delete": 0,
+        "refuse": 0,
+        "retain": 0,
+        "wait": 0,
+    }
     admin = _admin(kafka)
     topics = admin.list_topics(timeout=10).topics
     for name in (f"{tag}.cafe.coffee-orders.v1", f"{tag}.cafe.coffee-orders.v1.dlq", f"{tag}.cafe.drinks-ready.v1"):
@@ -86,7 +95,8 @@ def test_spec_dag_provisions_kafka_and_a_second_run_changes_nothing(specs, kafka
     second = dag.test(run_conf={"deploy": False})
 
     assert second.state == "success", _states(second)
-    assert _xcom(second, "plan")["plan"]["summary"] == {"create": 0, "adopt": 0, "change": 0, "delete": 0, "refuse": 0}
+    nothing = {"create": 0, "adopt": 0, "change": 0, "delete": 0, "refuse": 0, "retain": 0, "wait": 0}
+    assert _xcom(second, "plan")["plan"]["summary"] == nothing
     assert _xcom(second, "apply_topics")["applied"] == []
     assert _xcom(second, "apply_group_configs")["applied"] == []
     assert len(_asset_events(uri)) == 2, "a run that finds the queue provisioned says so again"
@@ -131,10 +141,53 @@ def test_reconcile_passes_when_the_cluster_matches_and_fails_on_drift(specs, kaf
 
     drifted = reconcile.test()
     assert drifted.state == "failed"
-    assert _states(drifted) == {"plan_all": "failed"}
+    assert _states(drifted) == {"plan_all": "success", "remove_queues": "success", "check_drift": "failed"}
     drift = rf"drift: .*topic-config {tag}\.cafe\.coffee-orders\.v1 retention\.ms: 3600000 -> 604800000"
     with pytest.raises(AirflowFailException, match=drift):
-        reconcile.get_task("plan_all").execute(context={})
+        reconcile.get_task("check_drift").execute(context={})
+
+
+def test_reconcile_removes_a_removed_specs_queue_only_in_a_run_that_approves_it(specs, kafka):
+    """The scheduled run is the dry run: it shows the removal, applies nothing and reports drift.
+    A run triggered with approve_removal applies exactly what its plan_all showed."""
+    from queueplane.kafka.owners import read_records
+    from queueplane.provision import steps
+
+    root, tag = specs
+    refunds = root / "payments" / "refunds.yaml"
+    refunds.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "queueplane.io/v1",
+                "kind": "Queue",
+                "metadata": {"name": "refunds", "team": "payments"},
+                "spec": {
+                    "topic": {"name": f"payments.{tag}.refunds.v1", "partitions": 1},
+                    "group": {"type": "consumer", "id": f"payments-{tag}-refunds"},
+                    "processing": {"handler": "payments.ledger:post"},
+                    "deployment": {"target": "spark-submit"},
+                },
+            }
+        )
+    )
+    steps.apply(steps.plan([str(root)], kafka))  # every queue provisioned: no drift but the removal
+    refunds.unlink()
+    topic, queue = f"payments.{tag}.refunds.v1", "payments/refunds"
+    reconcile = reconcile_dag(root)
+
+    dry = reconcile.test()
+    assert _states(dry) == {"plan_all": "success", "remove_queues": "skipped", "check_drift": "failed"}
+    shown = [c for c in _xcom(dry, "plan_all")["plan"]["changes"] if c["removes"] == queue]
+    assert ("delete", "records", queue) in {(c["action"], c["kind"], c["target"]) for c in shown}
+    assert ("retain", "topic", topic) in {(c["action"], c["kind"], c["target"]) for c in shown}
+    assert f"acls:{queue}" in read_records(kafka) and f"group:payments-{tag}-refunds" in read_records(kafka)
+
+    approved = reconcile.test(run_conf={"approve_removal": True})
+    assert approved.state == "success", _states(approved)
+    assert _states(approved) == {"plan_all": "success", "remove_queues": "success", "check_drift": "success"}
+    records = read_records(kafka)
+    assert not [k for k, v in records.items() if k == f"acls:{queue}" or v.get("queue") == queue]
+    assert topic in _admin(kafka).list_topics(timeout=10).topics, "deletionPolicy retain keeps the topic"
 
 
 def test_a_spec_dag_provisions_a_secured_cluster_through_the_kafka_connection(

@@ -36,7 +36,7 @@ def _examples_and(tmp_path: Path, monkeypatch, where: str, doc: dict) -> None:
     """The DAG processor's specs folder: the examples (under their platform file) and ``doc`` at ``where``."""
     specs = tmp_path / "specs"
     shutil.copytree(EXAMPLES, specs / "examples")
-    (specs / where).parent.mkdir(parents=True)
+    (specs / where).parent.mkdir(parents=True, exist_ok=True)
     (specs / where).write_text(yaml.safe_dump(doc, sort_keys=False))
     monkeypatch.setenv(SPECS_DIR_ENV, str(specs))
 
@@ -106,6 +106,35 @@ def test_a_spec_no_platform_file_governs_is_an_import_error_and_gets_no_dag(airf
 def test_the_reconcile_schedule_is_configurable(airflow_db, monkeypatch):
     monkeypatch.setenv("QUEUEPLANE_RECONCILE_SCHEDULE", "*/15 * * * *")
     assert _bag().dags[RECONCILE_DAG_ID].timetable.expression == "*/15 * * * *"
+
+
+def test_the_reconcile_dag_removes_only_once_a_run_approves_and_the_grace_is_the_platforms(airflow_db, monkeypatch):
+    monkeypatch.delenv(SPECS_DIR_ENV, raising=False)
+    monkeypatch.setenv("QUEUEPLANE_REMOVAL_GRACE", "6h")
+    reconcile = _bag().dags[RECONCILE_DAG_ID]
+    assert [t.task_id for t in reconcile.topological_sort()] == ["plan_all", "remove_queues", "check_drift"]
+    assert dict(reconcile.params) == {"approve_removal": False, "force_delete_dlq": False}
+    assert reconcile.get_task("remove_queues").plan_task_id == "plan_all"
+    assert {reconcile.get_task(t).removal_grace_s for t in ("plan_all", "check_drift")} == {6 * 3600}
+    assert reconcile.get_task("check_drift").trigger_rule == "all_done", "a dry run's skip still checks drift"
+
+
+def test_a_removed_spec_takes_its_dag_with_it(airflow_db, monkeypatch, tmp_path):
+    extra = yaml.safe_load((EXAMPLES / "payments" / "payment-events.yaml").read_text())
+    extra["metadata"]["name"] = "refunds"
+    extra["spec"]["topic"]["name"] = "payments.refunds.v1"
+    extra["spec"]["group"]["id"] = "payments-refunds"
+    extra["spec"]["processing"].pop("output", None)
+    _examples_and(tmp_path, monkeypatch, "examples/payments/refunds.yaml", extra)
+    before = _bag()
+    assert before.import_errors == {}
+    assert "queue__payments__refunds" in before.dag_ids
+
+    (tmp_path / "specs" / "examples" / "payments" / "refunds.yaml").unlink()
+    after = _bag()
+
+    assert after.import_errors == {}
+    assert set(after.dag_ids) == set(before.dag_ids) - {"queue__payments__refunds"}
 
 
 def test_parsing_writes_nothing_and_a_tasks_parse_builds_only_its_dag(airflow_db, monkeypatch, tmp_path):

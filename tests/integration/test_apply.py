@@ -287,7 +287,7 @@ def test_plan_json_and_live_broker_bounds(kafka, tmp_path, cli_env):
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     # Three topics and the group's claim.
-    assert plan["summary"] == {"create": 4, "adopt": 0, "change": 5, "delete": 0, "refuse": 0}
+    assert plan["summary"] == {"create": 4, "adopt": 0, "change": 5, "delete": 0, "refuse": 0, "retain": 0, "wait": 0}
     assert {c["target"] for c in plan["changes"] if c["kind"] == "topic"} == {
         f"{tag}.json",
         f"{tag}.json.dlq",
