@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -94,20 +93,17 @@ def test_an_image_without_a_tag_or_tagged_latest_is_refused(kubeconfig, image):
     assert line == f"{IMAGE}={image}: give the image as repository:tag, with a tag other than latest"
 
 
-def test_a_kubernetes_test_without_a_cluster_stops_at_its_fixture_with_the_one_line():
-    """Run as `nobody` when this runs as root, so the local cluster is not there to fall back on."""
-    with tempfile.TemporaryDirectory(prefix="qp-no-cluster-") as home:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEUEPLANE_", "PYTEST_"))}
-        env.update(HOME=home, COLUMNS="400")
-        as_user: list[str] = []
-        if os.geteuid() == 0:
-            as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-            os.chmod(home, 0o777)  # under /tmp, which nobody can reach (pytest's tmp_path it cannot)
-        target = "tests/kubernetes/test_local_cluster.py"
-        command = [*as_user, sys.executable, "-m", "pytest", target, "-p", "no:cacheprovider", "-q"]
-        done = subprocess.run(
-            [*command, f"--basetemp={home}/run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-        )
+def test_a_kubernetes_test_without_a_cluster_stops_at_its_fixture_with_the_one_line(tmp_path):
+    """As root, the run is in a user namespace of its own, where its uid is nobody's: root on
+    Linux is not there to fall back on, and the files it reads and writes are still its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUEUEPLANE_", "PYTEST_"))}
+    env.update(HOME=str(tmp_path), COLUMNS="400")
+    as_nobody = ["unshare", "--user", "--"] if os.geteuid() == 0 else []
+    target = "tests/kubernetes/test_local_cluster.py"
+    command = [*as_nobody, sys.executable, "-m", "pytest", target, "-p", "no:cacheprovider", "-q"]
+    done = subprocess.run(
+        [*command, f"--basetemp={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     said = done.stdout + done.stderr
     assert done.returncode == 1, said
     assert said.strip().splitlines()[-1].startswith("3 errors in "), said
