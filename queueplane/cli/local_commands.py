@@ -139,7 +139,9 @@ def _cmd_kubernetes(args: argparse.Namespace) -> int:
             kafka = LocalStack.default().up(say=lambda message: status.update(f"local Kafka: {message}"), pods=True)
         out.print(f"KUBECONFIG={info['kubeconfig']}", markup=False)
         if not args.no_worker_image and kafka.pod_bootstrap:
-            path = write_local_values(cluster.home / "cluster-values.yaml", images.worker_image(), kafka.pod_bootstrap)
+            path = write_local_values(
+                cluster.home / "cluster-values.yaml", images.worker_image().reference, kafka.pod_bootstrap
+            )
             out.print(f"cluster values for `queueplane deploy --values`: {path}", markup=False)
         return EXIT_OK
     if action == "down":

@@ -100,12 +100,15 @@ class StackState:
     version: str
     directory: str
     started_at: float
-    # A listener on the local Kubernetes' node address, for pods (their 127.0.0.1 is their own).
+    # A listener for Kubernetes pods (their 127.0.0.1 is their own), on the local cluster's node
+    # address unless `up` was given another (``pod_host``).
     pod_port: int | None = None
     # The SASL_SSL listener (SCRAM-SHA-512 over TLS), when the broker was started secure.
     secure_port: int | None = None
     # The TLS listener that requires a client certificate (mTLS), beside it.
     mtls_port: int | None = None
+    # The address the pod listener is on; None (state written before it was recorded): the node address.
+    pod_host: str | None = None
 
     @property
     def secure_bootstrap(self) -> str | None:
@@ -121,8 +124,8 @@ class StackState:
 
     @property
     def pod_bootstrap(self) -> str | None:
-        """bootstrap.servers for pods of the local Kubernetes, when the broker listens for them."""
-        return f"{NODE_IP}:{self.pod_port}" if self.pod_port else None
+        """bootstrap.servers for Kubernetes pods, when the broker listens for them."""
+        return f"{self.pod_host or NODE_IP}:{self.pod_port}" if self.pod_port else None
 
 
 @dataclass
@@ -229,35 +232,45 @@ class LocalStack:
             return None
         return state
 
-    def up(self, say: Callable[[str], None] = lambda _m: None, pods: bool | None = None) -> StackState:
+    def up(
+        self, say: Callable[[str], None] = lambda _m: None, pods: bool | None = None, pod_host: str | None = None
+    ) -> StackState:
         """Start the broker unless it already runs; return once it serves requests.
 
         ``pods`` asks for the listener Kubernetes pods reach the broker at (True) or for none
         (False): a running broker without it is restarted, on the same data and ports. None
         leaves a running broker as it is, so ``local up`` never restarts one that clients use,
         and a broker it starts listens for pods when the local cluster's bridge exists.
+        ``pod_host`` is the address of this machine that pods reach, where that listener binds
+        and which it advertises: the local cluster's node address unless another cluster's pods
+        come in elsewhere (a kind network's gateway, say); a listener on another one is moved.
         """
         with self._lock():
             state = self.running_state()
             if pods is None:
                 pods = state.pod_port is not None if state is not None else node_address_present()
+                pod_host = pod_host or (state.pod_host if state is not None else None)
+            pod_host = (pod_host or NODE_IP) if pods else None
+            running_pod_host = (state.pod_host or NODE_IP) if state is not None and state.pod_port else None
             # A restart (for the pod listener) keeps a SASL_SSL listener that clients use.
             secure = self.secure or (state is not None and state.secure_port is not None)
             if state is not None and port_open(HOST, state.port):
-                if pods == (state.pod_port is not None) and secure == (state.secure_port is not None):
+                if pod_host == running_pod_host and secure == (state.secure_port is not None):
                     say("already running")
                     return state
-                if pods != (state.pod_port is not None):
-                    say("restarting to " + ("add" if pods else "drop") + " the listener for Kubernetes pods")
-                else:
+                if pod_host == running_pod_host:
                     say("restarting to add the SASL_SSL listener")
+                elif pod_host and running_pod_host:
+                    say(f"restarting to move the listener for Kubernetes pods to {pod_host}")
+                else:
+                    say("restarting to " + ("add" if pods else "drop") + " the listener for Kubernetes pods")
                 terminate(state.pid)
             self.fetch(say)
             port, controller_port = self._ports()
-            pod_port = self._pod_port() if pods else None
+            pod_port = self._kept_port("pod-port.json", pod_host) if pod_host else None
             secure_port = self._kept_port("secure-port.json", HOST) if secure else None
             mtls_port = self._kept_port("mtls-port.json", HOST) if secure else None
-            self._write_configs(port, controller_port, pod_port, secure_port, mtls_port)
+            self._write_configs(port, controller_port, pod_port, secure_port, mtls_port, pod_host)
             if not (self.data_dir / "meta.properties").is_file():
                 say("formatting KRaft storage")
                 self._format()
@@ -273,6 +286,7 @@ class LocalStack:
                 pod_port,
                 secure_port,
                 mtls_port,
+                pod_host,
             )
             self.state_file.write_text(json.dumps(asdict(state), indent=2))
             self._wait_ready(state, say)
@@ -354,10 +368,6 @@ class LocalStack:
         self.directory.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(port))
         return port
-
-    def _pod_port(self) -> int:
-        """The pod listener's port, kept across restarts like the others."""
-        return self._kept_port("pod-port.json", NODE_IP)
 
     def _kept_port(self, name: str, host: str) -> int:
         """A listener's port, recorded in ``name`` and kept across restarts while it is free."""
@@ -462,9 +472,10 @@ class LocalStack:
         pod_port: int | None = None,
         secure_port: int | None = None,
         mtls_port: int | None = None,
+        pod_host: str | None = None,
     ) -> None:
         # Each listener advertises itself, so a client is sent back to the address it came in on.
-        advertised = f"PLAINTEXT://{HOST}:{port}" + (f",PODS://{NODE_IP}:{pod_port}" if pod_port else "")
+        advertised = f"PLAINTEXT://{HOST}:{port}" + (f",PODS://{pod_host}:{pod_port}" if pod_host else "")
         advertised += f",SASL_SSL://{HOST}:{secure_port}" if secure_port else ""
         advertised += f",MTLS://{HOST}:{mtls_port}" if mtls_port else ""
         listeners = advertised

@@ -10,6 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from helpers import run_cli
 
 from queueplane.errors import LocalStackError
+from queueplane.local.processes import port_open
 from queueplane.local.stack import LocalStack
 
 pytestmark = pytest.mark.kafka
@@ -50,6 +51,40 @@ def test_down_stops_by_pid_and_up_again_keeps_port_and_topics(tmp_path):
     finally:
         stack.down(purge=True)
     assert not (tmp_path / "local" / "data").exists()
+
+
+def test_the_pod_listener_is_on_the_address_given_kept_by_a_plain_up_and_moved_to_another(tmp_path):
+    """Pods of a cluster other than the local one reach this machine at another address (a kind
+    network's gateway, say): the broker listens for them and advertises itself there, an `up` that
+    asks nothing leaves it, and another address moves it, on the same port. 127.0.0.2 and
+    127.0.0.3 stand for two such addresses (Linux's loopback answers all of 127.0.0.0/8)."""
+
+    def advertised(bootstrap: str) -> list[str]:
+        brokers = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20).brokers.values()
+        return [f"{broker.host}:{broker.port}" for broker in brokers]
+
+    stack = LocalStack(tmp_path / "local")
+    try:
+        first = stack.up(pods=True, pod_host="127.0.0.2")
+        assert first.pod_bootstrap == f"127.0.0.2:{first.pod_port}"
+        assert advertised(first.pod_bootstrap) == [first.pod_bootstrap]
+        assert advertised(first.bootstrap) == [first.bootstrap], "host clients keep their own listener"
+        assert not port_open("127.0.0.3", first.pod_port), "bound to the address given only"
+
+        kept = stack.up()
+        assert (kept.pid, kept.pod_bootstrap) == (first.pid, first.pod_bootstrap)
+
+        said: list[str] = []
+        moved = stack.up(said.append, pods=True, pod_host="127.0.0.3")
+        assert moved.pid != first.pid and moved.port == first.port and moved.pod_port == first.pod_port
+        assert "restarting to move the listener for Kubernetes pods to 127.0.0.3" in said
+        assert moved.pod_bootstrap == f"127.0.0.3:{first.pod_port}"
+        assert advertised(moved.pod_bootstrap) == [moved.pod_bootstrap]
+        assert not port_open("127.0.0.2", first.pod_port)
+        recorded = stack.read_state()
+        assert recorded is not None and recorded.pod_bootstrap == moved.pod_bootstrap
+    finally:
+        stack.down(purge=True)
 
 
 def test_a_broker_without_share_groups_fails_clearly(tmp_path):

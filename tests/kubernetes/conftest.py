@@ -1,35 +1,59 @@
-"""The local Kubernetes for the tests: started once per session by the code users run.
+"""The cluster for the Kubernetes tests (tests/kubernetes_cluster.py says which), once per session.
 
-There is one local cluster per machine; a cluster already running (a developer's) is used as it
-is and left running, one the session started is stopped at its end. The session's broker is
-restarted once the cluster's bridge exists, so it also listens where pods reach it.
+A given cluster (QUEUEPLANE_TEST_KUBECONFIG) is used as it is. The local one is started by the
+code users run; a local cluster already running (a developer's) is used as it is and left
+running, one the session started is stopped at its end. Without either, each test here fails at
+its fixture with one line saying what is missing. The session's broker is restarted once the
+cluster is known, so it also listens where that cluster's pods reach this machine.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes_cluster import Cluster, Given, Missing, choose, given_cluster, local_cluster, root_on_linux
 
+from queueplane.errors import LocalStackError
 from queueplane.local.kubernetes.cluster import LocalKubernetes
 from queueplane.local.stack import LocalStack, StackState
 
 
-@pytest.fixture(scope="session")
-def local_kubernetes(queueplane_home: Path) -> Iterator[LocalKubernetes]:
-    cluster = LocalKubernetes(home=queueplane_home / "local")
-    was_running = bool(cluster.status()["running"])
-    cluster.up()
-    yield cluster
+@pytest.fixture(scope="session", autouse=True)
+def cluster(queueplane_home: Path) -> Iterator[Cluster]:
+    """Autouse, so a test here without a cluster stops at this line before anything starts."""
+    missing = None
+    try:
+        choice = choose(os.environ, root_on_linux())
+        given = given_cluster(choice) if isinstance(choice, Given) else None
+    except Missing as error:
+        missing = str(error)
+    if missing is not None:  # outside the handler, so the report is the line alone (no chained error)
+        pytest.fail(missing, pytrace=False)
+    if given is not None:
+        yield given  # neither started nor stopped here
+        return
+    local = LocalKubernetes(home=queueplane_home / "local")
+    was_running = bool(local.status()["running"])
+    try:
+        local.up()
+    except LocalStackError as error:
+        missing = f"the local cluster did not start: {error}"
+    if missing is not None:
+        if not was_running:
+            local.down()
+        pytest.fail(missing, pytrace=False)
+    yield local_cluster(local)
     if not was_running:
-        cluster.down()
+        local.down()
 
 
 @pytest.fixture(scope="session")
-def pod_kafka(local_kubernetes: LocalKubernetes, local_kafka: StackState, queueplane_home: Path) -> StackState:
-    """The session's broker, listening on the node address as well (what pods use)."""
-    state = LocalStack(queueplane_home / "local").up(pods=True)
-    assert state.pod_bootstrap, "the broker should listen for pods once the cluster's bridge exists"
+def pod_kafka(cluster: Cluster, local_kafka: StackState, queueplane_home: Path) -> StackState:
+    """The session's broker, listening where the cluster's pods reach this machine as well."""
+    state = LocalStack(queueplane_home / "local").up(pods=True, pod_host=cluster.pod_kafka_host)
+    assert state.pod_bootstrap == f"{cluster.pod_kafka_host}:{state.pod_port}", "the broker should listen for pods"
     assert state.bootstrap == local_kafka.bootstrap, "host clients keep their address across the restart"
     return state

@@ -15,7 +15,6 @@ import random
 import re
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,6 @@ from helpers import REPO, run_cli, tagged_examples, unique_tag
 from kube_support import DRIVER, EXECUTOR, outcomes, pods, ready, restricted_namespace, show, sized_for_the_node
 
 from queueplane.kafka import clients
-from queueplane.local.kubernetes import images
-from queueplane.local.kubernetes.values import write_local_values
 from queueplane.ops.load import make_order
 from queueplane.run.scaling.policy import ScalingPolicy
 from queueplane.run.scaling.simulation import simulate
@@ -72,13 +69,11 @@ def _metric(text: str, name: str, **labels: str) -> float | None:
     return sum(found) if found else None
 
 
-def _sample(cluster, namespace: str, driver_ip: str, started: float) -> dict:
+def _sample(cluster, namespace: str, driver: str, started: float) -> dict:
     executors = [p for p in pods(cluster, namespace, EXECUTOR) if not p["metadata"].get("deletionTimestamp")]
-    try:
-        with urllib.request.urlopen(f"http://{driver_ip}:9404/metrics", timeout=2) as answer:
-            text = answer.read().decode()
-    except OSError:
-        text = ""
+    # Through the API server's proxy: this machine reaches pod addresses on the local cluster only.
+    metrics = f"/api/v1/namespaces/{namespace}/pods/{driver}:9404/proxy/metrics"
+    text = cluster.kubectl("get", "--raw", metrics, "--request-timeout=2s", check=False)
     return {
         "t": round(time.monotonic() - started, 1),
         "pods": len(executors),
@@ -103,7 +98,7 @@ def _scaled_down(samples: list[dict], after_s: float) -> bool:
     )
 
 
-def _plot(samples: list[dict]) -> Path:
+def _plot(samples: list[dict], where: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,7 +110,7 @@ def _plot(samples: list[dict]) -> Path:
     fig, axes = plt.subplots(2, 2, figsize=(12, 6), sharex=True)
     t = [s["t"] for s in samples]
     axes[0][0].plot(t, [s["backlog"] or 0 for s in samples], color="tab:red")
-    axes[0][0].set_title("the local cluster: backlog (records)")
+    axes[0][0].set_title(f"{where}: backlog (records)")
     axes[1][0].step(t, [s["requested"] or 0 for s in samples], where="post", label="requested (metric)")
     axes[1][0].step(t, [s["running"] or 0 for s in samples], where="post", label="running (metric)")
     axes[1][0].step(t, [s["pods"] for s in samples], where="post", label="executor pods (kubectl)", linestyle="--")
@@ -139,7 +134,7 @@ def _plot(samples: list[dict]) -> Path:
 
 @pytest.mark.timeout(900)
 def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_after(
-    local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+    cluster, pod_kafka, kafka, cli_env, tmp_path
 ):
     path = tagged_examples(tmp_path / "specs", unique_tag())["queue__cafe__coffee-orders"]
     doc = sized_for_the_node(path)
@@ -147,17 +142,16 @@ def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_afte
     doc["spec"]["autoscaling"] = {"minExecutors": 1, "maxExecutors": MAX_EXECUTORS, "targetLagSeconds": TARGET_LAG_S}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     namespace = doc["spec"]["deployment"]["namespace"]
-    values = write_local_values(tmp_path / "cluster-values.yaml", images.worker_image(), pod_kafka.pod_bootstrap)
+    values = cluster.write_values(tmp_path / "cluster-values.yaml", pod_kafka.pod_bootstrap)
     host = ["--bootstrap-servers", kafka.bootstrap]
     assert run_cli(["apply", str(path), "--yes", *host], cli_env).returncode == 0
-    restricted_namespace(local_kubernetes, namespace)
+    restricted_namespace(cluster, namespace)
     samples: list[dict] = []
     try:
-        deploy = ["deploy", str(path), "--kubeconfig", str(local_kubernetes.kubeconfig), "--values", str(values)]
+        deploy = ["deploy", str(path), "--kubeconfig", str(cluster.kubeconfig), "--values", str(values)]
         deployed = run_cli([*deploy, "--timeout", "5m"], cli_env, timeout=420)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        (driver,) = pods(local_kubernetes, namespace, DRIVER)
-        driver_ip = driver["status"]["podIP"]
+        (driver,) = pods(cluster, namespace, DRIVER)
 
         stop, produced = threading.Event(), []
         producer = threading.Thread(target=lambda: produced.extend(_produce(kafka, doc["spec"]["topic"]["name"], stop)))
@@ -166,7 +160,7 @@ def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_afte
         try:
             down_at = None  # the tail ends early once the step's executors are gone (and a drain logged)
             while time.monotonic() - started < WARM_S + STEP_S + TAIL_S:
-                samples.append(_sample(local_kubernetes, namespace, driver_ip, started))
+                samples.append(_sample(cluster, namespace, driver["metadata"]["name"], started))
                 if not _scaled_down(samples, after_s=WARM_S + STEP_S):
                     down_at = None  # not yet, or a new peak since
                 elif down_at is None:
@@ -178,7 +172,7 @@ def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_afte
             stop.set()
             producer.join(60)
         (tmp_path / "samples.json").write_text(json.dumps(samples))
-        print(f"plot: {_plot(samples)}")
+        print(f"plot: {_plot(samples, 'the local cluster' if cluster.local else 'the given cluster')}")
 
         # Up: every rise of the requested count is met by executor pods within two decisions;
         # down: every fall, by pods deleted once a draining batch (a few seconds) has run.
@@ -197,7 +191,7 @@ def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_afte
         after_s = WARM_S + STEP_S
         assert _scaled_down(samples, after_s), f"never scaled down: {[s for s in samples if s['t'] > after_s]}"
         # Down: the driver drained before it removed executors, and their pods are gone.
-        log = local_kubernetes.kubectl("-n", namespace, "logs", driver["metadata"]["name"])
+        log = cluster.kubectl("-n", namespace, "logs", driver["metadata"]["name"])
         downs = [m.start() for m in re.finditer(r"executors (\d+) -> (\d+): ", log) if int(m[1]) > int(m[2])]
         draining = log.find("draining before removing executor(s)")
         drained = log.find("drained: removing the executor(s)", max(draining, 0))
@@ -210,7 +204,7 @@ def test_a_load_step_becomes_executor_pods_and_they_are_drained_and_deleted_afte
             time.sleep(2)
         assert not missing, f"{len(missing)} orders without output after two locks, e.g. {sorted(missing)[:5]}"
     except BaseException:
-        show(local_kubernetes, namespace)
+        show(cluster, namespace)
         raise
     finally:
-        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -1,7 +1,7 @@
-"""A queue deployed from its Airflow DAG to the local Kubernetes processes records in pods.
+"""A queue deployed from its Airflow DAG to the test cluster processes records in pods.
 
 A real Airflow triggers the queue's DAG: validate, plan, apply on the real broker, then the
-`deploy` task runs `helm upgrade --install --wait` against the local cluster through the
+`deploy` task runs `helm upgrade --install --wait` against the test cluster through the
 `kubernetes_default` connection, with the cluster values from the `queueplane_cluster_values`
 Variable, and `wait_until_ready` waits for the worker. The driver pod then asks the API server,
 through its Role, for executor pods, which run the handlers. Records loaded from the host end
@@ -35,9 +35,6 @@ from kube_support import (
     sized_for_the_node,
 )
 
-from queueplane.local.kubernetes import images
-from queueplane.local.kubernetes.values import local_values
-
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
 GRACE_S = 90  # the driver's terminationGracePeriodSeconds (charts/queue-worker/templates/deployment.yaml)
@@ -47,14 +44,14 @@ QUEUES = {"share": "queue__cafe__coffee-orders", "consumer": "queue__payments__p
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory, local_kubernetes, pod_kafka, kafka) -> Iterator[tuple[AirflowStack, dict]]:
-    """A real Airflow whose queue DAGs deploy to the local cluster; namespaces made `restricted` first."""
+def airflow(tmp_path_factory, cluster, pod_kafka, kafka) -> Iterator[tuple[AirflowStack, dict]]:
+    """A real Airflow whose queue DAGs deploy to the test cluster; namespaces made `restricted` first."""
     home = tmp_path_factory.mktemp("airflow-kubernetes")
     specs = tagged_examples(home / "specs", unique_tag())
     queues = {dag_id: (sized_for_the_node(specs[dag_id]), specs[dag_id]) for dag_id in QUEUES.values()}
     for doc, _path in queues.values():
-        restricted_namespace(local_kubernetes, doc["spec"]["deployment"]["namespace"])
-    kubernetes = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(local_kubernetes.kubeconfig)}}
+        restricted_namespace(cluster, doc["spec"]["deployment"]["namespace"])
+    kubernetes = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(cluster.kubeconfig)}}
     stack = AirflowStack.create(
         home,
         {
@@ -62,9 +59,7 @@ def airflow(tmp_path_factory, local_kubernetes, pod_kafka, kafka) -> Iterator[tu
             "QUEUEPLANE_HOME": str(home / "queueplane"),
             "AIRFLOW_CONN_KAFKA_DEFAULT": kafka_connection(kafka),
             "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(kubernetes),
-            "AIRFLOW_VAR_QUEUEPLANE_CLUSTER_VALUES": json.dumps(
-                local_values(images.worker_image(), pod_kafka.pod_bootstrap)
-            ),
+            "AIRFLOW_VAR_QUEUEPLANE_CLUSTER_VALUES": json.dumps(cluster.values(pod_kafka.pod_bootstrap)),
         },
     )
     try:
@@ -76,13 +71,13 @@ def airflow(tmp_path_factory, local_kubernetes, pod_kafka, kafka) -> Iterator[tu
         stack.stop()
         for doc, _path in queues.values():
             namespace = doc["spec"]["deployment"]["namespace"]
-            local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.mark.timeout(1200)  # a driver, its executors and three loads on a two-core node
 @pytest.mark.parametrize("kind", sorted(QUEUES))
 def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_executor_and_driver(
-    kind, airflow, local_kubernetes, kafka, cli_env
+    kind, airflow, cluster, kafka, cli_env
 ):
     stack, queues = airflow
     dag_id = QUEUES[kind]
@@ -96,11 +91,11 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         states = stack.task_states(dag_id, run["dag_run_id"])
         assert finished["state"] == "success", (states, stack.log_tail("scheduler"))
         assert states["deploy"] == "success" and states["wait_until_ready"] == "success", states
-        (driver,) = pods(local_kubernetes, namespace, DRIVER)
+        (driver,) = pods(cluster, namespace, DRIVER)
         assert driver["status"]["phase"] == "Running"
-        wait_for("an executor pod created by the driver", lambda: pods(local_kubernetes, namespace, EXECUTOR), 180)
+        wait_for("an executor pod created by the driver", lambda: pods(cluster, namespace, EXECUTOR), 180)
         # `queueplane status` sees what kubectl sees: the release deployed, the driver and its executors.
-        kubeconfig = ["--kubeconfig", str(local_kubernetes.kubeconfig)]
+        kubeconfig = ["--kubeconfig", str(cluster.kubeconfig)]
         shown = run_cli(["status", spec, *host, *kubeconfig, "-o", "json"], cli_env)
         assert shown.returncode == 0, shown.stderr
         status = json.loads(shown.stdout)
@@ -113,11 +108,11 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
 
         # A second load, and an executor pod killed while it runs: the driver asks for a new one.
         poison += load(spec, 400, host, cli_env)
-        victim = pods(local_kubernetes, namespace, EXECUTOR)[0]["metadata"]["name"]
-        local_kubernetes.kubectl("-n", namespace, "delete", "pod", victim, "--grace-period=0", "--force")
+        victim = pods(cluster, namespace, EXECUTOR)[0]["metadata"]["name"]
+        cluster.kubectl("-n", namespace, "delete", "pod", victim, "--grace-period=0", "--force")
         wait_for(
             "a replacement executor pod",
-            lambda: [p for p in pods(local_kubernetes, namespace, EXECUTOR) if p["metadata"]["name"] != victim],
+            lambda: [p for p in pods(cluster, namespace, EXECUTOR) if p["metadata"]["name"] != victim],
             180,
         )
 
@@ -138,7 +133,7 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         in_dlq = dlq_records(kafka, doc, poison)  # a dead letter written twice by a killed executor counts twice
 
         def reported_drained() -> dict | None:
-            queue = json.loads(local_kubernetes.kubectl("-n", namespace, "get", "queue", name, "-o", "json"))
+            queue = json.loads(cluster.kubectl("-n", namespace, "get", "queue", name, "-o", "json"))
             status = queue.get("status", {})
             drained = status.get("lag") == 0 and status.get("deadLetters") == in_dlq
             conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
@@ -147,7 +142,7 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         queue = wait_for("the Queue status to show the loads settled", reported_drained, 60)
         assert queue["spec"] == yaml.safe_load(path.read_text())["spec"], "the spec as deployed"
         assert queue["status"]["executorsRunning"] >= 1 and "not JSON" in queue["status"]["lastError"], queue
-        table = local_kubernetes.kubectl("get", "queues", "-A")
+        table = cluster.kubectl("get", "queues", "-A")
         header, *rows = table.splitlines()
         assert header.split() == [
             *("NAMESPACE", "NAME", "TEAM", "TYPE", "PHASE", "LAG", "OLDEST", "RATE", "EXECUTORS", "DLQ"),
@@ -155,7 +150,7 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         ], table
         (row,) = [r.split() for r in rows if r.split()[:2] == [namespace, name]]
         assert row[2:5] == [doc["metadata"]["team"], kind, "Running"] and row[5] == "0" and row[9] == str(in_dlq), table
-        described = local_kubernetes.kubectl("-n", namespace, "describe", "queue", name)
+        described = cluster.kubectl("-n", namespace, "describe", "queue", name)
         printed = re.findall(r"Status:\s+(True|False|Unknown)\s+Type:\s+(\w+)", described)
         shown = {condition: value for value, condition in printed}
         assert shown == settled_conditions, described
@@ -163,16 +158,16 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         # A third load, and the driver pod deleted as a rollout or a node drain deletes it: SIGTERM,
         # then SIGKILL after the grace period. The worker drains and exits by itself well before.
         poison += load(spec, 400, host, cli_env)
-        old = pods(local_kubernetes, namespace, DRIVER)[0]["metadata"]["name"]
+        old = pods(cluster, namespace, DRIVER)[0]["metadata"]["name"]
         follow = subprocess.Popen(
-            local_kubernetes.kubectl_command("-n", namespace, "logs", "-f", old),
+            cluster.kubectl_command("-n", namespace, "logs", "-f", old),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         time.sleep(3)  # part of the load in hand
         asked = time.monotonic()
-        local_kubernetes.kubectl("-n", namespace, "delete", "pod", old, "--wait=true", "--timeout=120s")
+        cluster.kubectl("-n", namespace, "delete", "pod", old, "--wait=true", "--timeout=120s")
         took = time.monotonic() - asked
         last_words = follow.communicate(timeout=60)[0]
         assert "SIGTERM: finishing the batch in hand" in last_words, last_words[-3000:]
@@ -181,7 +176,7 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         assert took < GRACE_S, f"the old driver took {took:.0f}s: SIGKILLed at the end of the grace period"
 
         def new_driver_ready() -> list[dict]:
-            drivers = pods(local_kubernetes, namespace, DRIVER)
+            drivers = pods(cluster, namespace, DRIVER)
             return [p for p in drivers if p["metadata"]["name"] != old and ready(p)]
 
         wait_for("a new driver pod, ready", new_driver_ready, 240)
@@ -193,8 +188,8 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         ids, dead = wait_for("the third load to settle under the new driver", all_settled, 420)
         assert len(ids) == 1200 - poison and dead == poison
     except BaseException:
-        show(local_kubernetes, namespace)
+        show(cluster, namespace)
         raise
     finally:
         # Frees the node for the next queue; the fixture's own delete then finds nothing.
-        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -1,5 +1,6 @@
-"""The local Kubernetes is a real one: a Ready node, Pod Security enforced, and the worker image
-running as a pod that reaches the host's Kafka broker."""
+"""The test cluster is a real one: a Ready node, Pod Security enforced, and the worker image
+running as a pod that reaches the host's Kafka broker. On the local cluster the node is also the
+one it pins: its Kubernetes version, containerd and node address."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import yaml
+from kubernetes_cluster import Cluster
 
-from queueplane.local.kubernetes import build, images
-from queueplane.local.kubernetes.cluster import LocalKubernetes
-from queueplane.local.kubernetes.layout import NODE_IP, NODE_NAME
+from queueplane.local.kubernetes import build
+from queueplane.local.kubernetes.layout import NODE_IP
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
@@ -24,20 +26,29 @@ RESTRICTED = {
 }
 
 
-def _namespace(cluster: LocalKubernetes) -> str:
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A `restricted` namespace of the test's own, deleted after it (a given cluster is someone's)."""
     name = f"qp-test-{uuid.uuid4().hex[:6]}"
     body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": RESTRICTED}}
-    _apply(cluster, body)
-    return name
+    created = _apply(cluster, body)
+    assert created.returncode == 0, created.stderr
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def _apply(cluster: LocalKubernetes, body: dict) -> subprocess.CompletedProcess:
-    cmd = [str(build.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "apply", "-f", "-"]
+def _apply(cluster: Cluster, body: dict) -> subprocess.CompletedProcess:
+    cmd = cluster.kubectl_command("apply", "-f", "-")
     return subprocess.run(cmd, input=yaml.safe_dump(body), capture_output=True, text=True)
 
 
-def _pod(name: str, namespace: str, image: str, command: list[str], secure: bool = True) -> dict:
-    container: dict = {"name": "main", "image": image, "imagePullPolicy": "Never", "command": command}
+def _pod(name: str, namespace: str, cluster: Cluster, command: list[str], secure: bool = True) -> dict:
+    container: dict = {
+        "name": "main",
+        "image": cluster.image,
+        "imagePullPolicy": cluster.pull_policy,
+        "command": command,
+    }
     spec: dict = {"restartPolicy": "Never", "containers": [container]}
     if secure:
         container["securityContext"] = {
@@ -49,29 +60,26 @@ def _pod(name: str, namespace: str, image: str, command: list[str], secure: bool
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
-def test_the_node_is_ready_at_the_pinned_version(local_kubernetes):
-    node = json.loads(local_kubernetes.kubectl("get", "node", NODE_NAME, "-o", "json"))
+def test_the_node_is_ready_at_the_clusters_version_and_the_local_one_at_the_pinned_version(cluster):
+    node = json.loads(cluster.kubectl("get", "node", cluster.node, "-o", "json"))
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
     assert ready == "True"
-    assert node["status"]["nodeInfo"]["kubeletVersion"] == build.KUBERNETES_VERSION
-    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
-    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
-    assert addresses["InternalIP"] == NODE_IP
-    version = json.loads(local_kubernetes.kubectl("version", "-o", "json"))
-    assert version["serverVersion"]["gitVersion"] == build.KUBERNETES_VERSION
+    version = json.loads(cluster.kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == version
+    if cluster.local:
+        assert version == build.KUBERNETES_VERSION
+        assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+        addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+        assert addresses["InternalIP"] == NODE_IP
 
 
-def test_a_restricted_namespace_refuses_a_pod_that_is_not(local_kubernetes):
-    namespace = _namespace(local_kubernetes)
-    image = images.worker_image().reference
-    refused = _apply(local_kubernetes, _pod("loose", namespace, image, ["true"], secure=False))
+def test_a_restricted_namespace_refuses_a_pod_that_is_not(cluster, namespace):
+    refused = _apply(cluster, _pod("loose", namespace, cluster, ["true"], secure=False))
     assert refused.returncode != 0
     assert 'violates PodSecurity "restricted:latest"' in refused.stderr
 
 
-def test_the_worker_image_runs_as_a_pod_and_reaches_the_brokers_pod_listener(local_kubernetes, pod_kafka):
-    namespace = _namespace(local_kubernetes)
-    image = images.worker_image().reference
+def test_the_worker_image_runs_as_a_pod_and_reaches_the_brokers_pod_listener(cluster, pod_kafka, namespace):
     probe = textwrap.dedent(f"""
         import json, os, subprocess, sys
         import pyspark, queueplane
@@ -85,13 +93,13 @@ def test_the_worker_image_runs_as_a_pod_and_reaches_the_brokers_pod_listener(loc
                           "pyspark": pyspark.__version__, "java": java, "brokers": brokers, "uid": os.getuid(),
                           "connector": [j for j in jars if "kafka" in j]}}))
     """)
-    pod = _pod("probe", namespace, image, ["python3", "-c", probe])
-    created = _apply(local_kubernetes, pod)
+    pod = _pod("probe", namespace, cluster, ["python3", "-c", probe])
+    created = _apply(cluster, pod)
     assert created.returncode == 0, created.stderr
-    local_kubernetes.kubectl(
+    cluster.kubectl(
         "-n", namespace, "wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/probe", "--timeout=120s", check=False
     )
-    logs = local_kubernetes.kubectl("-n", namespace, "logs", "probe")
+    logs = cluster.kubectl("-n", namespace, "logs", "probe")
     found = json.loads(logs.strip().splitlines()[-1])
     from importlib.metadata import version
 

@@ -16,8 +16,6 @@ from helpers import run_cli, tagged_examples, unique_tag
 from kube_support import sized_for_the_node
 
 from queueplane.deploy.helm import run_helm
-from queueplane.local.kubernetes import images
-from queueplane.local.kubernetes.values import write_local_values
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
@@ -31,13 +29,13 @@ def _releases(cluster, namespace: str) -> list[str]:
 
 @pytest.mark.timeout(900)
 def test_an_existing_namespace_unlabelled_or_baseline_is_refused_and_once_restricted_is_deployed_into(
-    local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+    cluster, pod_kafka, kafka, cli_env, tmp_path
 ):
     path = tagged_examples(tmp_path / "specs", unique_tag())["queue__cafe__coffee-orders"]
     doc = sized_for_the_node(path)
     release, namespace = doc["metadata"]["name"], doc["spec"]["deployment"]["namespace"]
-    values = write_local_values(tmp_path / "cluster-values.yaml", images.worker_image(), pod_kafka.pod_bootstrap)
-    kube = ["--kubeconfig", str(local_kubernetes.kubeconfig), "--values", str(values)]
+    values = cluster.write_values(tmp_path / "cluster-values.yaml", pod_kafka.pod_bootstrap)
+    kube = ["--kubeconfig", str(cluster.kubeconfig), "--values", str(values)]
     assert run_cli(["apply", str(path), "--yes", "--bootstrap-servers", kafka.bootstrap], cli_env).returncode == 0
 
     def deploy():
@@ -50,20 +48,20 @@ def test_an_existing_namespace_unlabelled_or_baseline_is_refused_and_once_restri
         assert f"{path}: /spec/deployment/namespace: namespace {namespace} {found}" in said, said
         assert "nothing was deployed" in said and "Traceback" not in said, said
         assert f"kubectl label namespace {namespace} {ENFORCE}=restricted" in said, said
-        assert _releases(local_kubernetes, namespace) == [], "helm never ran"
-        assert local_kubernetes.kubectl("-n", namespace, "get", "deployments", "-o", "name").strip() == ""
+        assert _releases(cluster, namespace) == [], "helm never ran"
+        assert cluster.kubectl("-n", namespace, "get", "deployments", "-o", "name").strip() == ""
 
-    local_kubernetes.kubectl("create", "namespace", namespace)  # the platform's, with no Pod Security level
+    cluster.kubectl("create", "namespace", namespace)  # the platform's, with no Pod Security level
     try:
         refused(f"has no {ENFORCE} label")
-        local_kubernetes.kubectl("label", "namespace", namespace, f"{ENFORCE}=baseline")
+        cluster.kubectl("label", "namespace", namespace, f"{ENFORCE}=baseline")
         refused(f'enforces Pod Security "baseline" ({ENFORCE}=baseline), laxer than "restricted"')
 
-        local_kubernetes.kubectl("label", "namespace", namespace, f"{ENFORCE}=restricted", "--overwrite")
+        cluster.kubectl("label", "namespace", namespace, f"{ENFORCE}=restricted", "--overwrite")
         deployed = deploy()
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        assert _releases(local_kubernetes, namespace) == [release]
-        labels = json.loads(local_kubernetes.kubectl("get", "namespace", namespace, "-o", "json"))["metadata"]["labels"]
+        assert _releases(cluster, namespace) == [release]
+        labels = json.loads(cluster.kubectl("get", "namespace", namespace, "-o", "json"))["metadata"]["labels"]
         assert labels[ENFORCE] == "restricted" and "app.kubernetes.io/managed-by" not in labels, "left as it was"
     finally:
-        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -12,8 +12,6 @@ from helpers import run_cli, tagged_examples, unique_tag
 from kube_support import sized_for_the_node
 
 from queueplane.deploy.helm import run_helm
-from queueplane.local.kubernetes import images
-from queueplane.local.kubernetes.values import write_local_values
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
@@ -44,15 +42,15 @@ def _renamed(path, name: str):
 
 @pytest.mark.timeout(900)
 def test_a_deploy_makes_its_namespace_restricted_and_never_takes_over_another_release_or_object(
-    local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+    cluster, pod_kafka, kafka, cli_env, tmp_path
 ):
     path = tagged_examples(tmp_path / "specs", unique_tag())["queue__cafe__coffee-orders"]
     doc = sized_for_the_node(path)
     release, namespace = doc["metadata"]["name"], doc["spec"]["deployment"]["namespace"]
-    values = write_local_values(tmp_path / "cluster-values.yaml", images.worker_image(), pod_kafka.pod_bootstrap)
-    kube = ["--kubeconfig", str(local_kubernetes.kubeconfig), "--values", str(values)]
+    values = cluster.write_values(tmp_path / "cluster-values.yaml", pod_kafka.pod_bootstrap)
+    kube = ["--kubeconfig", str(cluster.kubeconfig), "--values", str(values)]
     assert run_cli(["apply", str(path), "--yes", "--bootstrap-servers", kafka.bootstrap], cli_env).returncode == 0
-    assert local_kubernetes.kubectl("get", "namespace", namespace, check=False).strip() == ""
+    assert cluster.kubectl("get", "namespace", namespace, check=False).strip() == ""
 
     def deploy(spec_path) -> object:
         return run_cli(["deploy", str(spec_path), *kube, "--timeout", "5m"], cli_env, timeout=420)
@@ -60,7 +58,7 @@ def test_a_deploy_makes_its_namespace_restricted_and_never_takes_over_another_re
     try:
         first = deploy(path)
         assert first.returncode == 0, first.stdout + first.stderr
-        labels = json.loads(local_kubernetes.kubectl("get", "namespace", namespace, "-o", "json"))["metadata"]["labels"]
+        labels = json.loads(cluster.kubectl("get", "namespace", namespace, "-o", "json"))["metadata"]["labels"]
         assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
         assert labels["pod-security.kubernetes.io/warn"] == "restricted"
         assert labels["app.kubernetes.io/managed-by"] == "queueplane"
@@ -76,38 +74,36 @@ def test_a_deploy_makes_its_namespace_restricted_and_never_takes_over_another_re
         said = refused.stderr
         assert f'{other_path}: /metadata/name: Helm release "{release}" in namespace {namespace} exists' in said
         assert f"is application cafe/{release}" in said and "nothing was deployed" in said
-        assert _revisions(local_kubernetes, release, namespace) == [1]
+        assert _revisions(cluster, release, namespace) == [1]
 
         # A release of another chart under a queue's name.
         run_helm(
             ["install", "dns", str(_foreign_chart(tmp_path)), "--namespace", namespace],
-            kubeconfig=str(local_kubernetes.kubeconfig),
+            kubeconfig=str(cluster.kubeconfig),
         )
         taken = deploy(_renamed(path, "dns"))
         assert taken.returncode == 2, taken.stdout + taken.stderr
         assert "is a release of chart coredns, not queueplane's" in taken.stderr
-        assert _revisions(local_kubernetes, "dns", namespace) == [1]
+        assert _revisions(cluster, "dns", namespace) == [1]
 
         # An object no Helm release owns, with the name the chart would give one of its own.
-        local_kubernetes.kubectl("-n", namespace, "create", "configmap", "lone-spec", "--from-literal=owner=ops")
+        cluster.kubectl("-n", namespace, "create", "configmap", "lone-spec", "--from-literal=owner=ops")
         clash = deploy(_renamed(path, "lone"))
         assert clash.returncode == 1, clash.stdout + clash.stderr
         assert "ConfigMap" in clash.stderr and "lone-spec" in clash.stderr and "Traceback" not in clash.stderr
-        kept = json.loads(local_kubernetes.kubectl("-n", namespace, "get", "configmap", "lone-spec", "-o", "json"))
+        kept = json.loads(cluster.kubectl("-n", namespace, "get", "configmap", "lone-spec", "-o", "json"))
         assert kept["data"] == {"owner": "ops"}
         assert "meta.helm.sh/release-name" not in (kept["metadata"].get("annotations") or {})
-        assert local_kubernetes.kubectl("-n", namespace, "get", "deployment", "lone", check=False).strip() == ""
+        assert cluster.kubectl("-n", namespace, "get", "deployment", "lone", check=False).strip() == ""
 
         # The namespace the deploy created, loosened since: the next deploy is refused, the release untouched.
-        local_kubernetes.kubectl(
-            "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline", "--overwrite"
-        )
+        cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline", "--overwrite")
         loosened = deploy(path)
         assert loosened.returncode == 1, loosened.stdout + loosened.stderr
         said = loosened.stderr
         assert f"{path}: /spec/deployment/namespace: namespace {namespace} enforces Pod Security" in said, said
         assert '"baseline"' in said and "queueplane created it restricted, so its labels were loosened" in said
         assert "nothing was deployed" in said and "Traceback" not in said
-        assert _revisions(local_kubernetes, release, namespace) == [1]
+        assert _revisions(cluster, release, namespace) == [1]
     finally:
-        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -16,8 +16,6 @@ from helpers import run_cli, tagged_examples, unique_tag, wait_for
 from kube_support import DRIVER, load, outcomes, pods, ready, restricted_namespace, show, sized_for_the_node
 
 from queueplane.deploy.helm import run_helm
-from queueplane.local.kubernetes import images
-from queueplane.local.kubernetes.values import local_values, write_local_values
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
@@ -31,21 +29,20 @@ def _history(cluster, release: str, namespace: str) -> list[dict]:
 
 @pytest.mark.timeout(900)
 def test_a_changed_spec_rolls_the_driver_and_a_broken_image_rolls_back_while_the_old_worker_runs(
-    local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+    cluster, pod_kafka, kafka, cli_env, tmp_path
 ):
     path = tagged_examples(tmp_path / "specs", unique_tag())["queue__cafe__coffee-orders"]
     doc = sized_for_the_node(path)
     release, namespace = doc["metadata"]["name"], doc["spec"]["deployment"]["namespace"]
-    image = images.worker_image()
-    values = write_local_values(tmp_path / "cluster-values.yaml", image, pod_kafka.pod_bootstrap)
+    values = cluster.write_values(tmp_path / "cluster-values.yaml", pod_kafka.pod_bootstrap)
     host = ["--bootstrap-servers", kafka.bootstrap]
-    deploy = ["deploy", str(path), "--kubeconfig", str(local_kubernetes.kubeconfig), "--values", str(values)]
+    deploy = ["deploy", str(path), "--kubeconfig", str(cluster.kubeconfig), "--values", str(values)]
     assert run_cli(["apply", str(path), "--yes", *host], cli_env).returncode == 0
-    restricted_namespace(local_kubernetes, namespace)
+    restricted_namespace(cluster, namespace)
     try:
         first = run_cli([*deploy, "--timeout", "5m"], cli_env, timeout=420)
         assert first.returncode == 0, first.stdout + first.stderr
-        (old,) = pods(local_kubernetes, namespace, DRIVER)
+        (old,) = pods(cluster, namespace, DRIVER)
 
         # The spec changes (more handler slots per executor): the driver is rolled.
         doc["spec"]["processing"]["concurrency"] = doc["spec"]["processing"]["concurrency"] + 4
@@ -54,11 +51,11 @@ def test_a_changed_spec_rolls_the_driver_and_a_broken_image_rolls_back_while_the
         assert second.returncode == 0, second.stdout + second.stderr
         (rolled,) = wait_for(
             "the old driver gone and one new driver",
-            lambda: (found := pods(local_kubernetes, namespace, DRIVER)) and len(found) == 1 and found,
+            lambda: (found := pods(cluster, namespace, DRIVER)) and len(found) == 1 and found,
             180,
         )
         assert rolled["metadata"]["name"] != old["metadata"]["name"] and ready(rolled)
-        mounted = local_kubernetes.kubectl(
+        mounted = cluster.kubectl(
             "-n",
             namespace,
             "exec",
@@ -70,19 +67,19 @@ def test_a_changed_spec_rolls_the_driver_and_a_broken_image_rolls_back_while_the
         assert yaml.safe_load(mounted)["spec"]["processing"]["concurrency"] == doc["spec"]["processing"]["concurrency"]
 
         # An image that cannot start: helm gives up after its timeout and rolls back.
-        broken = local_values(image, pod_kafka.pod_bootstrap)
+        broken = cluster.values(pod_kafka.pod_bootstrap)
         broken["image"]["tag"] = "no-such-tag"
         broken_file = tmp_path / "broken-values.yaml"
         broken_file.write_text(yaml.safe_dump(broken))
         third = run_cli([*deploy, "--values", str(broken_file), "--timeout", "45s"], cli_env, timeout=300)
         assert third.returncode == 1, third.stdout + third.stderr
         assert "rollback" in (third.stdout + third.stderr).lower(), third.stderr
-        history = _history(local_kubernetes, release, namespace)
+        history = _history(cluster, release, namespace)
         assert [entry["status"] for entry in history][-2:] == ["failed", "deployed"], history
         assert history[-1]["description"].startswith("Rollback to 2"), history[-1]
         (survivor,) = wait_for(
             "the broken driver pod removed",
-            lambda: (found := pods(local_kubernetes, namespace, DRIVER)) and len(found) == 1 and found,
+            lambda: (found := pods(cluster, namespace, DRIVER)) and len(found) == 1 and found,
             120,
         )
         assert survivor["metadata"]["name"] == rolled["metadata"]["name"], "the old worker was never stopped"
@@ -96,7 +93,7 @@ def test_a_changed_spec_rolls_the_driver_and_a_broken_image_rolls_back_while_the
             300,
         )
     except BaseException:
-        show(local_kubernetes, namespace)
+        show(cluster, namespace)
         raise
     finally:
-        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -1,4 +1,4 @@
-"""Three queues of one team in one worker application on the local Kubernetes.
+"""Three queues of one team in one worker application on the test cluster.
 
 A share, a consumer (exactly once) and a kmq queue name the same
 ``spec.deployment.application``; `queueplane deploy` with the three specs installs one Helm
@@ -17,9 +17,6 @@ import pytest
 import yaml
 from helpers import run_cli, tagged_examples, unique_tag, wait_for
 from kube_support import DRIVER, EXECUTOR, dlq_records, load, outcomes, pods, restricted_namespace, show
-
-from queueplane.local.kubernetes import images
-from queueplane.local.kubernetes.values import write_local_values
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
@@ -45,7 +42,7 @@ def _in_one_application(path, namespace: str, minimum: int) -> dict:
 
 @pytest.mark.timeout(1200)
 def test_a_share_a_consumer_and_a_kmq_queue_run_in_one_driver_each_with_its_own_queue_object(
-    local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+    cluster, pod_kafka, kafka, cli_env, tmp_path
 ):
     specs = tagged_examples(tmp_path / "specs", unique_tag())
     namespace = f"cafe-{uuid.uuid4().hex[:6]}"
@@ -56,15 +53,15 @@ def test_a_share_a_consumer_and_a_kmq_queue_run_in_one_driver_each_with_its_own_
     }
     paths = list(docs)
     host = ["--bootstrap-servers", kafka.bootstrap]
-    values = write_local_values(tmp_path / "cluster-values.yaml", images.worker_image(), pod_kafka.pod_bootstrap)
-    kube = ["--kubeconfig", str(local_kubernetes.kubeconfig)]
+    values = cluster.write_values(tmp_path / "cluster-values.yaml", pod_kafka.pod_bootstrap)
+    kube = ["--kubeconfig", str(cluster.kubeconfig)]
     applied = run_cli(["apply", *paths, "--yes", *host], cli_env)
     assert applied.returncode == 0, applied.stderr
-    restricted_namespace(local_kubernetes, namespace)
+    restricted_namespace(cluster, namespace)
     try:
         deployed = run_cli(["deploy", *paths, *kube, "--values", str(values), "--timeout", "8m"], cli_env, timeout=600)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        (driver,) = pods(local_kubernetes, namespace, DRIVER)
+        (driver,) = pods(cluster, namespace, DRIVER)
         assert driver["metadata"]["labels"]["app.kubernetes.io/instance"] == APPLICATION
         args = driver["spec"]["containers"][0]["args"]
         assert args.count("--spec") == 3, args
@@ -73,7 +70,7 @@ def test_a_share_a_consumer_and_a_kmq_queue_run_in_one_driver_each_with_its_own_
         executors_seen: set[str] = set()
 
         def settled() -> bool:
-            executors_seen.update(p["metadata"]["name"] for p in pods(local_kubernetes, namespace, EXECUTOR))
+            executors_seen.update(p["metadata"]["name"] for p in pods(cluster, namespace, EXECUTOR))
             for path, doc in docs.items():
                 bad = poison[path]
                 if "output" in doc["spec"]["processing"]:
@@ -90,11 +87,11 @@ def test_a_share_a_consumer_and_a_kmq_queue_run_in_one_driver_each_with_its_own_
                 ids, dead = outcomes(kafka, doc, RECORDS - poison[path], poison[path])
                 assert (len(ids), dead) == (RECORDS - poison[path], poison[path]), doc["metadata"]["name"]
         assert executors_seen, "the queues' tasks ran on executor pods"
-        assert len(pods(local_kubernetes, namespace, DRIVER)) == 1
+        assert len(pods(cluster, namespace, DRIVER)) == 1
 
         # Each queue reports to its own Queue object: its lag gone and its own dead letters.
         def reported() -> dict | None:
-            listed = local_kubernetes.kubectl(
+            listed = cluster.kubectl(
                 "-n", namespace, "get", "queues", "-l", f"queueplane.io/application={APPLICATION}", "-o", "json"
             )
             shown = {q["metadata"]["name"]: q for q in json.loads(listed)["items"]}
@@ -122,12 +119,12 @@ def test_a_share_a_consumer_and_a_kmq_queue_run_in_one_driver_each_with_its_own_
         again = run_cli(["deploy", *kept, *kube, "--values", str(values), "--timeout", "8m"], cli_env, timeout=600)
         assert again.returncode == 0, again.stdout + again.stderr
         assert f"stopped queue(s) {left_out}: application {APPLICATION} ran them" in again.stdout, again.stdout
-        listed = local_kubernetes.kubectl("-n", namespace, "get", "queues", "-o", "name")
+        listed = cluster.kubectl("-n", namespace, "get", "queues", "-o", "name")
         assert sorted(listed.split()) == sorted(f"queue.queueplane.io/{docs[p]['metadata']['name']}" for p in kept)
-        (driver,) = pods(local_kubernetes, namespace, DRIVER)
+        (driver,) = pods(cluster, namespace, DRIVER)
         assert driver["spec"]["containers"][0]["args"].count("--spec") == 2
     except BaseException:
-        show(local_kubernetes, namespace)
+        show(cluster, namespace)
         raise
     finally:
-        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
