@@ -23,8 +23,6 @@ from kube_support import restricted_namespace, show, sized_for_the_node
 
 from queueplane.deploy.definitions import DIGEST_ANNOTATION, definition_digest
 from queueplane.deploy.render import chart_cluster_objects
-from queueplane.local.kubernetes import images
-from queueplane.local.kubernetes.values import write_local_values
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
@@ -42,30 +40,30 @@ def _queue(cluster, namespace: str, name: str) -> dict:
 
 @pytest.mark.timeout(900)
 def test_the_queue_object_holds_the_deployed_spec_beside_its_status_and_refuses_a_hand_applied_spec(
-    local_kubernetes, pod_kafka, kafka, cli_env, tmp_path
+    cluster, pod_kafka, kafka, cli_env, tmp_path
 ):
     path = tagged_examples(tmp_path / "specs", unique_tag())["queue__cafe__coffee-orders"]
     doc = sized_for_the_node(path)
     name, team, namespace = doc["metadata"]["name"], doc["metadata"]["team"], doc["spec"]["deployment"]["namespace"]
-    values = write_local_values(tmp_path / "cluster-values.yaml", images.worker_image(), pod_kafka.pod_bootstrap)
-    deploy = ["deploy", str(path), "--kubeconfig", str(local_kubernetes.kubeconfig), "--values", str(values)]
+    values = cluster.write_values(tmp_path / "cluster-values.yaml", pod_kafka.pod_bootstrap)
+    deploy = ["deploy", str(path), "--kubeconfig", str(cluster.kubeconfig), "--values", str(values)]
     assert run_cli(["apply", str(path), "--yes", "--bootstrap-servers", kafka.bootstrap], cli_env).returncode == 0
-    restricted_namespace(local_kubernetes, namespace)
+    restricted_namespace(cluster, namespace)
     # A cluster whose definition an older chart wrote: the deploy replaces it.
-    crd_there = _kubectl(local_kubernetes, "get", "crd", CRD).returncode == 0
+    crd_there = _kubectl(cluster, "get", "crd", CRD).returncode == 0
     if crd_there:
-        local_kubernetes.kubectl("annotate", "crd", CRD, f"{DIGEST_ANNOTATION}=stale", "--overwrite")
+        cluster.kubectl("annotate", "crd", CRD, f"{DIGEST_ANNOTATION}=stale", "--overwrite")
     try:
         first = run_cli([*deploy, "--timeout", "5m"], cli_env, timeout=420)
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"{'updated' if crd_there else 'created'} CustomResourceDefinition {CRD}" in first.stdout, first.stdout
         for obj in chart_cluster_objects():
             kind = {"CustomResourceDefinition": "crd"}.get(obj["kind"], obj["kind"].lower())
-            live = json.loads(local_kubernetes.kubectl("get", kind, obj["metadata"]["name"], "-o", "json"))
+            live = json.loads(cluster.kubectl("get", kind, obj["metadata"]["name"], "-o", "json"))
             assert live["metadata"]["annotations"][DIGEST_ANNOTATION] == definition_digest(obj), obj["kind"]
 
         # The object holds the spec file's spec, as written: no defaults, no other fields.
-        queue = _queue(local_kubernetes, namespace, name)
+        queue = _queue(cluster, namespace, name)
         written = yaml.safe_load(path.read_text())["spec"]
         assert queue["spec"] == written
         assert queue["metadata"]["labels"]["queueplane.io/team"] == team
@@ -73,7 +71,7 @@ def test_the_queue_object_holds_the_deployed_spec_beside_its_status_and_refuses_
 
         # The driver's reports land in the status, and never touch the spec.
         def reported() -> dict | None:
-            shown = _queue(local_kubernetes, namespace, name)
+            shown = _queue(cluster, namespace, name)
             status = shown.get("status", {})
             return shown if status.get("phase") == "Running" and status.get("updated") else None
 
@@ -81,11 +79,11 @@ def test_the_queue_object_holds_the_deployed_spec_beside_its_status_and_refuses_
         first_report = queue["status"]["updated"]
         queue = wait_for(
             "a later report",
-            lambda: (q := _queue(local_kubernetes, namespace, name))["status"]["updated"] != first_report and q,
+            lambda: (q := _queue(cluster, namespace, name))["status"]["updated"] != first_report and q,
             60,
         )
         assert queue["spec"] == written and queue["metadata"]["generation"] == 1, "status reports leave the spec"
-        header, *rows = local_kubernetes.kubectl("-n", namespace, "get", "queues").splitlines()
+        header, *rows = cluster.kubectl("-n", namespace, "get", "queues").splitlines()
         assert header.split()[:3] == ["NAME", "TEAM", "TYPE"] and rows[0].split()[:3] == [name, team, "share"], rows
 
         # The spec file applied by hand, changed: kubectl's strict field check refuses it first...
@@ -94,25 +92,25 @@ def test_the_queue_object_holds_the_deployed_spec_beside_its_status_and_refuses_
         hand["spec"]["processing"]["concurrency"] = concurrency
         hand_file = tmp_path / "by-hand.yaml"
         hand_file.write_text(yaml.safe_dump(hand, sort_keys=False))
-        strict = _kubectl(local_kubernetes, "-n", namespace, "apply", "-f", str(hand_file))
+        strict = _kubectl(cluster, "-n", namespace, "apply", "-f", str(hand_file))
         assert strict.returncode != 0 and 'unknown field "metadata.team"' in strict.stderr, strict.stderr
 
         # ...and with it off, the admission policy: over the deployed Queue, which keeps its spec,
-        loose = _kubectl(local_kubernetes, "-n", namespace, "apply", "--validate=false", "-f", str(hand_file))
+        loose = _kubectl(cluster, "-n", namespace, "apply", "--validate=false", "-f", str(hand_file))
         assert loose.returncode != 0, loose.stdout
         said = " ".join(loose.stderr.split())
         assert "(Forbidden)" in said and "denied request" in said, said
         assert "A deployed Queue's spec changes only with its release" in said and DIRECTIONS in said, said
-        assert _queue(local_kubernetes, namespace, name)["spec"] == written
+        assert _queue(cluster, namespace, name)["spec"] == written
 
         # ...and as a new Queue, which is never made.
         hand["metadata"]["name"] = "made-by-hand"
         hand_file.write_text(yaml.safe_dump(hand, sort_keys=False))
-        new = _kubectl(local_kubernetes, "-n", namespace, "apply", "--validate=false", "-f", str(hand_file))
+        new = _kubectl(cluster, "-n", namespace, "apply", "--validate=false", "-f", str(hand_file))
         said = " ".join(new.stderr.split())
         assert new.returncode != 0 and "(Forbidden)" in said, said
         assert "Queue objects are made by queueplane's deploy" in said and DIRECTIONS in said, said
-        assert _kubectl(local_kubernetes, "-n", namespace, "get", "queue", "made-by-hand").returncode != 0
+        assert _kubectl(cluster, "-n", namespace, "get", "queue", "made-by-hand").returncode != 0
 
         # The changed spec, deployed: the object's spec follows (the policy admits a deploy's change).
         doc["spec"]["processing"]["concurrency"] = concurrency
@@ -120,11 +118,11 @@ def test_the_queue_object_holds_the_deployed_spec_beside_its_status_and_refuses_
         again = run_cli([*deploy, "--timeout", "5m"], cli_env, timeout=420)
         assert again.returncode == 0, again.stdout + again.stderr
         assert "CustomResourceDefinition" not in again.stdout, "a current definition is left alone"
-        queue = _queue(local_kubernetes, namespace, name)
+        queue = _queue(cluster, namespace, name)
         assert queue["spec"] == yaml.safe_load(path.read_text())["spec"]
         assert queue["spec"]["processing"]["concurrency"] == concurrency and queue["metadata"]["generation"] == 2
     except BaseException:
-        show(local_kubernetes, namespace)
+        show(cluster, namespace)
         raise
     finally:
-        local_kubernetes.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
