@@ -176,7 +176,7 @@ test: setup-test lint typecheck
 # The fast loop: lint, mypy, then the unit tests and the light integration tests against the
 # real broker (those that start no Spark worker: tests/parallel.py lists them and conftest marks
 # them `check`), in the same processes and split as `make test`. Left out: the tests of Spark
-# workers, the heavy ones (broker restarts, network faults, timed autoscaling), the soak, and the
+# workers, the heavy ones (broker restarts, network faults, timed autoscaling), and the
 # folders of the local Kubernetes, Airflow and the packaging builds. `make test` runs them all;
 # CI runs `make test`.
 CHECK_TESTS := tests/unit tests/integration -m 'check and not heavy'

@@ -9,7 +9,7 @@ of the run (the first third is warm-up: the JVM sizes its heap, Python workers s
 
     .venv/bin/python bench/soak.py [--minutes 30] [--rate 100]
 
-A three-minute version runs in `make test` (tests/integration/test_soak.py).
+It runs in `make bench` only; the run fails when a record is lost or memory grows past the goal.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ a small machine anything beside them starves them past the time bounds they wait
 lock expiring, a Python worker not connecting back in time, executors due within two autoscaler
 decisions). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
 are not heavy although they run pods: their bounds are minutes, so they run beside the light
-tests, and their waits on pods and rollouts overlap the light tests' work. So does the soak
-test, which asserts memory and counts rather than time. A stack that keeps working between
+tests, and their waits on pods and rollouts overlap the light tests' work. A stack that keeps working between
 tests (Airflow, tests/airflow_stack.py) counts as light from its start to its stop, not only
 during its tests: started beside a heavy test, Airflow's processes took the CPU a Spark worker
 needed to connect back to its JVM in time.

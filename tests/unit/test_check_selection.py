@@ -22,5 +22,5 @@ def test_check_selects_the_unit_tests_and_the_listed_integration_files_only():
     files = {line.split("::", 1)[0] for line in done.stdout.splitlines() if "::" in line}
     assert "tests/unit/test_check_selection.py" in files
     assert {"tests/integration/test_apply.py", "tests/integration/test_local_stack.py"} <= files
-    for spark_run in ("test_consumer_worker.py", "test_share_worker.py", "test_soak.py", "test_broker_outage.py"):
+    for spark_run in ("test_consumer_worker.py", "test_share_worker.py", "test_broker_outage.py"):
         assert f"tests/integration/{spark_run}" not in files
