@@ -17,11 +17,9 @@ from confluent_kafka import KafkaException
 
 from queueplane import __version__
 from queueplane.cli import deploy_commands, local_commands, ops_commands, run_commands, spec_commands, try_command
-from queueplane.cli.common import EPILOG, emit_error, err, no_color, print_error, print_problems
+from queueplane.cli.common import EPILOG, NO_COLOR_HELP, emit_error, err, no_color, print_error, print_problems
 from queueplane.errors import EXIT_FAILED, EXIT_OK, QueueplaneError, SpecInvalid
 from queueplane.kafka.cluster import refusal
-
-NO_COLOR_HELP = "plain text, no colours (as $NO_COLOR)"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ from queueplane.provision import steps
 from queueplane.spec import durations
 from queueplane.spec.model import QueueSpec
 
+NO_COLOR_HELP = "plain text, no colours (as $NO_COLOR)"
 EPILOG = f"""\
 exit codes: {EXIT_OK} ok, {EXIT_FAILED} the cluster or a tool failed, {EXIT_INVALID} invalid input \
 (nothing changed), {EXIT_REFUSED} the plan holds refused changes (nothing changed), {EXIT_CHANGES} \

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from queueplane.cli.common import OUTPUTS, cluster_flags, duration_flag, emit, err, out, resolve_target
+from queueplane.cli.common import NO_COLOR_HELP, OUTPUTS, cluster_flags, duration_flag, emit, err, out, resolve_target
 from queueplane.errors import UsageError
 from queueplane.kafka.target import ENV_BOOTSTRAP, ENV_KAFKA_CONFIG, KafkaTarget, named_target
 from queueplane.provision import steps
@@ -264,8 +264,6 @@ def _print(summaries: list[RunSummary], output: str) -> None:
 
 def submitted_parser(description: str) -> argparse.ArgumentParser:
     """The parser of spark_apps/queue_worker.py: `queueplane run`'s flags, with SUBMITTED's defaults."""
-    from queueplane.cli.app import NO_COLOR_HELP  # the app imports this module
-
     parser = argparse.ArgumentParser(
         prog="queue_worker.py", description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
