@@ -27,13 +27,15 @@ MODULE = "k8s.io/kubernetes"
 SPEC_DIR = "api/openapi-spec/v3"
 
 
-def _documents(version: str) -> Iterator[dict[str, Any]]:
+def module_source(module: str, version: str, what: str) -> Path:
+    """The source folder of a Go module at ``version``, downloaded through the module proxy
+    (``what``: what it is, for the message when go is missing); exits with go's error."""
     go = shutil.which("go")
     if go is None:
-        sys.exit("go is not on PATH: it downloads the Kubernetes source through the module proxy")
+        sys.exit(f"go is not on PATH: it downloads {what} through the module proxy")
     with tempfile.TemporaryDirectory() as work:
         result = subprocess.run(
-            [go, "mod", "download", "-json", f"{MODULE}@{version}"],
+            [go, "mod", "download", "-json", f"{module}@{version}"],
             cwd=work,
             env={**os.environ, "GOFLAGS": "-mod=mod"},
             capture_output=True,
@@ -41,8 +43,13 @@ def _documents(version: str) -> Iterator[dict[str, Any]]:
             check=False,
         )
     if result.returncode != 0:
-        sys.exit(f"go mod download {MODULE}@{version} failed: {result.stderr.strip()[-1000:]}")
-    for path in sorted((Path(json.loads(result.stdout)["Dir"]) / SPEC_DIR).glob("*_openapi.json")):
+        sys.exit(f"go mod download {module}@{version} failed: {result.stderr.strip()[-1000:]}")
+    return Path(json.loads(result.stdout)["Dir"])
+
+
+def _documents(version: str) -> Iterator[dict[str, Any]]:
+    source = module_source(MODULE, version, "the Kubernetes source")
+    for path in sorted((source / SPEC_DIR).glob("*_openapi.json")):
         yield json.loads(path.read_text(encoding="utf-8"))
 
 

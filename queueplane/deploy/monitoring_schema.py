@@ -14,11 +14,6 @@ moves:
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -84,21 +79,9 @@ def slim(crd: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    go = shutil.which("go")
-    if go is None:
-        sys.exit("go is not on PATH: it downloads the Prometheus Operator's module through the module proxy")
-    with tempfile.TemporaryDirectory() as work:
-        result = subprocess.run(
-            [go, "mod", "download", "-json", f"{MODULE}@{PROMETHEUS_OPERATOR_VERSION}"],
-            cwd=work,
-            env={**os.environ, "GOFLAGS": "-mod=mod"},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    if result.returncode != 0:
-        sys.exit(f"go mod download {MODULE}@{PROMETHEUS_OPERATOR_VERSION} failed: {result.stderr.strip()[-1000:]}")
-    folder = Path(json.loads(result.stdout)["Dir"]) / CRD_DIR
+    from queueplane.deploy.kube_schema_refresh import module_source
+
+    folder = module_source(MODULE, PROMETHEUS_OPERATOR_VERSION, "the Prometheus Operator's module") / CRD_DIR
     crds = [slim(yaml.safe_load((folder / name).read_text(encoding="utf-8"))) for name in KINDS.values()]
     target = shipped_file()
     target.write_text(json.dumps(crds, sort_keys=True, separators=(",", ":")) + "\n", encoding="utf-8")
