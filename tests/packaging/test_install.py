@@ -105,6 +105,7 @@ def test_airflow_extra_imports_operators_beside_another_airflow_patch(wheel: Pat
             "HelmDeployOperator",
             "PlanQueueOperator",
             "QueueReadySensor",
+            "RemoveQueuesOperator",
             "SparkDriverReadySensor",
             "SparkSubmitDeployOperator",
             "ValidateSpecOperator",
