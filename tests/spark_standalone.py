@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,15 +19,15 @@ from pathlib import Path
 
 import pyspark
 
+from queueplane.local import processes
+
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 SPARK_SUBMIT = SPARK_HOME / "bin" / "spark-submit"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return processes.free_port(processes.HOST)
 
 
 def write_auth_args(path: Path) -> Path:
@@ -83,8 +82,8 @@ class Standalone:
 def start_standalone(
     work: Path, cores: int, memory: str, rest: bool = False, auth_args: Path | None = None
 ) -> Standalone:
-    port, ui, worker_ui = free_port(), free_port(), free_port()
-    rest_port = free_port() if rest else None
+    port, ui, worker_ui, rest_port = processes.free_ports(processes.HOST, 4)
+    rest_port = rest_port if rest else None
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     master_env = spark_env(auth_args)

@@ -7,15 +7,31 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Collection
 
 HOST = "127.0.0.1"  # everything the local stack starts listens on loopback only
 
 
-def free_port(host: str) -> int:
-    """A port the kernel just gave out on ``host``: free unless another process races for it."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def free_port(host: str, avoid: Collection[int] = ()) -> int:
+    """A port the kernel just gave out on ``host``: free unless another process races for it.
+
+    ``avoid``: ports picked already and not yet listened on (one broker's listeners). The
+    kernel may give the same port out twice in a row once its socket is closed.
+    """
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """``count`` different ports, each as ``free_port`` gives one."""
+    ports: list[int] = []
+    while len(ports) < count:
+        ports.append(free_port(host, avoid=ports))
+    return ports
 
 
 def port_open(host: str, port: int) -> bool:

@@ -31,7 +31,7 @@ from queueplane.kafka.protocol import api_versions
 from queueplane.local.kubernetes.host import node_address_present
 from queueplane.local.kubernetes.layout import NODE_IP
 from queueplane.local.maven import COMPLETE, copy_dependencies
-from queueplane.local.processes import HOST, free_port, pid_alive, port_open, terminate
+from queueplane.local.processes import HOST, free_port, free_ports, pid_alive, port_open, terminate
 from queueplane.local.tls import broker_tls
 from queueplane.paths import cache_dir, home_dir
 
@@ -267,9 +267,10 @@ class LocalStack:
                 terminate(state.pid)
             self.fetch(say)
             port, controller_port = self._ports()
-            pod_port = self._kept_port("pod-port.json", pod_host) if pod_host else None
-            secure_port = self._kept_port("secure-port.json", HOST) if secure else None
-            mtls_port = self._kept_port("mtls-port.json", HOST) if secure else None
+            taken = {port, controller_port}
+            pod_port = self._kept_port("pod-port.json", pod_host, taken) if pod_host else None
+            secure_port = self._kept_port("secure-port.json", HOST, taken) if secure else None
+            mtls_port = self._kept_port("mtls-port.json", HOST, taken) if secure else None
             self._write_configs(port, controller_port, pod_port, secure_port, mtls_port, pod_host)
             if not (self.data_dir / "meta.properties").is_file():
                 say("formatting KRaft storage")
@@ -355,7 +356,8 @@ class LocalStack:
                 f"port {port} or {controller_port} of the stopped local broker is taken by another "
                 f"process; free it, or start afresh with `queueplane local down --purge`"
             )
-        ports = free_port(HOST), free_port(HOST)
+        port, controller_port = free_ports(HOST, 2)
+        ports = port, controller_port
         self.ports_file.write_text(json.dumps(ports))
         return ports
 
@@ -369,15 +371,15 @@ class LocalStack:
         path.write_text(json.dumps(port))
         return port
 
-    def _kept_port(self, name: str, host: str) -> int:
-        """A listener's port, recorded in ``name`` and kept across restarts while it is free."""
+    def _kept_port(self, name: str, host: str, taken: set[int]) -> int:
+        """A listener's port, recorded in ``name`` and kept across restarts while it is free;
+        added to ``taken``, the ports of the broker's other listeners, which it differs from."""
         path = self.directory / name
-        if path.is_file():
-            port = int(json.loads(path.read_text()))
-            if not port_open(host, port):
-                return port
-        port = free_port(host)
-        path.write_text(json.dumps(port))
+        port = int(json.loads(path.read_text())) if path.is_file() else None
+        if port is None or port in taken or port_open(host, port):
+            port = free_port(host, avoid=taken)
+            path.write_text(json.dumps(port))
+        taken.add(port)
         return port
 
     # -- the SASL_SSL listener -----------------------------------------------------------------

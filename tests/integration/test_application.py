@@ -8,7 +8,6 @@ the application's one metrics endpoint; and all of it under one driver JVM.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -20,16 +19,12 @@ import pytest
 from helpers import REPO
 from worker_support import cluster_flags, make_queue, order, produce, read_all
 
+from queueplane.local.processes import HOST, free_port
+
 pytestmark = pytest.mark.kafka
 
 RECORDS = 300
 POISON = b"not json"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _scrape(port: int) -> str:
@@ -70,7 +65,7 @@ def test_a_share_a_consumer_and_a_kmq_queue_in_one_application_each_end_as_alone
     for queue in queues.values():
         produce(kafka, queue.topic, [*[order(i, sleep_ms=2) for i in range(RECORDS)], POISON])
 
-    port = _free_port()
+    port = free_port(HOST)
     specs = [str(q.spec_path) for q in queues.values()]
     command = [sys.executable, "-m", "queueplane", "run", *specs, *cluster_flags(kafka, tmp_path)]
     log = tmp_path / "worker.log"

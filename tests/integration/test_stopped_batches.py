@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -20,16 +19,12 @@ import psutil
 import pytest
 from worker_support import make_queue, order, produce, read_all, resume, start_worker
 
+from queueplane.local.processes import HOST, free_port
+
 pytestmark = pytest.mark.kafka
 
 BEFORE, DURING = 20, 40
 STOPPED = "batches have stopped"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _readiness(port: int) -> tuple[int, str]:
@@ -73,7 +68,7 @@ class _Frozen:
 def test_a_worker_whose_batches_stop_while_records_wait_is_not_ready_and_says_so_once(kafka, tmp_path):
     queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="partition", partitions=2)
     produce(kafka, queue.topic, [order(i) for i in range(BEFORE)])
-    port, log = _free_port(), tmp_path / "worker.log"
+    port, log = free_port(HOST), tmp_path / "worker.log"
     worker = start_worker(queue, kafka, "--until-idle", "5s", "--metrics-port", str(port), log=log)
     frozen, name = _Frozen(worker.pid), queue.spec_path.parent.name.replace("queue-", "w-")
 
