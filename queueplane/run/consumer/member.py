@@ -75,7 +75,7 @@ class GroupMember:
 
     def __init__(self, settings: ConsumerSettings):
         self.settings = settings
-        self.process = WorkerProcess(settings)
+        self.process = self._new_process(settings)
         self.topic = settings.topic
         self.unreported = Unreported(journal_folder(settings.group_id))
         self._lock = threading.Lock()
@@ -100,6 +100,14 @@ class GroupMember:
         self._assigned: set[int] = set()
         self._unleased_paused = False
         self._failing = False
+
+    def _new_process(self, settings: ConsumerSettings) -> WorkerProcess:
+        """What the process keeps for the queue (its handler, producers): a subclass's own."""
+        return WorkerProcess(settings)
+
+    def _finish_timeout_s(self) -> float:
+        """How long leaving may take: every slot's queue of records, each up to the lock."""
+        return self.settings.lock_ms / 1000 * self.settings.slot_queue + DELIVERY_TIMEOUT_S
 
     # -- the slices (a micro-batch task's thread) ------------------------------------------
     def run_batch(self, final: bool = False) -> list[OutcomeColumns]:
@@ -169,7 +177,7 @@ class GroupMember:
             self._lease_until = 0.0
             self._lease.notify_all()
         self._leave.set()
-        thread.join(self.settings.lock_ms / 1000 * self.settings.slot_queue + DELIVERY_TIMEOUT_S)
+        thread.join(self._finish_timeout_s())
         if not thread.is_alive():
             self._thread = None
 

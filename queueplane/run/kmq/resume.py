@@ -1,18 +1,17 @@
-"""Where a restarted kmq worker resumes: the records of a replayed micro-batch it must not hand out again.
+"""Where a kmq member resumes a partition it is given: the records it must not hand out again.
 
-A worker killed mid-batch restarts from its Spark checkpoint, which replays that batch. Its
-records were then in one of two states: started (a ``start`` marker is durable; from then on
-the tracker owns the record and redelivers it unless an ``end`` marker follows) or not yet
-started. Handing a started record out again would duplicate every record the killed batch had
-finished, so the replay skips them and leaves them to the tracker; only the deliveries that
-were running at the kill can be handled twice. Records below the group's committed offset were
-finished by an earlier batch (a kill between the group commit and Spark's own) and are skipped too.
+A member that gets a partition reads it from the group's committed offset. A member that held
+it before and was killed (or failed) mid-task left its records in one of two states: started
+(a ``start`` marker is durable; from then on the tracker owns the record and redelivers it
+unless an ``end`` marker follows) or not yet started. Handing a started record out again would
+duplicate every record the killed task had finished, so the new owner skips them and leaves
+them to the tracker; only the deliveries that were running at the kill can be handled twice.
 
 Finding the started records needs the markers written since the last group commit. Each
 commit carries, as its offset metadata, the markers partition's end at that moment: every
-``start`` marker of a later record is written after it, so a restart reads the markers
-partition from there to its end, one batch's worth of markers. A partition the group never
-committed (its first batch was killed) is read from its first retained marker.
+``start`` marker of a later record is written after it, so the new owner reads the markers
+partition from there to its end, one task's worth of markers. A partition the group never
+committed (its first task was killed) is read from its first retained marker.
 """
 
 from __future__ import annotations
@@ -20,17 +19,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import committed_positions, log_offsets
-from queueplane.kafka.target import KafkaTarget
 from queueplane.run.kmq import markers as km
-
-if TYPE_CHECKING:
-    from queueplane.spec.model import QueueSpec
 
 log = logging.getLogger("queueplane.worker")
 
@@ -61,6 +56,13 @@ class ResumePoint:
         floor = self.floor.get(partition)
         return (floor is not None and offset < floor) or offset in self.started.get(partition, ())
 
+    def replaced(self, partitions: list[int], point: ResumePoint) -> ResumePoint:
+        """This point with ``partitions``' entries taken from ``point`` (partitions given anew)."""
+        keep = set(partitions)
+        floor = {p: o for p, o in self.floor.items() if p not in keep} | point.floor
+        started = {p: o for p, o in self.started.items() if p not in keep} | point.started
+        return ResumePoint(floor, started)
+
     def to_json_fields(self) -> dict[str, dict[str, list[list[int]]] | dict[str, int]]:
         """As JSON-safe dicts (string keys; started offsets as [first, last] ranges, mostly one per partition)."""
         return {
@@ -86,27 +88,29 @@ def _ranges(offsets: frozenset[int]) -> list[list[int]]:
     return ranges
 
 
-def resume_point(target: KafkaTarget, queue: QueueSpec) -> ResumePoint:
-    """The resume point from the group's commits and the markers written since; empty if they cannot be read.
-
-    An empty point costs duplicates (the replayed batch is handled again), never a record.
-    """
-    assert queue.markers is not None
-    role = {"group.id": queue.group.id, "enable.auto.commit": False, "isolation.level": "read_committed"}
-    consumer = clients.consumer(target.settings, role)
+def resume_point(
+    kafka: dict[str, Any], group_id: str, topic: str, markers_topic: str, partitions: list[int]
+) -> ResumePoint:
+    """The resume point of ``partitions`` from the group's commits and the markers written since;
+    empty if they cannot be read. An empty point costs duplicates (a killed task's records are
+    handled again), never a record."""
+    if not partitions:
+        return ResumePoint()
+    role = {"group.id": group_id, "enable.auto.commit": False, "isolation.level": "read_committed"}
+    consumer = clients.consumer(kafka, role)
     try:
-        committed = committed_positions(consumer, queue.topic.name, range(queue.topic.partitions))
+        committed = committed_positions(consumer, topic, partitions)
         floor = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
         starts: dict[int, int] = {}
         for tp in committed:
-            # Never committed (a first batch killed): every retained marker of the partition.
+            # Never committed (a first task killed): every retained marker of the partition.
             start = markers_start(tp.metadata) if tp.offset >= 0 else 0
             if start is not None:
                 starts[tp.partition] = start
-        started = _started_since(consumer, target, queue.markers.name, queue.topic.partitions, starts, floor)
+        started = _started_since(consumer, kafka, markers_topic, max(partitions) + 1, starts, floor)
         return ResumePoint(floor, started)
     except Exception as exc:  # a resume point only saves duplicates: without one, nothing is lost
-        log.warning("kmq: could not read where the last run stopped (%s); a replayed batch is handled again", exc)
+        log.warning("kmq: could not read where partitions %s stopped (%s); started records run again", partitions, exc)
         return ResumePoint()
     finally:
         consumer.close()
@@ -114,7 +118,7 @@ def resume_point(target: KafkaTarget, queue: QueueSpec) -> ResumePoint:
 
 def _started_since(
     consumer: Consumer,
-    target: KafkaTarget,
+    kafka: dict[str, Any],
     markers_topic: str,
     partitions: int,
     starts: dict[int, int],
@@ -123,7 +127,7 @@ def _started_since(
     """Offsets at or above the floor with a ``start`` marker in the markers partitions from ``starts`` to their end."""
     if not starts:
         return {}
-    retained = log_offsets(clients.admin(target), markers_topic, partitions)
+    retained = log_offsets(clients.admin(kafka), markers_topic, partitions)
     # Retention may have removed markers below a recorded position: read from the first one left.
     begin = {p: max(starts[p], retained[p][0]) for p in starts}
     todo = {p: retained[p][1] for p in starts if retained[p][1] > begin[p]}

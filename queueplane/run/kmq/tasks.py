@@ -1,4 +1,5 @@
-"""The kmq runtime inside Spark's Python workers: one task is any offset range of the queue topic.
+"""The kmq runtime inside Spark's Python workers: a task is a run of records the process's group
+member (member.py) polled, up to ``maxInFlight`` a partition.
 
 A task writes the ``start`` markers of all its records and waits until they are durable,
 then hands the records to its process's handler threads. Each record ends one way:
@@ -9,8 +10,8 @@ then hands the records to its process's handler threads. Each record ends one wa
 - still running, or not started, at start + lockDuration: given up; its result is dropped
   when the call returns, and the tracker redelivers it (no ``end`` marker).
 
-The task returns when every record ended or was given up. The group's offsets are committed
-by the driver after the batch: from then on, redelivery is the tracker's job.
+The task returns when every record ended or was given up. The member then commits the group's
+offsets past the task's records: from then on, redelivery is the tracker's job.
 
 A write reported refused shared its record batch with others, and the broker refuses a batch
 whole: it is only a suspect (queueplane.run.failed_writes), written again alone before its
@@ -26,21 +27,17 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import groupby
 from operator import attrgetter
 from typing import Any
 
-import pyarrow as pa
-
+from queueplane.run.consumer.process import MemberSettings
 from queueplane.run.crash_journal import DEAD, CrashJournal, Delivery, journal_folder, worker_died
 from queueplane.run.dead_letters import Failure, failure_of_headers
 from queueplane.run.failed_writes import AloneWrites, FailedWrites, alone_writes, fingerprint
 from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
-from queueplane.run.kafka_input import input_records
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq.resume import ResumePoint
 from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
     ACCEPTED,
@@ -48,12 +45,10 @@ from queueplane.run.outcomes import (
     DELIVERY_TIMEOUT_S,
     DUPLICATE,
     RELEASED,
-    SKIPPED,
     Outcome,
     ProducedRecord,
     dead_letter_record,
     is_parked,
-    outcome_batch,
     parked_record,
     produce,
     refused_write,
@@ -61,9 +56,8 @@ from queueplane.run.outcomes import (
 )
 from queueplane.run.outputs import output_record
 from queueplane.run.parking import PARKED, REFUSALS, cause_of, refused_failure
-from queueplane.run.processes import PerProcess, ServedProducer
+from queueplane.run.processes import ServedProducer
 from queueplane.run.retry import retry_delay_ms
-from queueplane.run.settings import QueueSettings
 
 log = logging.getLogger("queueplane.worker")
 WAIT_STEP_S = 0.05
@@ -73,15 +67,14 @@ TRACKER_MARGIN_MS = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
-class KmqSettings(QueueSettings):
+class KmqSettings(MemberSettings):
     """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
 
     markers_topic: str
     threads: int
     backoff_ms: int
     max_backoff_ms: int
-    resume_floor: dict[str, int]  # resume.ResumePoint, as JSON
-    resume_started: dict[str, list[list[int]]]
+    max_in_flight: int  # records of a partition one task takes at most
 
 
 # A write's failure: the task fails / the record's refused writes are suspects, written again alone.
@@ -147,7 +140,9 @@ class KmqProcess:
 
     def __init__(self, settings: KmqSettings):
         self.settings = settings
-        self.resume = ResumePoint.from_json_fields(settings.resume_floor, settings.resume_started)
+        # The process's member of the group, and the group's metadata (transactions): kmq has none.
+        self.group: Any = None
+        self.group_metadata: Any = None
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         # Durability is learnt in rounds (``ServedProducer.all_delivered``), not per record, and
         # markers carry no callback of their own: a failed one is counted here (failed_writes).
@@ -606,24 +601,3 @@ class KmqTask:
         with self._lock:
             rows, self._outcomes = self._outcomes, []
         return rows
-
-
-PROCESSES: PerProcess[KmqProcess] = PerProcess(lambda text: KmqProcess(KmqSettings.from_json(text)))
-
-
-def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the records of one offset range in, their outcome rows out (the accepted in runs)."""
-    process = PROCESSES.get(settings_json)
-    process.journal.collect()  # a process that died in a call of this task's last attempt
-    records, skipped = [], []
-    for batch in batches:
-        for record in input_records(batch, km.delivery_count):
-            (skipped if process.resume.skips(record.partition, record.offset) else records).append(record)
-    rows = [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped]
-    if records:
-        task = KmqTask(process, records)
-        task.start()
-        task.wait()
-        rows += task.drain()
-    if rows:
-        yield outcome_batch(rows)

@@ -1,0 +1,190 @@
+"""A kmq queue's Python worker process as a member of the queue's consumer group.
+
+The member is the consumer group's (consumer/member.py): it joins, is leased by the time-slice
+source, pauses while unleased and leaves on a drain, exactly as a consumer queue's member does.
+What it does with the records it polls is kmq's: it gathers them into tasks of up to
+``maxInFlight`` records a partition (tasks.py: start markers durable, the handler, outputs
+durable, end markers) and, once a task has returned, commits the group's offsets past its
+records, each commit carrying where the markers partition ended (resume.py). From the commit
+on, a record that did not end is the tracker's to redeliver.
+
+A task runs on the member's own thread, between polls, so a revocation (a callback inside a
+poll) never meets one half done: the revoked partitions' records the member holds and has not
+started are dropped, and their next owner reads them from the last commit. A partition given to
+the member is read from the group's commit, skipping the records that started since (a member
+that was killed, or failed, mid-task): those are the tracker's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from queueplane.kafka import clients
+from queueplane.kafka.offsets import end_offsets
+from queueplane.run.consumer.member import POLL_RECORDS, POLL_S, GroupMember
+from queueplane.run.handler import Record
+from queueplane.run.kmq import markers as km
+from queueplane.run.kmq import resume
+from queueplane.run.kmq.tasks import KmqProcess, KmqSettings, KmqTask
+from queueplane.run.outcomes import DELIVERY_TIMEOUT_S, SKIPPED, Outcome
+from queueplane.run.processes import PerProcess
+
+log = logging.getLogger("queueplane.worker")
+
+
+class KmqMember(GroupMember):
+    """One per Python worker process and kmq queue: the group's consumer, its tasks, its rows."""
+
+    settings: KmqSettings  # type: ignore[assignment]
+    process: KmqProcess  # type: ignore[assignment]
+
+    def __init__(self, settings: KmqSettings):
+        super().__init__(settings)  # type: ignore[arg-type]
+        self.resume = resume.ResumePoint()
+        self._admin: Any = None
+
+    def _new_process(self, settings: Any) -> KmqProcess:  # type: ignore[override]
+        return KmqProcess(settings)
+
+    def _finish_timeout_s(self) -> float:
+        """A task under way ends within the lock, its writes within the delivery timeout."""
+        return self.settings.lock_ms / 1000 + 2 * DELIVERY_TIMEOUT_S
+
+    # -- the member's thread ---------------------------------------------------------------
+    def _loop(self) -> None:
+        consumer = self._consumer
+        while not self._leave.is_set():
+            if self._unleased_long():
+                return  # no task came for this process: leave, so the group moves its partitions
+            leased = self.leased()
+            if leased == self._unleased_paused:
+                self._pause_for_lease(leased)
+            messages = consumer.consume(POLL_RECORDS, POLL_S)
+            if messages:
+                self._take_messages(messages)
+            if self._collect_due:
+                self._collect_unreported()
+            held = sum(len(records) for records in self._held.values())
+            # A task as soon as the poll has nothing more, or a full one meanwhile.
+            if held and (not messages or held >= self._task_records()):
+                self._run_task()
+            self._flow_control()
+
+    def _partition_records(self) -> int:
+        """Records of one partition a task takes at most: all of them get start markers at once."""
+        s = self.settings
+        bound = s.max_uncommitted or s.max_in_flight
+        return max(1, min(s.max_in_flight, bound))
+
+    def _task_records(self) -> int:
+        s = self.settings
+        whole = self._partition_records() * max(1, len(self._held))
+        return max(1, min(whole, s.max_uncommitted)) if s.max_uncommitted > 0 else whole
+
+    def _flow_control(self) -> None:
+        """A partition holding more than two tasks' worth pauses until a task takes it below one."""
+        limit = self._partition_records()
+        for partition, records in self._held.items():
+            if len(records) > 2 * limit and partition not in self._paused:
+                self._consumer.pause([TopicPartition(self.topic, partition)])
+                self._paused.add(partition)
+        for partition in list(self._paused):
+            if len(self._held.get(partition, ())) <= limit:
+                self._paused.discard(partition)
+                if partition in self._assigned and not self._unleased_paused:
+                    self._consumer.resume([TopicPartition(self.topic, partition)])
+
+    def _taken(self) -> tuple[list[Record], list[Record], dict[int, tuple[int, int]]]:
+        """The next task's records by partition in offset order, those a restart skips, and per
+        partition the offset of its first record and the offset after its last."""
+        per_partition, budget = self._partition_records(), self._task_records()
+        records: list[Record] = []
+        skipped: list[Record] = []
+        ranges: dict[int, tuple[int, int]] = {}
+        point = self.resume
+        for partition in list(self._held):
+            held = self._held[partition]
+            take = min(len(held), per_partition, budget)
+            if take <= 0:
+                break
+            budget -= take
+            first = held[0].offset
+            for _ in range(take):
+                record = held.popleft()
+                if point.skips(partition, record.offset):
+                    skipped.append(record)
+                    continue
+                if record.headers:  # a redelivery: its count is in its headers
+                    record = replace(record, delivery_count=km.delivery_count(record.headers))
+                records.append(record)
+            ranges[partition] = (first, record.offset + 1)
+            if not held:
+                del self._held[partition]
+                self._held_since.pop(partition, None)
+        return records, skipped, ranges
+
+    def _run_task(self) -> None:
+        """One task over the held records, then the group's commit past them. Rows of records that
+        ended stand even if the commit fails: their records come again, started, and are skipped."""
+        records, skipped, ranges = self._taken()
+        rows = [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped]
+        committed = False
+        try:
+            if records:
+                self.process.journal.collect()  # a process that died in a call of these partitions
+                task = KmqTask(self.process, records)
+                try:
+                    task.start()
+                    task.wait()
+                finally:
+                    rows += task.drain()
+            self._commit(ranges, rows)
+            committed = True
+        finally:
+            if not committed:
+                self._rows_added((rows, []))
+
+    def _commit(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome]) -> None:
+        """Past the task's records, each partition's commit carrying where its markers end now:
+        every marker of the task is below it (resume.py)."""
+        if self._admin is None:
+            self._admin = clients.admin(self.settings.kafka)
+        partitions = sorted(ranges)
+        markers = end_offsets(self._admin, self.settings.markers_topic, partitions)
+        counts: dict[int, int] = {}
+        for row in rows:
+            counts[row.partition] = counts.get(row.partition, 0) + 1
+        tokens = [self.unreported.committing(p, ranges[p][0], ranges[p][1], counts.get(p, 0)) for p in partitions]
+        offsets = [
+            TopicPartition(self.topic, p, ranges[p][1], metadata=resume.commit_metadata(markers[p])) for p in partitions
+        ]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except BaseException:
+            for token in tokens:
+                self.unreported.failed(token)
+            raise
+        self._rows_added((rows, tokens))
+
+    # -- rebalance callbacks (on the member's thread, inside a poll) -----------------------
+    def _assigned_cb(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Partitions given to the member: where to resume them, before any of their records comes."""
+        super()._assigned_cb(consumer, partitions)
+        given = sorted(tp.partition for tp in partitions)
+        s = self.settings
+        point = resume.resume_point(s.kafka, s.group_id, s.topic, s.markers_topic, given)
+        if point.started:
+            log.info(
+                "%s: %d records started before partitions %s came here; the tracker has them",
+                s.queue,
+                sum(len(offsets) for offsets in point.started.values()),
+                given,
+            )
+        self.resume = self.resume.replaced(given, point)
+
+
+MEMBERS: PerProcess[KmqMember] = PerProcess(lambda text: KmqMember(KmqSettings.from_json(text)))
