@@ -8,16 +8,21 @@ durable, end markers) and, once a task has returned, commits the group's offsets
 records, each commit carrying where the markers partition ended (resume.py). From the commit
 on, a record that did not end is the tracker's to redeliver.
 
-A task runs on the member's own thread, between polls, so a revocation (a callback inside a
-poll) never meets one half done: the revoked partitions' records the member holds and has not
-started are dropped, and their next owner reads them from the last commit. A partition given to
-the member is read from the group's commit, skipping the records that started since (a member
-that was killed, or failed, mid-task): those are the tracker's.
+A member has up to ``TASKS_AT_ONCE`` tasks under way: the member's thread starts one (its start
+markers durable, its handlers queued) while the one before settles on a thread of its own, and
+commits them in the order they started, between polls. A revocation (a callback inside a poll)
+waits for the tasks under way and commits them before the partitions move; the revoked
+partitions' records the member holds and has not started are dropped, and their next owner
+reads them from the last commit. A partition given to the member is read from the group's
+commit, skipping the records that started since (a member that was killed, or failed,
+mid-task): those are the tracker's.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +40,26 @@ from queueplane.run.processes import PerProcess
 
 log = logging.getLogger("queueplane.worker")
 
+# Tasks a member has under way at once: one settles (end markers, commit) while the next starts.
+TASKS_AT_ONCE = 2
+
+
+class _Running:
+    """A task of the member's, under way or settled: what its commit needs."""
+
+    def __init__(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome]):
+        self.ranges, self.rows = ranges, rows
+        self.task: KmqTask | None = None
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def settle(self) -> None:
+        assert self.task is not None
+        try:
+            self.task.wait()
+        except BaseException as exc:
+            self.error = exc
+
 
 class KmqMember(GroupMember):
     """One per Python worker process and kmq queue: the group's consumer, its tasks, its rows."""
@@ -46,13 +71,14 @@ class KmqMember(GroupMember):
         super().__init__(settings)  # type: ignore[arg-type]
         self.resume = resume.ResumePoint()
         self._admin: Any = None
+        self._running: deque[_Running] = deque()  # tasks under way or settled, not yet committed
 
     def _new_process(self, settings: Any) -> KmqProcess:  # type: ignore[override]
         return KmqProcess(settings)
 
     def _finish_timeout_s(self) -> float:
-        """A task under way ends within the lock, its writes within the delivery timeout."""
-        return self.settings.lock_ms / 1000 + 2 * DELIVERY_TIMEOUT_S
+        """Each task under way ends within the lock, its writes within the delivery timeout."""
+        return TASKS_AT_ONCE * (self.settings.lock_ms / 1000 + DELIVERY_TIMEOUT_S)
 
     # -- the member's thread ---------------------------------------------------------------
     def _loop(self) -> None:
@@ -68,10 +94,12 @@ class KmqMember(GroupMember):
                 self._take_messages(messages)
             if self._collect_due:
                 self._collect_unreported()
+            self._commit_settled()
             held = sum(len(records) for records in self._held.values())
-            # A task as soon as the poll has nothing more, or a full one meanwhile.
-            if held and (not messages or held >= self._task_records()):
-                self._run_task()
+            # A task as soon as the poll has nothing more, or a full one meanwhile, or nothing runs.
+            wanted = not messages or held >= self._task_records() or not self._running
+            if held and wanted and len(self._running) < TASKS_AT_ONCE:
+                self._start_task()
             self._flow_control()
 
     def _partition_records(self) -> int:
@@ -127,29 +155,47 @@ class KmqMember(GroupMember):
                 self._held_since.pop(partition, None)
         return records, skipped, ranges
 
-    def _run_task(self) -> None:
-        """One task over the held records, then the group's commit past them. Rows of records that
-        ended stand even if the commit fails: their records come again, started, and are skipped."""
+    def _start_task(self) -> None:
+        """The next task over the held records: its start markers durable, its handlers under way.
+        It settles on a thread of its own while the member polls and starts the next one."""
         records, skipped, ranges = self._taken()
-        rows = [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped]
-        committed = False
-        try:
-            if records:
-                self.process.journal.collect()  # a process that died in a call of these partitions
-                task = KmqTask(self.process, records)
-                try:
-                    task.start()
-                    task.wait()
-                finally:
-                    rows += task.drain()
-            self._commit(ranges, rows)
-            committed = True
-        finally:
-            if not committed:
+        running = _Running(ranges, [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped])
+        self._running.append(running)
+        if records:
+            self.process.journal.collect()  # a process that died in a call of these partitions
+            running.task = KmqTask(self.process, records)
+            running.task.start()
+            running.thread = threading.Thread(target=running.settle, name="qp-kmq-task", daemon=True)
+            running.thread.start()
+
+    def _commit_settled(self, wait: bool = False, lost: frozenset[int] = frozenset()) -> None:
+        """Commit past the tasks that settled, in the order they started (a partition's commits
+        move forward only); ``wait``: every task under way too. Rows of records that ended stand
+        even when their task failed or its commit did: their records come again, started, and are
+        skipped. ``lost``: partitions the group gave to others, whose offsets are no longer ours."""
+        while self._running:
+            running = self._running[0]
+            if running.thread is not None:
+                if wait:
+                    running.thread.join()
+                elif running.thread.is_alive():
+                    return
+            self._running.popleft()
+            rows = running.rows + (running.task.drain() if running.task is not None else [])
+            ranges = {p: r for p, r in running.ranges.items() if p not in lost}
+            if running.error is not None or not ranges:
                 self._rows_added((rows, []))
+                if running.error is not None:
+                    raise running.error
+                continue
+            try:
+                self._commit(ranges, rows)
+            except BaseException:
+                self._rows_added((rows, []))
+                raise
 
     def _commit(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome]) -> None:
-        """Past the task's records, each partition's commit carrying where its markers end now:
+        """Past a task's records, each partition's commit carrying where its markers end now:
         every marker of the task is below it (resume.py)."""
         if self._admin is None:
             self._admin = clients.admin(self.settings.kafka)
@@ -170,7 +216,34 @@ class KmqMember(GroupMember):
             raise
         self._rows_added((rows, tokens))
 
+    def _finish(self, partition: int) -> None:
+        """A partition leaves the member: the tasks under way settle and commit first."""
+        self._commit_settled(wait=True)
+        super()._finish(partition)
+
+    def _finish_all(self) -> None:
+        self._commit_settled(wait=True)
+        super()._finish_all()
+
+    def _abandon_all(self) -> None:
+        """Leaving without committing: the tasks under way settle (their rows stand), uncommitted."""
+        running, self._running = self._running, deque()
+        for item in running:
+            if item.thread is not None:
+                item.thread.join()
+            self._rows_added((item.rows + (item.task.drain() if item.task is not None else []), []))
+        super()._abandon_all()
+
     # -- rebalance callbacks (on the member's thread, inside a poll) -----------------------
+    def _lost_cb(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """The group gave the partitions to others: the tasks settle, and commit only the rest."""
+        try:
+            self._commit_settled(wait=True, lost=frozenset(tp.partition for tp in partitions))
+        except Exception as exc:
+            self._failing = True
+            self._fail(exc)
+        super()._lost_cb(consumer, partitions)
+
     def _assigned_cb(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         """Partitions given to the member: where to resume them, before any of their records comes."""
         super()._assigned_cb(consumer, partitions)
