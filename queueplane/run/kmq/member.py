@@ -144,7 +144,8 @@ class KmqMember(GroupMember):
             for _ in range(take):
                 record = held.popleft()
                 if point.skips(partition, record.offset):
-                    skipped.append(record)
+                    if point.counted(partition, record.offset):
+                        skipped.append(record)
                     continue
                 if record.headers:  # a redelivery: its count is in its headers
                     record = replace(record, delivery_count=km.delivery_count(record.headers))

@@ -51,6 +51,13 @@ class ResumePoint:
 
     floor: dict[int, int] = field(default_factory=dict)
     started: dict[int, frozenset[int]] = field(default_factory=dict)
+    # Of those, the ones no end marker had followed when the point was read: the tracker
+    # redelivers them, and the copy's row counts the message, so a skip of one counts nothing.
+    unended: dict[int, frozenset[int]] = field(default_factory=dict)
+
+    def counted(self, partition: int, offset: int) -> bool:
+        """Whether a skipped record gets a row of its own (its delivery ended before the skip)."""
+        return offset not in self.unended.get(partition, ())
 
     def skips(self, partition: int, offset: int) -> bool:
         floor = self.floor.get(partition)
@@ -61,7 +68,8 @@ class ResumePoint:
         keep = set(partitions)
         floor = {p: o for p, o in self.floor.items() if p not in keep} | point.floor
         started = {p: o for p, o in self.started.items() if p not in keep} | point.started
-        return ResumePoint(floor, started)
+        unended = {p: o for p, o in self.unended.items() if p not in keep} | point.unended
+        return ResumePoint(floor, started, unended)
 
     def to_json_fields(self) -> dict[str, dict[str, list[list[int]]] | dict[str, int]]:
         """As JSON-safe dicts (string keys; started offsets as [first, last] ranges, mostly one per partition)."""
@@ -107,8 +115,9 @@ def resume_point(
             start = markers_start(tp.metadata) if tp.offset >= 0 else 0
             if start is not None:
                 starts[tp.partition] = start
-        started = _started_since(consumer, kafka, markers_topic, max(partitions) + 1, starts, floor)
-        return ResumePoint(floor, started)
+        started, ended = _started_since(consumer, kafka, markers_topic, max(partitions) + 1, starts, floor)
+        unended = {p: frozenset(offsets - ended.get(p, frozenset())) for p, offsets in started.items()}
+        return ResumePoint(floor, started, unended)
     except Exception as exc:  # a resume point only saves duplicates: without one, nothing is lost
         log.warning("kmq: could not read where partitions %s stopped (%s); started records run again", partitions, exc)
         return ResumePoint()
@@ -123,17 +132,19 @@ def _started_since(
     partitions: int,
     starts: dict[int, int],
     floor: dict[int, int],
-) -> dict[int, frozenset[int]]:
-    """Offsets at or above the floor with a ``start`` marker in the markers partitions from ``starts`` to their end."""
+) -> tuple[dict[int, frozenset[int]], dict[int, frozenset[int]]]:
+    """Offsets at or above the floor with a ``start`` marker in the markers partitions from ``starts``
+    to their end, and those with an ``end`` marker there."""
     if not starts:
-        return {}
+        return {}, {}
     retained = log_offsets(clients.admin(kafka), markers_topic, partitions)
     # Retention may have removed markers below a recorded position: read from the first one left.
     begin = {p: max(starts[p], retained[p][0]) for p in starts}
     todo = {p: retained[p][1] for p in starts if retained[p][1] > begin[p]}
     found: dict[int, set[int]] = {p: set() for p in starts}
+    ended: dict[int, set[int]] = {}
     if not todo:
-        return {}
+        return {}, {}
     consumer.assign([TopicPartition(markers_topic, p, begin[p]) for p in todo])
     deadline = time.monotonic() + SCAN_TIMEOUT_S
     while todo:
@@ -147,8 +158,13 @@ def _started_since(
                 continue
             raise RuntimeError(message.error().str())
         for marker in [] if km.is_tick(message.key()) else km.decode(message.key(), message.value()):
-            if marker.kind == km.START and marker.offset >= floor.get(marker.partition, 0):
+            if marker.offset < floor.get(marker.partition, 0):
+                continue
+            if marker.kind == km.START:
                 found.setdefault(marker.partition, set()).add(marker.offset)
+            elif marker.kind == km.END:
+                ended.setdefault(marker.partition, set()).add(marker.offset)
         if message.offset() + 1 >= todo.get(message.partition(), 0):
             todo.pop(message.partition(), None)
-    return {p: frozenset(offsets) for p, offsets in found.items() if offsets}
+    frozen = {p: frozenset(offsets) for p, offsets in ended.items()}
+    return {p: frozenset(offsets) for p, offsets in found.items() if offsets}, frozen
