@@ -35,7 +35,7 @@ from queueplane.run.handler import Record
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq import resume
 from queueplane.run.kmq.tasks import KmqProcess, KmqSettings, KmqTask
-from queueplane.run.outcomes import DELIVERY_TIMEOUT_S, SKIPPED, Outcome
+from queueplane.run.outcomes import DELIVERY_TIMEOUT_S, SKIPPED, Outcome, columns_of
 from queueplane.run.processes import PerProcess
 
 log = logging.getLogger("queueplane.worker")
@@ -185,14 +185,14 @@ class KmqMember(GroupMember):
             rows = running.rows + (running.task.drain() if running.task is not None else [])
             ranges = {p: r for p, r in running.ranges.items() if p not in lost}
             if running.error is not None or not ranges:
-                self._rows_added((rows, []))
+                self._add_rows(rows)
                 if running.error is not None:
                     raise running.error
                 continue
             try:
                 self._commit(ranges, rows)
             except BaseException:
-                self._rows_added((rows, []))
+                self._add_rows(rows)
                 raise
 
     def _commit(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome]) -> None:
@@ -215,7 +215,11 @@ class KmqMember(GroupMember):
             for token in tokens:
                 self.unreported.failed(token)
             raise
-        self._rows_added((rows, tokens))
+        self._add_rows(rows, tokens)
+
+    def _add_rows(self, rows: list[Outcome], tokens: list[int] | None = None) -> None:
+        """Records' outcomes for the next slice (the accepted in runs), with the notes that count them."""
+        self._rows_added(([columns_of(rows)] if rows else [], tokens or []))
 
     def _finish(self, partition: int) -> None:
         """A partition leaves the member: the tasks under way settle and commit first."""
@@ -232,7 +236,7 @@ class KmqMember(GroupMember):
         for item in running:
             if item.thread is not None:
                 item.thread.join()
-            self._rows_added((item.rows + (item.task.drain() if item.task is not None else []), []))
+            self._add_rows(item.rows + (item.task.drain() if item.task is not None else []))
         super()._abandon_all()
 
     # -- rebalance callbacks (on the member's thread, inside a poll) -----------------------
