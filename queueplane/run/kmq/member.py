@@ -5,8 +5,8 @@ source, pauses while unleased and leaves on a drain, exactly as a consumer queue
 What it does with the records it polls is kmq's: it gathers them into tasks of up to
 ``maxInFlight`` records a partition (tasks.py: start markers durable, the handler, outputs
 durable, end markers) and, once a task has returned, commits the group's offsets past its
-records, each commit carrying where the markers partition ended (resume.py). From the commit
-on, a record that did not end is the tracker's to redeliver.
+records, each commit carrying where the markers partition ended before the task's start
+markers (resume.py). From the commit on, a record that did not end is the tracker's to redeliver.
 
 A member has up to ``TASKS_AT_ONCE`` tasks under way: the member's thread starts one (its start
 markers durable, its handlers queued) while the one before settles on a thread of its own, and
@@ -47,8 +47,10 @@ TASKS_AT_ONCE = 2
 class _Running:
     """A task of the member's, under way or settled: what its commit needs."""
 
-    def __init__(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome]):
-        self.ranges, self.rows = ranges, rows
+    def __init__(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome], markers: dict[int, int]):
+        # ``markers``: where each of its partitions' markers ended before its start markers: its
+        # commit's metadata, below every start marker of this task and of the tasks after it.
+        self.ranges, self.rows, self.markers = ranges, rows, markers
         self.task: KmqTask | None = None
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -160,7 +162,10 @@ class KmqMember(GroupMember):
         """The next task over the held records: its start markers durable, its handlers under way.
         It settles on a thread of its own while the member polls and starts the next one."""
         records, skipped, ranges = self._taken()
-        running = _Running(ranges, [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped])
+        if self._admin is None:
+            self._admin = clients.admin(self.settings.kafka)
+        markers = end_offsets(self._admin, self.settings.markers_topic, sorted(ranges))
+        running = _Running(ranges, [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped], markers)
         self._running.append(running)
         if records:
             self.process.journal.collect()  # a process that died in a call of these partitions
@@ -171,9 +176,13 @@ class KmqMember(GroupMember):
 
     def _commit_settled(self, wait: bool = False, lost: frozenset[int] = frozenset()) -> None:
         """Commit past the tasks that settled, in the order they started (a partition's commits
-        move forward only); ``wait``: every task under way too. Rows of records that ended stand
-        even when their task failed or its commit did: their records come again, started, and are
-        skipped. ``lost``: partitions the group gave to others, whose offsets are no longer ours."""
+        move forward only); ``wait``: every task under way too. ``lost``: partitions the group
+        gave to others, whose offsets are no longer ours.
+
+        Rows go out only with their commit. The records of a task that failed, or whose commit
+        did, and of a lost partition, come again from the last commit: started, so skipped, and
+        the skip counts each one that ended (resume.py). Their rows here would count them twice.
+        """
         while self._running:
             running = self._running[0]
             if running.thread is not None:
@@ -183,25 +192,18 @@ class KmqMember(GroupMember):
                     return
             self._running.popleft()
             rows = running.rows + (running.task.drain() if running.task is not None else [])
+            if running.error is not None:
+                raise running.error
             ranges = {p: r for p, r in running.ranges.items() if p not in lost}
-            if running.error is not None or not ranges:
-                self._add_rows(rows)
-                if running.error is not None:
-                    raise running.error
-                continue
-            try:
-                self._commit(ranges, rows)
-            except BaseException:
-                self._add_rows(rows)
-                raise
+            if ranges:
+                self._commit(ranges, [row for row in rows if row.partition in ranges], running.markers)
 
-    def _commit(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome]) -> None:
-        """Past a task's records, each partition's commit carrying where its markers end now:
-        every marker of the task is below it (resume.py)."""
-        if self._admin is None:
-            self._admin = clients.admin(self.settings.kafka)
+    def _commit(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome], markers: dict[int, int]) -> None:
+        """Past a task's records, each partition's commit carrying where its markers ended before
+        the task's start markers (resume.py): the start markers of the task that started while this
+        one settled are above it, so a member given the partition after this commit finds them. The
+        end at commit time would be past them, and would hand those records out again."""
         partitions = sorted(ranges)
-        markers = end_offsets(self._admin, self.settings.markers_topic, partitions)
         counts: dict[int, int] = {}
         for row in rows:
             counts[row.partition] = counts.get(row.partition, 0) + 1
@@ -231,12 +233,12 @@ class KmqMember(GroupMember):
         super()._finish_all()
 
     def _abandon_all(self) -> None:
-        """Leaving without committing: the tasks under way settle (their rows stand), uncommitted."""
+        """Leaving without committing: the tasks under way settle; their records come again from
+        the last commit, and are counted where they are skipped (see _commit_settled)."""
         running, self._running = self._running, deque()
         for item in running:
             if item.thread is not None:
                 item.thread.join()
-            self._add_rows(item.rows + (item.task.drain() if item.task is not None else []))
         super()._abandon_all()
 
     # -- rebalance callbacks (on the member's thread, inside a poll) -----------------------

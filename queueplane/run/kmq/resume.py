@@ -8,9 +8,11 @@ duplicate every record the killed task had finished, so the new owner skips them
 them to the tracker; only the deliveries that were running at the kill can be handled twice.
 
 Finding the started records needs the markers written since the last group commit. Each
-commit carries, as its offset metadata, the markers partition's end at that moment: every
-``start`` marker of a later record is written after it, so the new owner reads the markers
-partition from there to its end, one task's worth of markers. A partition the group never
+commit carries, as its offset metadata, where the markers partition ended before the committed
+task wrote its start markers: every ``start`` marker of a later record is written after it (a
+member starts its next task while the last one settles, so the end at commit time could be past
+the next task's start markers), and the new owner reads the markers partition from there to its
+end, a task or two's worth of markers. A partition the group never
 committed (its first task was killed) is read from its first retained marker.
 """
 
