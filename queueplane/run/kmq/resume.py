@@ -14,6 +14,10 @@ member starts its next task while the last one settles, so the end at commit tim
 the next task's start markers), and the new owner reads the markers partition from there to its
 end, a task or two's worth of markers. A partition the group never
 committed (its first task was killed) is read from its first retained marker.
+
+A skipped record gets a row of its own only if a worker ended it (an ``end`` marker): the
+killed task's row went with it. One the tracker ended (``expired``) is counted where its copy
+or its dead letter is, and one still open is the tracker's to end: neither gets a row here.
 """
 
 from __future__ import annotations
