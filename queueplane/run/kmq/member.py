@@ -162,6 +162,10 @@ class KmqMember(GroupMember):
         """The next task over the held records: its start markers durable, its handlers under way.
         It settles on a thread of its own while the member polls and starts the next one."""
         records, skipped, ranges = self._taken()
+        if self._running and self._has_suspects(records):
+            # A suspect runs once the task's other records ended (tasks.py); the task before it,
+            # still settling, must end too, or the suspect's death takes its records with it.
+            self._commit_settled(wait=True)
         if self._admin is None:
             self._admin = clients.admin(self.settings.kafka)
         markers = end_offsets(self._admin, self.settings.markers_topic, sorted(ranges))
@@ -173,6 +177,19 @@ class KmqMember(GroupMember):
             running.task.start()
             running.thread = threading.Thread(target=running.settle, name="qp-kmq-task", daemon=True)
             running.thread.start()
+
+    def _has_suspects(self, records: list[Record]) -> bool:
+        """Whether a process died in a call of one of the records' messages (the crash journal)."""
+        journal = self.process.journal
+        journal.collect()
+        crashes = journal.crashes
+        if not crashes:
+            return False
+        for record in records:
+            where = km.origin(record.headers, record.topic, record.partition, record.offset)
+            if (where.partition, where.offset) in crashes:
+                return True
+        return False
 
     def _commit_settled(self, wait: bool = False, lost: frozenset[int] = frozenset()) -> None:
         """Commit past the tasks that settled, in the order they started (a partition's commits
