@@ -166,6 +166,7 @@ def make_queue(
     access: dict[str, object] | None = None,
     memory_limit: str | None = None,
     max_in_flight: int = 100,
+    start_from: str = "earliest",
 ) -> TestQueue:
     tag = uuid.uuid4().hex[:8]
     module = f"qp_handler_{tag}"
@@ -186,6 +187,7 @@ def make_queue(
                 "deliveryLimit": delivery_limit,
                 "maxInFlight": max_in_flight,
                 "ordering": ordering,
+                "startFrom": start_from,
             },
             "processing": {
                 "handler": f"{module}:handle",
