@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import replace
 from typing import Any
@@ -30,7 +31,7 @@ from confluent_kafka import TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import end_offsets
-from queueplane.run.consumer.member import POLL_RECORDS, POLL_S, GroupMember
+from queueplane.run.consumer.member import COMMIT_S, POLL_RECORDS, POLL_S, GroupMember
 from queueplane.run.handler import Record
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq import resume
@@ -74,6 +75,8 @@ class KmqMember(GroupMember):
         self.resume = resume.ResumePoint()
         self._admin: Any = None
         self._running: deque[_Running] = deque()  # tasks under way or settled, not yet committed
+        self._committed: dict[int, int] = {}  # per partition, the offset this member last committed
+        self._next_position_commit = 0.0
 
     def _new_process(self, settings: Any) -> KmqProcess:  # type: ignore[override]
         return KmqProcess(settings)
@@ -97,6 +100,7 @@ class KmqMember(GroupMember):
             if self._collect_due:
                 self._collect_unreported()
             self._commit_settled()
+            self._commit_positions()
             held = sum(len(records) for records in self._held.values())
             # A task as soon as the poll has nothing more, or a full one meanwhile, or nothing runs.
             wanted = not messages or held >= self._task_records() or not self._running
@@ -215,6 +219,33 @@ class KmqMember(GroupMember):
             if ranges:
                 self._commit(ranges, [row for row in rows if row.partition in ranges], running.markers)
 
+    def _commit_positions(self) -> None:
+        """With no task under way and nothing held, each partition whose position passed its
+        last commit (transaction markers, aborted records) is committed there, so a drained
+        queue shows no lag. The metadata is where the markers end now: no task is under way, so
+        every later start marker comes after it. Looked at every ``COMMIT_S``."""
+        now = time.monotonic()
+        if self._running or now < self._next_position_commit:
+            return
+        self._next_position_commit = now + COMMIT_S
+        behind: list[TopicPartition] = []
+        for position in self._consumer.position([TopicPartition(self.topic, p) for p in sorted(self._assigned)]):
+            partition = position.partition
+            last = self._committed.get(partition, self.resume.floor.get(partition))
+            if partition not in self._held and last is not None and position.offset > last:
+                behind.append(position)
+        if not behind:
+            return
+        if self._admin is None:
+            self._admin = clients.admin(self.settings.kafka)
+        markers = end_offsets(self._admin, self.settings.markers_topic, [tp.partition for tp in behind])
+        offsets = [
+            TopicPartition(self.topic, tp.partition, tp.offset, metadata=resume.commit_metadata(markers[tp.partition]))
+            for tp in behind
+        ]
+        self._consumer.commit(offsets=offsets, asynchronous=False)
+        self._committed.update((tp.partition, tp.offset) for tp in behind)
+
     def _commit(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome], markers: dict[int, int]) -> None:
         """Past a task's records, each partition's commit carrying where its markers ended before
         the task's start markers (resume.py): the start markers of the task that started while this
@@ -234,6 +265,7 @@ class KmqMember(GroupMember):
             for token in tokens:
                 self.unreported.failed(token)
             raise
+        self._committed.update((p, ranges[p][1]) for p in partitions)
         self._add_rows(rows, tokens)
 
     def _add_rows(self, rows: list[Outcome], tokens: list[int] | None = None) -> None:
@@ -272,6 +304,8 @@ class KmqMember(GroupMember):
         """Partitions given to the member: where to resume them, before any of their records comes."""
         super()._assigned_cb(consumer, partitions)
         given = sorted(tp.partition for tp in partitions)
+        for partition in given:  # its last commit is the resume point's floor, read below
+            self._committed.pop(partition, None)
         s = self.settings
         point = resume.resume_point(s.kafka, s.group_id, s.topic, s.markers_topic, given)
         if point.started:
