@@ -166,6 +166,7 @@ def make_queue(
     access: dict[str, object] | None = None,
     memory_limit: str | None = None,
     max_in_flight: int = 100,
+    start_from: str = "earliest",
 ) -> TestQueue:
     tag = uuid.uuid4().hex[:8]
     module = f"qp_handler_{tag}"
@@ -186,6 +187,7 @@ def make_queue(
                 "deliveryLimit": delivery_limit,
                 "maxInFlight": max_in_flight,
                 "ordering": ordering,
+                "startFrom": start_from,
             },
             "processing": {
                 "handler": f"{module}:handle",
@@ -373,9 +375,16 @@ def run_worker(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float 
 
 def run_worker_logged(queue: TestQueue, kafka: KafkaTarget, *args: str, timeout: float = 300) -> tuple[dict, str]:
     """The same, with the worker's log (its standard error) beside the summary."""
-    result = subprocess.run(
-        worker_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO
-    )
+    try:
+        result = subprocess.run(
+            worker_command(queue, kafka, args), capture_output=True, text=True, timeout=timeout, cwd=REPO
+        )
+    except subprocess.TimeoutExpired as ran_on:  # its log is what says why: kept whole, its end shown
+        log = ran_on.stderr.decode(errors="replace") if isinstance(ran_on.stderr, bytes) else ran_on.stderr or ""
+        with (queue.folder / "worker.log").open("a") as kept:
+            kept.write(log)
+        where = queue.folder / "worker.log"
+        raise AssertionError(f"the worker ran past {timeout}s ({where}):\n{log[-3000:]}") from None
     with (queue.folder / "worker.log").open("a") as kept:  # whole, beside the queue's files: a message keeps its end
         kept.write(result.stderr)
     with (queue.folder / "summaries.jsonl").open("a") as kept:

@@ -53,7 +53,7 @@ def stopped_seconds(longest_batch_s: float | None) -> float:
     """How long records may wait while no micro-batch ends before the worker is not ready.
 
     ``longest_batch_s``: how long one micro-batch of the runtime lasts at most when nothing is
-    wrong (``QueueRuntime.longest_batch_s``). Time-sliced sources (consumer and share groups)
+    wrong (``QueueRuntime.longest_batch_s``). Time-sliced sources (consumer, kmq and share groups)
     end a batch every slice whatever their handlers do: its tasks each hold one slice, the idle
     slice (15 s) at most, in turns where there are more tasks than cores. Two such batches
     without an end are no slow queue but a stuck one. Never under 30 s: that covers the first
@@ -61,7 +61,7 @@ def stopped_seconds(longest_batch_s: float | None) -> float:
     two batches on a busy machine, and it is still seen within half a minute (one local worker's
     bound is exactly that: twice the idle slice).
 
-    None: a source whose batches last as long as their records take (Spark's Kafka source, kmq);
+    None: a source whose batches last as long as their records take (Spark's Kafka source);
     a long batch is the stall bound's. Only the time its trigger sits idle while records wait
     counts, and new records start a batch within milliseconds: the floor alone.
     """

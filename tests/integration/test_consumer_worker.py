@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 from fault_checks import FaultLog, duplicate_excess, key_order_violations
 from worker_support import (
@@ -288,6 +288,29 @@ def test_records_retention_removed_unread_are_counted_and_reported(kafka, tmp_pa
     assert "60 records of" in log and "removed by retention" in log
     outputs = {json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=140)}
     assert outputs == {f"id-{i:06d}" for i in (*range(100), *range(160, 200))}
+
+
+@pytest.mark.parametrize("group_type", ["consumer", "kmq"])
+def test_start_from_latest_skips_only_what_came_before_the_groups_first_read(kafka, tmp_path, group_type):
+    """``startFrom: latest`` is for a group that never committed; one that did resumes at its
+    commit, or at the first record retention left past it, never at the end of the log."""
+    queue = make_queue(tmp_path, kafka, group_type=group_type, partitions=1, start_from="latest")
+    produce(kafka, queue.topic, [order(i) for i in range(100)])
+    first = run_worker(queue, kafka, "--until-idle", "4s")
+    assert first["counts"].get("accepted", 0) == 0, "a new group with latest reads nothing already there"
+    # An operator resets the group to offset 50 (kafka-consumer-groups --reset-offsets), and
+    # retention removes the records up to 80 before the worker comes back.
+    admin = AdminClient(dict(kafka.settings))
+    reset = ConsumerGroupTopicPartitions(queue.group, [TopicPartition(queue.topic, 0, 50)])
+    admin.alter_consumer_group_offsets([reset])[queue.group].result()
+    (future,) = admin.delete_records([TopicPartition(queue.topic, 0, 80)]).values()
+    future.result()
+
+    summary = run_worker(queue, kafka, "--until-idle", "4s")
+    assert summary["counts"]["accepted"] == 20, summary["counts"]
+    assert summary["removed_by_retention"] == 30
+    outputs = {json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=20)}
+    assert outputs == {f"id-{i:06d}" for i in range(80, 100)}
 
 
 REJECTED = {5, 77, 240}

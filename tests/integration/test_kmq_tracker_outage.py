@@ -33,7 +33,7 @@ COUNT = 6
 def _ends(kafka, topic: str) -> set[tuple[int, int]]:
     messages = read_all(kafka, topic, timeout_s=3)
     markers = [marker for m in messages for marker in km.decode(m.key(), m.value())]
-    return {(m.partition, m.offset) for m in markers if m.kind == km.END}
+    return {(m.partition, m.offset) for m in markers if m.kind in km.ENDS}
 
 
 def test_a_tracker_batch_with_its_broker_stopped_ends_nothing_and_redelivers_all_once_it_is_back(

@@ -230,7 +230,10 @@ def test_time_sliced_runtimes_say_their_longest_batch_and_spark_s_kafka_source_n
             return None
 
     assert SparkKafkaSource(payments, target, cluster).longest_batch_s is None
-    assert KmqRuntime.longest_batch_s is QueueRuntime.longest_batch_s, "kmq reads through Spark's Kafka source"
+    # kmq's members are leased by the same slices: email-jobs' 4 partitions on 1 executor of 1 core.
+    emails = steps.validate([str(EXAMPLES / "messaging" / "email-jobs.yaml")], None)[0]
+    assert KmqRuntime(emails, target, local).longest_batch_s == 15
+    assert KmqRuntime(emails, target, cluster).longest_batch_s == 4 * 15
 
 
 def test_the_watcher_logs_one_error_when_batches_stop_and_one_line_when_one_ends(caplog):

@@ -40,7 +40,7 @@ import time
 from collections import deque
 from typing import Any
 
-from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, OFFSET_INVALID, KafkaError, KafkaException, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
@@ -75,7 +75,7 @@ class GroupMember:
 
     def __init__(self, settings: ConsumerSettings):
         self.settings = settings
-        self.process = WorkerProcess(settings)
+        self.process = self._new_process(settings)
         self.topic = settings.topic
         self.unreported = Unreported(journal_folder(settings.group_id))
         self._lock = threading.Lock()
@@ -100,6 +100,14 @@ class GroupMember:
         self._assigned: set[int] = set()
         self._unleased_paused = False
         self._failing = False
+
+    def _new_process(self, settings: ConsumerSettings) -> WorkerProcess:
+        """What the process keeps for the queue (its handler, producers): a subclass's own."""
+        return WorkerProcess(settings)
+
+    def _finish_timeout_s(self) -> float:
+        """How long leaving may take: every slot's queue of records, each up to the lock."""
+        return self.settings.lock_ms / 1000 * self.settings.slot_queue + DELIVERY_TIMEOUT_S
 
     # -- the slices (a micro-batch task's thread) ------------------------------------------
     def run_batch(self, final: bool = False) -> list[OutcomeColumns]:
@@ -169,7 +177,7 @@ class GroupMember:
             self._lease_until = 0.0
             self._lease.notify_all()
         self._leave.set()
-        thread.join(self.settings.lock_ms / 1000 * self.settings.slot_queue + DELIVERY_TIMEOUT_S)
+        thread.join(self._finish_timeout_s())
         if not thread.is_alive():
             self._thread = None
 
@@ -223,7 +231,10 @@ class GroupMember:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
-            "auto.offset.reset": s.start_from,
+            # A commit that retention passed resumes at the first record left, whatever
+            # startFrom says: startFrom is only for a partition the group never committed
+            # (_start_fresh), or "latest" would skip every retained record past the commit.
+            "auto.offset.reset": "earliest",
             "session.timeout.ms": kn.MEMBER_SESSION_TIMEOUT_MS,
             "group.protocol": s.group_protocol,
         }
@@ -500,9 +511,23 @@ class GroupMember:
         self.process.journal.collect()  # a process that died in a call of these partitions
         self._collect_due = True
         self._assigned.update(tp.partition for tp in partitions)
-        if self._unleased_paused and partitions:
+        placed = self._start_fresh(consumer, partitions)
+        if (self._unleased_paused or placed) and partitions:
             consumer.incremental_assign(partitions) if self._cooperative() else consumer.assign(partitions)
-            consumer.pause(partitions)
+            if self._unleased_paused:
+                consumer.pause(partitions)
+
+    def _start_fresh(self, consumer: Any, partitions: list[TopicPartition]) -> bool:
+        """``startFrom: latest``: the partitions the group never committed start at their end
+        (their offset set in place); whether any did. The others resume at their commit."""
+        if self.settings.start_from != "latest" or not partitions:
+            return False
+        committed = consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in partitions], timeout=30)
+        fresh = {tp.partition for tp in committed if tp.offset < 0}
+        for tp in partitions:
+            if tp.partition in fresh:
+                tp.offset = OFFSET_END
+        return bool(fresh)
 
     def _cooperative(self) -> bool:
         return self.settings.group_protocol == "consumer"

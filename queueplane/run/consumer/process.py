@@ -52,7 +52,24 @@ OUTPUT_LINGER_MS = 20
 
 
 @dataclass(frozen=True, kw_only=True)
-class ConsumerSettings(QueueSettings):
+class MemberSettings(QueueSettings):
+    """What a group member (member.py) needs, whichever group type hosts it (consumer, kmq)."""
+
+    # The queue's topic, where a partition with no commit starts, the group protocol the broker
+    # has ("consumer", KIP-848, else "classic"), and the slices.
+    topic: str = ""
+    start_from: str = "earliest"
+    group_protocol: str = "classic"
+    batch_ms: int = 1000
+    idle_batch_ms: int = 15_000
+    # The most records a member holds fed and uncommitted (``--max-batch-records`` over the
+    # members): what a kill can make come again. 0: no bound but maxInFlight's.
+    max_uncommitted: int = 0
+    exactly_once: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerSettings(MemberSettings):
     """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
 
     ordering: str
@@ -62,16 +79,6 @@ class ConsumerSettings(QueueSettings):
     max_backoff_ms: int
     exactly_once: bool
     commit_interval_ms: int = 1000
-    # The group member's (member.py): the queue's topic, where a partition with no commit starts,
-    # the group protocol the broker has ("consumer", KIP-848, else "classic"), and the slices.
-    topic: str = ""
-    start_from: str = "earliest"
-    group_protocol: str = "classic"
-    batch_ms: int = 1000
-    idle_batch_ms: int = 15_000
-    # The most records a member holds fed and uncommitted (``--max-batch-records`` over the
-    # members): what a kill can make come again. 0: no bound but maxInFlight's.
-    max_uncommitted: int = 0
 
     def transactional_id(self, topic: str, partition: int) -> str:
         """Stable per input partition: a new task's producer fences the one a dead task left behind."""

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from queueplane.kafka import clients
 from queueplane.kafka.group_protocol import group_protocol
 from queueplane.kafka.target import KafkaTarget
-from queueplane.run.consumer.process import ConsumerSettings, transactional_producer
+from queueplane.run.consumer.process import ConsumerSettings, MemberSettings, transactional_producer
 from queueplane.run.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec
@@ -91,15 +91,25 @@ class ConsumerRuntime(QueueRuntime):
         described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
         return len(described.members)
 
+    def member_settings(self, protocol: str, tasks: int) -> MemberSettings:
+        """What the members of the queue's group get (``protocol``: the group protocol to use;
+        ``tasks``: the members a micro-batch leases)."""
+        queue = self.queue
+        settings = consumer_settings(queue, self.target, protocol)
+        if queue.exactly_once:
+            fence_partitions(settings, queue.topic.name, queue.topic.partitions)
+        return settings
+
+    def member_source(self) -> type[Any]:
+        """The time-slice source whose tasks lease this group type's members."""
+        from queueplane.run.consumer.source import MemberSource
+
+        return MemberSource
+
     def stream(self, spark: Any, drain_file: Path, executor_ceiling: int | None) -> Any:
         from queueplane.run.consumer.source import register_source
 
         queue, target, options = self.queue, self.target, self.options
-        settings = dataclasses.replace(
-            consumer_settings(queue, target, group_protocol(target.settings)), batch_ms=options.batch_ms or SLICE_MS
-        )
-        if queue.exactly_once:
-            fence_partitions(settings, queue.topic.name, queue.topic.partitions)
         cores = int(queue.executor.get("cores", 1))
         partitions = queue.topic.partitions
         if executor_ceiling is not None:  # tasks for the most executors; with fewer, they run in turns
@@ -110,9 +120,12 @@ class ConsumerRuntime(QueueRuntime):
         else:
             tasks = options.tasks or spark.sparkContext.defaultParallelism
         tasks = max(1, min(tasks, partitions))
+        settings = dataclasses.replace(
+            self.member_settings(group_protocol(target.settings), tasks), batch_ms=options.batch_ms or SLICE_MS
+        )
         if options.max_batch_records:
             settings = dataclasses.replace(settings, max_uncommitted=max(1, options.max_batch_records // tasks))
-        source = register_source(spark, queue.name)
+        source = register_source(spark, queue.name, self.member_source())
         return (
             spark.readStream.format(source)
             .option("settings", settings.to_json())

@@ -22,9 +22,10 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from queueplane.kafka import clients
 from queueplane.kafka.cluster import refusal
 from queueplane.kafka.offsets import fetch_committed
-from queueplane.run.consumer.member import MEMBERS, MemberFailed
-from queueplane.run.consumer.process import ConsumerSettings
+from queueplane.run.consumer.member import MEMBERS, GroupMember, MemberFailed
+from queueplane.run.consumer.process import ConsumerSettings, MemberSettings
 from queueplane.run.outcomes import OUTCOME_SCHEMA, SKIPPED, Outcome, columns_batch, columns_of
+from queueplane.run.processes import PerProcess
 
 log = logging.getLogger("queueplane.worker")
 
@@ -46,6 +47,11 @@ class SliceTask(InputPartition):
 
 
 class MemberStreamReader(DataSourceStreamReader):
+    """The time slices of one group type's members: ``members`` holds them, one per process."""
+
+    members: PerProcess[GroupMember] = MEMBERS
+    settings_type: type[MemberSettings] = ConsumerSettings
+
     def __init__(self, settings_json: str, tasks: int, drain_file: str, partitions: int):
         self.settings_json = settings_json
         self.tasks = tasks
@@ -61,7 +67,7 @@ class MemberStreamReader(DataSourceStreamReader):
         batch's offsets: a restart from this checkpoint knows what its batches had reported."""
         if not self.partition_count:
             return {}
-        settings = ConsumerSettings.from_json(self.settings_json)
+        settings = self.settings_type.from_json(self.settings_json)
         try:
             if self._group is None:
                 self._group = clients.consumer(
@@ -104,7 +110,7 @@ class MemberStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         task = cast(SliceTask, partition)  # what partitions() planned
-        member = MEMBERS.get(self.settings_json)
+        member = self.members.get(self.settings_json)
         try:
             blocks = member.run_batch(final=task.final)
         except MemberFailed as exc:
@@ -117,7 +123,7 @@ class MemberStreamReader(DataSourceStreamReader):
             log.warning("%s", refused)
             return
         if task.final:
-            MEMBERS.drained(self.settings_json)  # the spec's processing.teardown
+            self.members.drained(self.settings_json)  # the spec's processing.teardown
         for p, (first, end) in task.skipped.items():
             skipped = [Outcome(member.topic, p, offset, None, 1, SKIPPED, None, 0.0, 0) for offset in range(first, end)]
             blocks.append(columns_of(skipped))
@@ -133,6 +139,8 @@ class MemberSource(DataSource):
     """Options: settings (ConsumerSettings as JSON), tasks (parallel tasks per micro-batch),
     drain_file (while it exists, batches drain their members)."""
 
+    stream_reader_type: type[MemberStreamReader] = MemberStreamReader
+
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
@@ -141,7 +149,7 @@ class MemberSource(DataSource):
         return OUTCOME_SCHEMA
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
-        return MemberStreamReader(
+        return self.stream_reader_type(
             self.options["settings"],
             int(self.options.get("tasks", "1")),
             self.options.get("drain_file", ""),
@@ -149,11 +157,11 @@ class MemberSource(DataSource):
         )
 
 
-def register_source(spark: Any, queue_name: str) -> str:
+def register_source(spark: Any, queue_name: str, base: type[MemberSource] = MemberSource) -> str:
     """Register the source under a name of this queue's, its tasks in a worker pool of the queue's
     own (as share/source.py does), so they keep coming back to the queue's members."""
     name = f"{SOURCE_NAME}-{queue_name}"
-    source = type("QueueMemberSource", (MemberSource,), {"name": classmethod(lambda cls: name)})
+    source = type("QueueMemberSource", (base,), {"name": classmethod(lambda cls: name)})
     environment = spark.sparkContext.environment
     environment[QUEUE_ENV] = queue_name
     try:

@@ -15,7 +15,9 @@ the record is about the key's offset alone.
 ``start`` is written (and flushed) before the handler runs; ``end`` once the record is
 accepted with its outputs durable, or dead-lettered; ``retry`` when the handler asked for
 another delivery (the tracker redelivers after ``delay ms`` instead of the lock timeout).
-The tracker also writes ``end`` for a delivery it timed out and redelivered.
+The tracker writes ``expired`` for a delivery it timed out and redelivered or dead-lettered:
+it closes the delivery as ``end`` does, but the message is counted where its copy or its dead
+letter is, never where the expired delivery was (resume.py).
 
 A ``tick`` (key ``tick``, partition 0) carries no delivery. Releases whose tracker was a Spark
 query wrote them to wake it; none is written now, and readers skip those still retained.
@@ -34,8 +36,9 @@ from typing import Any, NamedTuple
 
 from queueplane.run import dead_letters as dlq
 
-START, END, RETRY = "start", "end", "retry"
-KINDS = (START, END, RETRY)
+START, END, RETRY, EXPIRED = "start", "end", "retry", "expired"
+KINDS = (START, END, RETRY, EXPIRED)
+ENDS = (END, EXPIRED)  # the kinds that close a delivery
 # An end marker may be written this share of lockDuration after its call ended (a task writes
 # them in rounds, at moments when its producer holds nothing unacknowledged, and waits for such a
 # moment no longer than this): so a call that ended just before its deadline may have its end

@@ -2,8 +2,8 @@
 
 A message is produced again onto the queue topic with its delivery count raised and its
 origin in the headers (``markers.redelivery_headers``), or, once ``deliveryLimit``
-deliveries were made, to the DLQ as a ``Timeout``; then the timed-out delivery's ``end``
-marker is written. Only records it has read are ended: an expired record that cannot be read
+deliveries were made, to the DLQ as a ``Timeout``; then the timed-out delivery's
+``expired`` marker is written. Only records it has read are ended: an expired record that cannot be read
 fails the round before any marker (``TrackerFetchFailed``), so nothing ends unread.
 """
 
@@ -104,7 +104,7 @@ class Redeliverer:
                 writes.append((self.queue.topic.name, record.key, record.value, headers))
             done.append((record, item))
         produce_and_wait(self.producer, writes)
-        ends = [km.Marker(i.partition, i.offset, km.END, i.delivery_count, now_ms) for i in expired]
+        ends = [km.Marker(i.partition, i.offset, km.EXPIRED, i.delivery_count, now_ms) for i in expired]
         km.write_markers(self.producer, self.queue.markers.name, ends)
         return done
 

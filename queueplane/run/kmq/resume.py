@@ -1,18 +1,23 @@
-"""Where a restarted kmq worker resumes: the records of a replayed micro-batch it must not hand out again.
+"""Where a kmq member resumes a partition it is given: the records it must not hand out again.
 
-A worker killed mid-batch restarts from its Spark checkpoint, which replays that batch. Its
-records were then in one of two states: started (a ``start`` marker is durable; from then on
-the tracker owns the record and redelivers it unless an ``end`` marker follows) or not yet
-started. Handing a started record out again would duplicate every record the killed batch had
-finished, so the replay skips them and leaves them to the tracker; only the deliveries that
-were running at the kill can be handled twice. Records below the group's committed offset were
-finished by an earlier batch (a kill between the group commit and Spark's own) and are skipped too.
+A member that gets a partition reads it from the group's committed offset. A member that held
+it before and was killed (or failed) mid-task left its records in one of two states: started
+(a ``start`` marker is durable; from then on the tracker owns the record and redelivers it
+unless an ``end`` marker follows) or not yet started. Handing a started record out again would
+duplicate every record the killed task had finished, so the new owner skips them and leaves
+them to the tracker; only the deliveries that were running at the kill can be handled twice.
 
 Finding the started records needs the markers written since the last group commit. Each
-commit carries, as its offset metadata, the markers partition's end at that moment: every
-``start`` marker of a later record is written after it, so a restart reads the markers
-partition from there to its end, one batch's worth of markers. A partition the group never
-committed (its first batch was killed) is read from its first retained marker.
+commit carries, as its offset metadata, where the markers partition ended before the committed
+task wrote its start markers: every ``start`` marker of a later record is written after it (a
+member starts its next task while the last one settles, so the end at commit time could be past
+the next task's start markers), and the new owner reads the markers partition from there to its
+end, a task or two's worth of markers. A partition the group never
+committed (its first task was killed) is read from its first retained marker.
+
+A skipped record gets a row of its own only if a worker ended it (an ``end`` marker): the
+killed task's row went with it. One the tracker ended (``expired``) is counted where its copy
+or its dead letter is, and one still open is the tracker's to end: neither gets a row here.
 """
 
 from __future__ import annotations
@@ -20,17 +25,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import committed_positions, log_offsets
-from queueplane.kafka.target import KafkaTarget
 from queueplane.run.kmq import markers as km
-
-if TYPE_CHECKING:
-    from queueplane.spec.model import QueueSpec
 
 log = logging.getLogger("queueplane.worker")
 
@@ -56,10 +57,25 @@ class ResumePoint:
 
     floor: dict[int, int] = field(default_factory=dict)
     started: dict[int, frozenset[int]] = field(default_factory=dict)
+    # Of those, the ones no end marker had followed when the point was read: the tracker
+    # redelivers them, and the copy's row counts the message, so a skip of one counts nothing.
+    unended: dict[int, frozenset[int]] = field(default_factory=dict)
+
+    def counted(self, partition: int, offset: int) -> bool:
+        """Whether a skipped record gets a row of its own (its delivery ended before the skip)."""
+        return offset not in self.unended.get(partition, ())
 
     def skips(self, partition: int, offset: int) -> bool:
         floor = self.floor.get(partition)
         return (floor is not None and offset < floor) or offset in self.started.get(partition, ())
+
+    def replaced(self, partitions: list[int], point: ResumePoint) -> ResumePoint:
+        """This point with ``partitions``' entries taken from ``point`` (partitions given anew)."""
+        keep = set(partitions)
+        floor = {p: o for p, o in self.floor.items() if p not in keep} | point.floor
+        started = {p: o for p, o in self.started.items() if p not in keep} | point.started
+        unended = {p: o for p, o in self.unended.items() if p not in keep} | point.unended
+        return ResumePoint(floor, started, unended)
 
     def to_json_fields(self) -> dict[str, dict[str, list[list[int]]] | dict[str, int]]:
         """As JSON-safe dicts (string keys; started offsets as [first, last] ranges, mostly one per partition)."""
@@ -86,27 +102,30 @@ def _ranges(offsets: frozenset[int]) -> list[list[int]]:
     return ranges
 
 
-def resume_point(target: KafkaTarget, queue: QueueSpec) -> ResumePoint:
-    """The resume point from the group's commits and the markers written since; empty if they cannot be read.
-
-    An empty point costs duplicates (the replayed batch is handled again), never a record.
-    """
-    assert queue.markers is not None
-    role = {"group.id": queue.group.id, "enable.auto.commit": False, "isolation.level": "read_committed"}
-    consumer = clients.consumer(target.settings, role)
+def resume_point(
+    kafka: dict[str, Any], group_id: str, topic: str, markers_topic: str, partitions: list[int]
+) -> ResumePoint:
+    """The resume point of ``partitions`` from the group's commits and the markers written since;
+    empty if they cannot be read. An empty point costs duplicates (a killed task's records are
+    handled again), never a record."""
+    if not partitions:
+        return ResumePoint()
+    role = {"group.id": group_id, "enable.auto.commit": False, "isolation.level": "read_committed"}
+    consumer = clients.consumer(kafka, role)
     try:
-        committed = committed_positions(consumer, queue.topic.name, range(queue.topic.partitions))
+        committed = committed_positions(consumer, topic, partitions)
         floor = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
         starts: dict[int, int] = {}
         for tp in committed:
-            # Never committed (a first batch killed): every retained marker of the partition.
+            # Never committed (a first task killed): every retained marker of the partition.
             start = markers_start(tp.metadata) if tp.offset >= 0 else 0
             if start is not None:
                 starts[tp.partition] = start
-        started = _started_since(consumer, target, queue.markers.name, queue.topic.partitions, starts, floor)
-        return ResumePoint(floor, started)
+        started, ended = _started_since(consumer, kafka, markers_topic, max(partitions) + 1, starts, floor)
+        unended = {p: frozenset(offsets - ended.get(p, frozenset())) for p, offsets in started.items()}
+        return ResumePoint(floor, started, unended)
     except Exception as exc:  # a resume point only saves duplicates: without one, nothing is lost
-        log.warning("kmq: could not read where the last run stopped (%s); a replayed batch is handled again", exc)
+        log.warning("kmq: could not read where partitions %s stopped (%s); started records run again", partitions, exc)
         return ResumePoint()
     finally:
         consumer.close()
@@ -114,22 +133,24 @@ def resume_point(target: KafkaTarget, queue: QueueSpec) -> ResumePoint:
 
 def _started_since(
     consumer: Consumer,
-    target: KafkaTarget,
+    kafka: dict[str, Any],
     markers_topic: str,
     partitions: int,
     starts: dict[int, int],
     floor: dict[int, int],
-) -> dict[int, frozenset[int]]:
-    """Offsets at or above the floor with a ``start`` marker in the markers partitions from ``starts`` to their end."""
+) -> tuple[dict[int, frozenset[int]], dict[int, frozenset[int]]]:
+    """Offsets at or above the floor with a ``start`` marker in the markers partitions from ``starts``
+    to their end, and those with an ``end`` marker there."""
     if not starts:
-        return {}
-    retained = log_offsets(clients.admin(target), markers_topic, partitions)
+        return {}, {}
+    retained = log_offsets(clients.admin(kafka), markers_topic, partitions)
     # Retention may have removed markers below a recorded position: read from the first one left.
     begin = {p: max(starts[p], retained[p][0]) for p in starts}
     todo = {p: retained[p][1] for p in starts if retained[p][1] > begin[p]}
     found: dict[int, set[int]] = {p: set() for p in starts}
+    ended: dict[int, set[int]] = {}
     if not todo:
-        return {}
+        return {}, {}
     consumer.assign([TopicPartition(markers_topic, p, begin[p]) for p in todo])
     deadline = time.monotonic() + SCAN_TIMEOUT_S
     while todo:
@@ -143,8 +164,13 @@ def _started_since(
                 continue
             raise RuntimeError(message.error().str())
         for marker in [] if km.is_tick(message.key()) else km.decode(message.key(), message.value()):
-            if marker.kind == km.START and marker.offset >= floor.get(marker.partition, 0):
+            if marker.offset < floor.get(marker.partition, 0):
+                continue
+            if marker.kind == km.START:
                 found.setdefault(marker.partition, set()).add(marker.offset)
+            elif marker.kind == km.END:
+                ended.setdefault(marker.partition, set()).add(marker.offset)
         if message.offset() + 1 >= todo.get(message.partition(), 0):
             todo.pop(message.partition(), None)
-    return {p: frozenset(offsets) for p, offsets in found.items() if offsets}
+    frozen = {p: frozenset(offsets) for p, offsets in ended.items()}
+    return {p: frozenset(offsets) for p, offsets in found.items() if offsets}, frozen

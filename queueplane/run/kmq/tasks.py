@@ -1,4 +1,5 @@
-"""The kmq runtime inside Spark's Python workers: one task is any offset range of the queue topic.
+"""The kmq runtime inside Spark's Python workers: a task is a run of records the process's group
+member (member.py) polled, up to ``maxInFlight`` a partition.
 
 A task writes the ``start`` markers of all its records and waits until they are durable,
 then hands the records to its process's handler threads. Each record ends one way:
@@ -9,8 +10,8 @@ then hands the records to its process's handler threads. Each record ends one wa
 - still running, or not started, at start + lockDuration: given up; its result is dropped
   when the call returns, and the tracker redelivers it (no ``end`` marker).
 
-The task returns when every record ended or was given up. The group's offsets are committed
-by the driver after the batch: from then on, redelivery is the tracker's job.
+The task returns when every record ended or was given up. The member then commits the group's
+offsets past the task's records: from then on, redelivery is the tracker's job.
 
 A write reported refused shared its record batch with others, and the broker refuses a batch
 whole: it is only a suspect (queueplane.run.failed_writes), written again alone before its
@@ -26,21 +27,17 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import groupby
 from operator import attrgetter
 from typing import Any
 
-import pyarrow as pa
-
+from queueplane.run.consumer.process import MemberSettings
 from queueplane.run.crash_journal import DEAD, CrashJournal, Delivery, journal_folder, worker_died
 from queueplane.run.dead_letters import Failure, failure_of_headers
 from queueplane.run.failed_writes import AloneWrites, FailedWrites, alone_writes, fingerprint
 from queueplane.run.handler import Handler, InvalidOutput, Record, Reject, load_handler, outputs_of
-from queueplane.run.kafka_input import input_records
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq.resume import ResumePoint
 from queueplane.run.memory_guard import guard
 from queueplane.run.outcomes import (
     ACCEPTED,
@@ -48,12 +45,10 @@ from queueplane.run.outcomes import (
     DELIVERY_TIMEOUT_S,
     DUPLICATE,
     RELEASED,
-    SKIPPED,
     Outcome,
     ProducedRecord,
     dead_letter_record,
     is_parked,
-    outcome_batch,
     parked_record,
     produce,
     refused_write,
@@ -61,9 +56,8 @@ from queueplane.run.outcomes import (
 )
 from queueplane.run.outputs import output_record
 from queueplane.run.parking import PARKED, REFUSALS, cause_of, refused_failure
-from queueplane.run.processes import PerProcess, ServedProducer
+from queueplane.run.processes import ServedProducer
 from queueplane.run.retry import retry_delay_ms
-from queueplane.run.settings import QueueSettings
 
 log = logging.getLogger("queueplane.worker")
 WAIT_STEP_S = 0.05
@@ -73,15 +67,14 @@ TRACKER_MARGIN_MS = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
-class KmqSettings(QueueSettings):
+class KmqSettings(MemberSettings):
     """Everything a task needs, sent from the driver as JSON (no spec parsing on executors)."""
 
     markers_topic: str
     threads: int
     backoff_ms: int
     max_backoff_ms: int
-    resume_floor: dict[str, int]  # resume.ResumePoint, as JSON
-    resume_started: dict[str, list[list[int]]]
+    max_in_flight: int  # records of a partition one task takes at most
 
 
 # A write's failure: the task fails / the record's refused writes are suspects, written again alone.
@@ -106,16 +99,16 @@ class _Ending:
 class HandlerThreads:
     """The process's handler threads. A call given up keeps its thread; a new one takes its place.
 
-    A job is one record of a task, or (index None) a turn at the task's queue of records: the
-    thread takes records from it until none are left. A task hands out one turn per thread
-    rather than one job per record, so a record costs a ``popleft`` instead of a put and a get
-    on the shared job queue (its lock and condition), and a thread stuck in a call holds only
-    that record, since the others keep taking from the same queue.
+    A job is a turn at a task's queue of records: the thread takes records from it until none
+    are left. A task hands out one turn per thread rather than one job per record, so a record
+    costs a ``popleft`` instead of a put and a get on the shared job queue (its lock and
+    condition), and a thread stuck in a call holds only that record, since the others keep
+    taking from the same queue.
     """
 
     def __init__(self, size: int):
         self.size = size
-        self.jobs: queue.SimpleQueue[tuple[KmqTask, int | None]] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[KmqTask] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._alive = 0
         self.add(size)
@@ -128,12 +121,9 @@ class HandlerThreads:
 
     def _loop(self) -> None:
         while True:
-            task, index = self.jobs.get()
+            task = self.jobs.get()
             try:
-                if index is None:
-                    task.run_queued()
-                else:
-                    task.run(index)
+                task.run_queued()
             except BaseException:  # a bug must not cost the process a handler thread
                 log.exception("a kmq handler thread failed a record; continuing")
             with self._lock:
@@ -147,7 +137,9 @@ class KmqProcess:
 
     def __init__(self, settings: KmqSettings):
         self.settings = settings
-        self.resume = ResumePoint.from_json_fields(settings.resume_floor, settings.resume_started)
+        # The process's member of the group, and the group's metadata (transactions): kmq has none.
+        self.group: Any = None
+        self.group_metadata: Any = None
         self.handler: Handler = load_handler(settings.handler, settings.search_paths)
         # Durability is learnt in rounds (``ServedProducer.all_delivered``), not per record, and
         # markers carry no callback of their own: a failed one is counted here (failed_writes).
@@ -192,8 +184,9 @@ class KmqTask:
         self._error: str | None = None
         self._write_failures = process.failed_writes.failures  # failures before this task are not its own
         self._queued: deque[int] = deque()  # records not yet taken by a handler thread, in call order
-        self._suspects: dict[int, _Ending] = {}  # records whose writes were reported refused: written again alone next
         self._turned: set[int] = set()  # records turned into dead letters that way (once each)
+        # Records no process died in whose markers are not yet sent: a crash suspect waits for them.
+        self._innocent_open: set[int] = set()
         self.deadline = 0.0
 
     def start(self) -> None:
@@ -212,10 +205,14 @@ class KmqTask:
         with self._lock:
             for index in taken:
                 self._give_up(index, 0.0, "its process died in the call, and its lock ran out before the retry")
-        self._queued.extend(index for index in self._call_order() if index not in taken)
+        order = self._call_order()
+        crashes = self.process.journal.crashes
+        with self._lock:
+            self._innocent_open = {i for i in order if i not in taken and not self._crashes_of(i, crashes)}
+        self._queued.extend(index for index in order if index not in taken)
         threads = self.process.threads
         for _ in range(min(threads.size, len(self._queued))):
-            threads.jobs.put((self, None))
+            threads.jobs.put(self)
 
     def _taken_by_tracker(self, now_ms: int) -> set[int]:
         """Copies this task's last attempt died in, whose lock has run out since: the tracker's.
@@ -245,12 +242,31 @@ class KmqTask:
         if not crashes:
             return list(range(len(self.records)))
 
-        def suspicion(index: int) -> int:
-            record = self.records[index]
-            where = km.origin(record.headers, record.topic, record.partition, record.offset)
-            return crashes.get((where.partition, where.offset), 0)
+        return sorted(range(len(self.records)), key=lambda index: self._crashes_of(index, crashes))
 
-        return sorted(range(len(self.records)), key=suspicion)
+    def _crashes_of(self, index: int, crashes: dict[tuple[int, int], int]) -> int:
+        """How many processes died in calls of the record's message (counted where it was first produced)."""
+        if not crashes:
+            return 0
+        record = self.records[index]
+        where = km.origin(record.headers, record.topic, record.partition, record.offset)
+        return crashes.get((where.partition, where.offset), 0)
+
+    def _innocents_ended(self) -> None:
+        """Before a crash suspect's call: until every other record of the task ended for good
+        (its marker durable), or half the time left before the deadline has passed.
+
+        The journal lets a suspect start once the other calls have returned, but a record whose
+        call returned may still be writing: its outputs, a refused write taken again alone, its
+        dead letter, its end marker. If the suspect kills the process meanwhile, that record's
+        delivery is lost with it, and a record that only ever ran beside killers would end as a
+        ``Timeout`` at its delivery limit. The wait is bounded, so that a suspect still gets its
+        call within its lock when an innocent record hangs.
+        """
+        until = time.monotonic() + max(0.0, self.deadline - time.monotonic()) / 2
+        with self._lock:
+            self._settled.wait_for(lambda: not self._innocent_open, max(0.0, until - time.monotonic()))
+        self.process.delivery.all_delivered(max(0.0, until - time.monotonic()))
 
     # -- handler threads -----------------------------------------------------------------------
     def run_queued(self) -> None:
@@ -268,12 +284,6 @@ class KmqTask:
         call of a quick handler, settles in one step under the task's lock: its row and its
         place in the next round of end markers."""
         record = self.records[index]
-        if self._suspects:  # filled before the record's job is queued: an empty one needs no lock
-            with self._lock:
-                suspect = self._suspects.pop(index, None)
-            if suspect is not None:
-                self._confirm_refused(suspect)
-                return
         if record.headers and is_parked(record.headers):
             self._parked_to_dlq(index)
             return
@@ -286,6 +296,8 @@ class KmqTask:
         if crashes >= self.settings.delivery_limit:
             self._ended_by_crashes(index, crashes, where or km.Origin(record.topic, partition, offset, None))
             return
+        if crashes:
+            self._innocents_ended()
         with self._lock:
             if self._claimed[index]:
                 return
@@ -384,7 +396,7 @@ class KmqTask:
         self._write_then_end(index, [unparked_dead_letter(record, self.settings.dlq_topic)], km.END)
 
     def _confirm_refused(self, ending: _Ending) -> None:
-        """The record's writes reported refused, each written again alone (on a handler thread):
+        """The record's writes reported refused, each written again alone (on a thread of its own):
         all taken, the record ends as it would have (its row stands); one refused alone turns
         its outputs into a dead letter, or parks its dead letter. Any other failure fails the
         task (its records come again, from the task's retry or the tracker)."""
@@ -414,6 +426,7 @@ class KmqTask:
             if self._error is None:
                 self._error = f"write for {record.partition}:{record.offset}: {error}"
             self._unsettled -= 1
+            self._innocent_open.discard(index)
             self._settled.notify_all()
 
     def _park(self, index: int, dead: ProducedRecord, why: str) -> None:
@@ -516,9 +529,9 @@ class KmqTask:
         records = self.records
         for item in ending:
             if item.failed == TURNED:  # every report of its writes is in: its suspects go again alone
-                with self._lock:
-                    self._suspects[item.index] = item
-                self.process.threads.jobs.put((self, item.index))
+                # On a thread of their own: the handler threads may all be held by crash suspects
+                # that wait for this record to end (_innocents_ended).
+                threading.Thread(target=self._confirm_refused, args=(item,), name="qp-kmq-alone", daemon=True).start()
                 continue  # it ends again, once they are
             settled += 1
             if item.failed is None:
@@ -528,6 +541,9 @@ class KmqTask:
         self._produce_markers(runs)
         with self._lock:
             self._unsettled -= settled
+            if self._innocent_open:
+                self._innocent_open.difference_update(item.index for item in ending if item.failed != TURNED)
+                self._settled.notify_all()
 
     def _produce_markers(self, runs: dict[km.RunKey, list[int]]) -> None:
         """Into their records' partitions of the markers topic, a record a run (``markers.run_records``),
@@ -558,6 +574,7 @@ class KmqTask:
         """Caller holds the lock. No marker: the tracker sees a start without end and redelivers."""
         self._claimed[index] = True
         self._unsettled -= 1
+        self._innocent_open.discard(index)
         self._settled.notify_all()
         failure = Failure("Timeout", f"{why} ({self.settings.lock_ms / 1000:g}s)")
         self._outcomes.append(Outcome.of(self.records[index], RELEASED, failure, latency_ms, 0))
@@ -606,24 +623,3 @@ class KmqTask:
         with self._lock:
             rows, self._outcomes = self._outcomes, []
         return rows
-
-
-PROCESSES: PerProcess[KmqProcess] = PerProcess(lambda text: KmqProcess(KmqSettings.from_json(text)))
-
-
-def run_range(settings_json: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: the records of one offset range in, their outcome rows out (the accepted in runs)."""
-    process = PROCESSES.get(settings_json)
-    process.journal.collect()  # a process that died in a call of this task's last attempt
-    records, skipped = [], []
-    for batch in batches:
-        for record in input_records(batch, km.delivery_count):
-            (skipped if process.resume.skips(record.partition, record.offset) else records).append(record)
-    rows = [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped]
-    if records:
-        task = KmqTask(process, records)
-        task.start()
-        task.wait()
-        rows += task.drain()
-    if rows:
-        yield outcome_batch(rows)

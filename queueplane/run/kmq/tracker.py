@@ -4,7 +4,7 @@ It keeps the open deliveries in memory (``OpenDeliveries``): per message, its de
 its deadline (start + ``lockDuration``, or a retry marker's time + its backoff) and where the
 marker that set them sits. An ``end`` marker closes a delivery; a deadline that passes first
 hands it to the ``Redeliverer``, which produces the message again (or to the DLQ) and writes
-the timed-out delivery's ``end`` marker.
+the timed-out delivery's ``expired`` marker, which closes it too.
 
 The markers are the state. The tracker commits, in its own group on the markers topic, for
 each partition the offset of the oldest marker that still holds an open delivery (the position
@@ -139,7 +139,7 @@ class OpenDeliveries:
         """One marker record's markers, in the order of its markers partition (a message's markers
         all share one); they share all but their offsets, and so one OpenDelivery."""
         p, deliveries = run.partition, self.open
-        if run.kind == km.END:
+        if run.kind in km.ENDS:
             for offset in run.offsets:
                 deliveries.pop((p, offset), None)
             return
