@@ -124,9 +124,16 @@ def _records(task: KmqTask) -> None:
     task.first_ms = 0
 
 
+def _confirmed(task: KmqTask) -> None:
+    """The records whose writes were refused, written again alone on threads of their own."""
+    assert task.confirming, "a refused write is written again alone"
+    for thread in task.confirming:
+        thread.join(10)
+
+
 def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter_once_refused_alone():
     alone = AloneProducer({(OUTPUT, b"big")})
-    task, producer, delivery, jobs = _task(alone=alone)
+    task, producer, delivery, _ = _task(alone=alone)
     _records(task)
     task._write_then_end(0, [(OUTPUT, b"k", b"big", [])], km.END)
     task._write_then_end(1, [(OUTPUT, b"k", b"v", [])], km.END)
@@ -135,9 +142,8 @@ def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter_once_r
     delivery.idle = True
     task._end_round(0.0)
     assert _markers(producer) == [1], "record 0's outputs were refused: it ends later"
-    assert jobs.get_nowait() == (task, 0)
     assert task._unsettled == 1
-    task.run(0)
+    _confirmed(task)
     assert alone.written == [(OUTPUT, b"k", b"big")], "written again alone first"
     assert producer.topics()[-1] == DLQ, "refused alone: a dead letter"
 
@@ -145,15 +151,15 @@ def test_a_refused_output_gets_no_end_marker_and_turns_into_a_dead_letter_once_r
 def test_an_output_refused_with_its_batch_but_taken_alone_ends_its_record_accepted():
     """The broker refuses a batch whole: record 0's small output shared a batch with a big one."""
     alone = AloneProducer()
-    task, producer, delivery, jobs = _task(records=1, alone=alone)
+    task, producer, delivery, _ = _task(records=1, alone=alone)
     _records(task)
     task._report(task.records[0], "accepted", None, 1.0)
     task._write_then_end(0, [(OUTPUT, b"k", b"v", [])], km.END)
     producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported(OUTPUT, b"k", b"v"))
     delivery.idle = True
     task._end_round(0.0)
-    assert _markers(producer) == [] and jobs.get_nowait() == (task, 0)
-    task.run(0)
+    assert _markers(producer) == []
+    _confirmed(task)
     assert alone.written == [(OUTPUT, b"k", b"v")]
     task._end_round(0.0)
     assert _markers(producer) == [0] and DLQ not in producer.topics() and task._error is None
@@ -173,15 +179,14 @@ def test_a_failed_dead_letter_write_fails_the_task_and_writes_no_marker():
 def test_a_dead_letter_the_dlq_refuses_is_parked_in_the_queue_topic_and_then_ends():
     """Refused on every try alike, it would fail every retry of the task: the partition would stall."""
     alone = AloneProducer({(DLQ, b"v")})
-    task, producer, delivery, jobs = _task(records=1, alone=alone)
+    task, producer, delivery, _ = _task(records=1, alone=alone)
     task.records[0] = SimpleNamespace(topic=QUEUE, partition=0, offset=0, delivery_count=3, key=b"k", headers=None)
     task._write_then_end(0, [(DLQ, b"k", b"v", [])], km.END)
     producer.produced[0][3](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Reported(DLQ, b"k", b"v"))
     delivery.idle = True
     task._end_round(0.0)
     assert _markers(producer) == [] and task._error is None, "no end marker before the parked copy is durable"
-    assert jobs.get_nowait() == (task, 0)
-    task.run(0)
+    _confirmed(task)
     assert alone.written == [(DLQ, b"k", b"v"), (QUEUE, b"k", b"v")], "refused alone, then parked alone"
     task._end_round(0.0)
     assert _markers(producer) == [0] and task._error is None

@@ -187,6 +187,7 @@ class KmqTask:
         self._turned: set[int] = set()  # records turned into dead letters that way (once each)
         # Records no process died in whose markers are not yet sent: a crash suspect waits for them.
         self._innocent_open: set[int] = set()
+        self.confirming: list[threading.Thread] = []  # refused writes being written again alone
         self.deadline = 0.0
 
     def start(self) -> None:
@@ -527,11 +528,9 @@ class KmqTask:
         settled = 0
         runs: dict[km.RunKey, list[int]] = {}
         records = self.records
+        turned = [item for item in ending if item.failed == TURNED]
         for item in ending:
             if item.failed == TURNED:  # every report of its writes is in: its suspects go again alone
-                # On a thread of their own: the handler threads may all be held by crash suspects
-                # that wait for this record to end (_innocents_ended).
-                threading.Thread(target=self._confirm_refused, args=(item,), name="qp-kmq-alone", daemon=True).start()
                 continue  # it ends again, once they are
             settled += 1
             if item.failed is None:
@@ -544,6 +543,12 @@ class KmqTask:
             if self._innocent_open:
                 self._innocent_open.difference_update(item.index for item in ending if item.failed != TURNED)
                 self._settled.notify_all()
+        for item in turned:
+            # On a thread of its own: the handler threads may all be held by crash suspects that
+            # wait for this record to end (_innocents_ended).
+            thread = threading.Thread(target=self._confirm_refused, args=(item,), name="qp-kmq-alone", daemon=True)
+            self.confirming.append(thread)
+            thread.start()
 
     def _produce_markers(self, runs: dict[km.RunKey, list[int]]) -> None:
         """Into their records' partitions of the markers topic, a record a run (``markers.run_records``),
