@@ -58,7 +58,11 @@ def _topics(target: KafkaTarget, tag: str) -> set[str]:
 
 
 def _repository(tmp_path: Path, tag: str) -> Path:
-    """A spec repository (a clone: it has .git) whose platform file governs specs/teams/ only."""
+    """A spec repository (a clone: it has .git) whose platform file governs queues/teams/ only.
+
+    Not ``specs/``: its records would name ``specs/teams/...``, which a reconcile DAG's copy of
+    another ``specs`` folder (tests/airflow, on the same broker) would count as its own removed specs.
+    """
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     platform = {
@@ -69,13 +73,13 @@ def _repository(tmp_path: Path, tag: str) -> Path:
             "payments": {"topicPrefixes": [f"{tag}.payments."], "groupPrefixes": [f"{tag}-payments-"]},
         },
     }
-    (repo / "specs" / "teams").mkdir(parents=True)
-    (repo / "specs" / "teams" / "platform.yaml").write_text(yaml.safe_dump(platform))
+    (repo / "queues" / "teams").mkdir(parents=True)
+    (repo / "queues" / "teams" / "platform.yaml").write_text(yaml.safe_dump(platform))
     return repo
 
 
 def _put(repo: Path, folder: str, doc: dict) -> Path:
-    path = repo / "specs" / folder / f"{doc['metadata']['name']}.yaml"
+    path = repo / "queues" / folder / f"{doc['metadata']['name']}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(dump(doc))
     return path
