@@ -37,6 +37,9 @@ class BacklogWatcher:
     """
 
     INTERVAL_S = 1.0
+    # An answer from a read that began longer ago says nothing of now: a read that hangs (a
+    # stalled connection) leaves it standing while records keep coming.
+    RECENT_S = 3 * INTERVAL_S
 
     def __init__(self, read: Callable[[], dict[int, int | None] | None], health: Health):
         self.read = read
@@ -64,6 +67,11 @@ class BacklogWatcher:
     def fresh(self, since: float) -> bool:
         """Whether the latest answer comes from a read that began after ``since`` (monotonic)."""
         return self.latest is not None and self.latest_began > since
+
+    def current(self, since: float, now: float) -> bool:
+        """Whether the latest answer tells of now: ``fresh`` after ``since``, from a read that
+        began within ``RECENT_S`` of ``now``."""
+        return self.fresh(max(since, now - self.RECENT_S))
 
     @property
     def failing(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from queueplane.kafka.refused import Refused
@@ -92,3 +93,30 @@ def test_a_lag_read_is_fresh_only_for_records_that_came_out_before_it_began():
     assert not watcher.fresh(last_rows), "a read begun before the last records says nothing of them"
     watcher.read_now()
     assert watcher.fresh(last_rows)
+
+
+def test_an_answer_left_standing_by_a_read_that_hangs_stops_telling_of_now():
+    """A stalled connection: the next read hangs, no records come out, and records keep arriving.
+    The last answer (no lag) must not let an idle worker stop while its queue fills."""
+    hanging = threading.Event()
+    answers = iter([{0: 0}])
+
+    def read():
+        answer = next(answers, None)
+        if answer is None:
+            hanging.wait(5)
+            raise TimeoutError("the read hung")
+        return answer
+
+    watcher = BacklogWatcher(read, Health(stall_s=60))
+    watcher.RECENT_S = 0.2
+    watcher.read_now()
+    last_rows = time.monotonic() - 10  # the last records came out long before
+    assert watcher.current(last_rows, time.monotonic()), "an answer just read tells of now"
+    reader = threading.Thread(target=watcher.read_now)
+    reader.start()  # hangs, leaving the answer standing
+    time.sleep(0.3)
+    assert watcher.latest == {0: 0} and not watcher.failing, "the read still hangs"
+    assert not watcher.current(last_rows, time.monotonic()), "an answer older than RECENT_S"
+    hanging.set()
+    reader.join()
