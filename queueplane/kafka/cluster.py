@@ -355,11 +355,9 @@ class Cluster:
     def _contents(self, topic: str, partitions: int) -> TopicContents:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         specs = {"start": OffsetSpec.earliest(), "end": OffsetSpec.latest(), "newest": OffsetSpec.max_timestamp()}
-        futures = {
-            key: self.admin.list_offsets({tp: spec for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
-            for key, spec in specs.items()
-        }
-        read = {key: {tp.partition: f[tp].result() for tp in tps} for key, f in futures.items()}
+        from queueplane.kafka.offsets import list_offsets
+
+        read = {key: list_offsets(self.admin, tps, spec) for key, spec in specs.items()}
         records = sum(max(0, read["end"][p].offset - read["start"][p].offset) for p in range(partitions))
         stamps = [read["newest"][p].timestamp for p in range(partitions) if read["newest"][p].offset >= 0]
         return TopicContents(records, max(stamps) if stamps and records else None)

@@ -36,9 +36,9 @@ _COORDINATOR_MOVING = {
 def log_offsets(admin: AdminClient, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
     """(log-start, log-end) per partition."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
-    starts = admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps}, request_timeout=REQUEST_TIMEOUT_S)
+    starts = list_offsets(admin, tps, OffsetSpec.earliest())
     ends = end_offsets(admin, topic, list(range(partitions)))
-    return {tp.partition: (starts[tp].result(REQUEST_TIMEOUT_S).offset, ends[tp.partition]) for tp in tps}
+    return {tp.partition: (starts[tp.partition].offset, ends[tp.partition]) for tp in tps}
 
 
 def end_offsets(
@@ -46,8 +46,24 @@ def end_offsets(
 ) -> dict[int, int]:
     """The log-end offset of each of ``partitions`` (one ListOffsets request)."""
     tps = [TopicPartition(topic, p) for p in partitions]
-    futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s)
-    return {tp.partition: futures[tp].result(timeout_s).offset for tp in tps}
+    return {p: answer.offset for p, answer in list_offsets(admin, tps, OffsetSpec.latest(), timeout_s).items()}
+
+
+def list_offsets(
+    admin: AdminClient, tps: list[TopicPartition], spec: OffsetSpec, timeout_s: float = REQUEST_TIMEOUT_S
+) -> dict[int, Any]:
+    """ListOffsets of ``tps`` (one topic's partitions) by partition, asked again while a partition's
+    leader moves or is not yet known (a topic just created): retriable errors, up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        futures = admin.list_offsets({tp: spec for tp in tps}, request_timeout=timeout_s)
+        try:
+            return {tp.partition: futures[tp].result(timeout_s) for tp in tps}
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or not error.retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def committed_offsets(target: KafkaTarget, group: str, topic: str, partitions: int) -> dict[int, int | None]:
