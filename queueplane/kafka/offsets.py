@@ -56,9 +56,10 @@ def list_offsets(
     leader moves or is not yet known (a topic just created): retriable errors, up to ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        futures = admin.list_offsets({tp: spec for tp in tps}, request_timeout=timeout_s)
+        left = max(1.0, deadline - time.monotonic())
+        futures = admin.list_offsets({tp: spec for tp in tps}, request_timeout=left)
         try:
-            return {tp.partition: futures[tp].result(timeout_s) for tp in tps}
+            return {tp.partition: futures[tp].result(left) for tp in tps}
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if not isinstance(error, KafkaError) or not error.retriable() or time.monotonic() > deadline:

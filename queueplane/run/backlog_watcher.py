@@ -37,8 +37,8 @@ class BacklogWatcher:
     """
 
     INTERVAL_S = 1.0
-    # An answer from a read that began longer ago says nothing of now: a read that hangs (a
-    # stalled connection) leaves it standing while records keep coming.
+    # A read in flight for longer hangs (a stalled connection): the answer it leaves standing
+    # says nothing of the records that keep coming meanwhile.
     RECENT_S = 3 * INTERVAL_S
 
     def __init__(self, read: Callable[[], dict[int, int | None] | None], health: Health):
@@ -57,6 +57,7 @@ class BacklogWatcher:
         # When the read that gave ``latest`` began (monotonic): a read that hung without failing
         # leaves an old answer standing, which says nothing of records that came since.
         self.latest_began = 0.0
+        self._reading_since: float | None = None  # when the read in flight began (monotonic)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="qp-backlog", daemon=True)
 
@@ -69,9 +70,10 @@ class BacklogWatcher:
         return self.latest is not None and self.latest_began > since
 
     def current(self, since: float, now: float) -> bool:
-        """Whether the latest answer tells of now: ``fresh`` after ``since``, from a read that
-        began within ``RECENT_S`` of ``now``."""
-        return self.fresh(max(since, now - self.RECENT_S))
+        """Whether the latest answer tells of now: ``fresh`` after ``since``, and no read since
+        has been in flight for ``RECENT_S`` (a slow read that ends is no sign of a stall)."""
+        reading = self._reading_since
+        return self.fresh(since) and (reading is None or now - reading < self.RECENT_S)
 
     @property
     def failing(self) -> bool:
@@ -79,9 +81,16 @@ class BacklogWatcher:
         return self._failing
 
     def read_now(self) -> dict[int, int | None] | None:
+        try:
+            return self._read()
+        finally:
+            self._reading_since = None
+
+    def _read(self) -> dict[int, int | None] | None:
         # A read against a stopped broker can wait out its timeout before it fails: the outage
         # counts from when the failing read began, not from when it gave up.
         began = (time.time(), time.monotonic())
+        self._reading_since = began[1]
         try:
             self.latest = self.read()
             self.latest_began = began[1]

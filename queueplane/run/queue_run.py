@@ -301,8 +301,8 @@ class QueueRun:
         # Drained: the broker says no lag; where this listener cannot tell the lag, idleness alone
         # decides, but never while Kafka does not answer: an outage is not an empty queue.
         # A lag of 0 counts only from a read that began after the last records came out, and
-        # recently: through a stalled connection no records come out and the read hangs, leaving
-        # an old answer standing while records keep arriving.
+        # while no read hangs: through a stalled connection no records come out and the read
+        # hangs, leaving an old answer standing while records keep arriving.
         fresh = lag is None or self.watcher.current(self.last_activity, time.monotonic())
         drained = (
             (lag is None and not self.watcher.failing) or (total_lag(lag) == 0 and fresh)

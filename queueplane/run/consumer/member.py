@@ -250,6 +250,7 @@ class GroupMember:
         consumer = self._consumer
         next_commit = time.monotonic() + COMMIT_S
         while not self._leave.is_set():
+            self._raise_if_failing()
             if self._unleased_long():
                 return  # no task came for this process: leave, so the group moves its partitions
             leased = self.leased()
@@ -270,6 +271,12 @@ class GroupMember:
                 next_commit = now + COMMIT_S
                 self._note_group()
                 self._commit_all()
+
+    def _raise_if_failing(self) -> None:
+        """A rebalance callback failed and dropped what the member held: it must not read or
+        commit on (a later commit would pass the dropped records), so it leaves the group."""
+        if self._failing:
+            raise MemberFailed(f"the group member of {self.settings.queue} failed in a rebalance")
 
     def _pause_for_lease(self, leased: bool) -> None:
         """Between leases the member reads nothing (its partitions paused), but polls on, so its
@@ -523,7 +530,9 @@ class GroupMember:
         if self.settings.start_from != "latest" or not partitions:
             return False
         committed = consumer.committed([TopicPartition(tp.topic, tp.partition) for tp in partitions], timeout=30)
-        fresh = {tp.partition for tp in committed if tp.offset < 0}
+        # A partition whose commit could not be read is not taken for a new one: resuming at
+        # the start costs duplicates, the end would skip records.
+        fresh = {tp.partition for tp in committed if tp.offset < 0 and tp.error is None}
         for tp in partitions:
             if tp.partition in fresh:
                 tp.offset = OFFSET_END

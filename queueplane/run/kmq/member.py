@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import end_offsets
@@ -53,6 +53,7 @@ class _Running:
         # commit's metadata, below every start marker of this task and of the tasks after it.
         self.ranges, self.rows, self.markers = ranges, rows, markers
         self.task: KmqTask | None = None
+        self.suspects = False  # a process died in a call of one of its records' messages
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -89,6 +90,7 @@ class KmqMember(GroupMember):
     def _loop(self) -> None:
         consumer = self._consumer
         while not self._leave.is_set():
+            self._raise_if_failing()
             if self._unleased_long():
                 return  # no task came for this process: leave, so the group moves its partitions
             leased = self.leased()
@@ -166,14 +168,16 @@ class KmqMember(GroupMember):
         """The next task over the held records: its start markers durable, its handlers under way.
         It settles on a thread of its own while the member polls and starts the next one."""
         records, skipped, ranges = self._taken()
-        if self._running and self._has_suspects(records):
-            # A suspect runs once the task's other records ended (tasks.py); the task before it,
-            # still settling, must end too, or the suspect's death takes its records with it.
+        suspects = bool(records) and self._has_suspects(records)
+        if self._running and (suspects or any(item.suspects for item in self._running)):
+            # A suspect runs once its task's other records ended (tasks.py); a task beside it
+            # must not be under way then, or the suspect's death takes its records with it.
             self._commit_settled(wait=True)
         if self._admin is None:
             self._admin = clients.admin(self.settings.kafka)
         markers = end_offsets(self._admin, self.settings.markers_topic, sorted(ranges))
         running = _Running(ranges, [Outcome.of(record, SKIPPED, None, 0.0, 0) for record in skipped], markers)
+        running.suspects = suspects
         self._running.append(running)
         if records:
             self.process.journal.collect()  # a process that died in a call of these partitions
@@ -238,12 +242,16 @@ class KmqMember(GroupMember):
             return
         if self._admin is None:
             self._admin = clients.admin(self.settings.kafka)
-        markers = end_offsets(self._admin, self.settings.markers_topic, [tp.partition for tp in behind])
-        offsets = [
-            TopicPartition(self.topic, tp.partition, tp.offset, metadata=resume.commit_metadata(markers[tp.partition]))
-            for tp in behind
-        ]
-        self._consumer.commit(offsets=offsets, asynchronous=False)
+        try:
+            markers = end_offsets(self._admin, self.settings.markers_topic, [tp.partition for tp in behind])
+            offsets = [
+                TopicPartition(self.topic, p.partition, p.offset, metadata=resume.commit_metadata(markers[p.partition]))
+                for p in behind
+            ]
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:  # only lag shown a little high meanwhile: tried again later
+            log.warning("%s: committing past transaction markers: %s", self.settings.queue, exc)
+            return
         self._committed.update((tp.partition, tp.offset) for tp in behind)
 
     def _commit(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome], markers: dict[int, int]) -> None:

@@ -253,7 +253,7 @@ class KmqTask:
         where = km.origin(record.headers, record.topic, record.partition, record.offset)
         return crashes.get((where.partition, where.offset), 0)
 
-    def _innocents_ended(self) -> None:
+    def _innocents_ended(self, index: int) -> None:
         """Before a crash suspect's call: until every other record of the task ended for good
         (its marker durable), or half the time left before the deadline has passed.
 
@@ -266,7 +266,9 @@ class KmqTask:
         """
         until = time.monotonic() + max(0.0, self.deadline - time.monotonic()) / 2
         with self._lock:
-            self._settled.wait_for(lambda: not self._innocent_open, max(0.0, until - time.monotonic()))
+            # Without itself: a crash collected after the task began makes a suspect of a record
+            # that began as an innocent.
+            self._settled.wait_for(lambda: not self._innocent_open - {index}, max(0.0, until - time.monotonic()))
         self.process.delivery.all_delivered(max(0.0, until - time.monotonic()))
 
     # -- handler threads -----------------------------------------------------------------------
@@ -298,7 +300,7 @@ class KmqTask:
             self._ended_by_crashes(index, crashes, where or km.Origin(record.topic, partition, offset, None))
             return
         if crashes:
-            self._innocents_ended()
+            self._innocents_ended(index)
         with self._lock:
             if self._claimed[index]:
                 return
@@ -543,12 +545,21 @@ class KmqTask:
             if self._innocent_open:
                 self._innocent_open.difference_update(item.index for item in ending if item.failed != TURNED)
                 self._settled.notify_all()
-        for item in turned:
-            # On a thread of its own: the handler threads may all be held by crash suspects that
-            # wait for this record to end (_innocents_ended).
-            thread = threading.Thread(target=self._confirm_refused, args=(item,), name="qp-kmq-alone", daemon=True)
+        if turned:
+            # On a thread of their own: the handler threads may all be held by crash suspects
+            # that wait for these records to end (_innocents_ended).
+            thread = threading.Thread(target=self._confirm_all, args=(turned,), name="qp-kmq-alone", daemon=True)
             self.confirming.append(thread)
             thread.start()
+
+    def _confirm_all(self, turned: list[_Ending]) -> None:
+        """The round's records whose writes were refused, one after another; a record whose
+        confirmation fails cannot end in this task (its records come again)."""
+        for item in turned:
+            try:
+                self._confirm_refused(item)
+            except BaseException as exc:
+                self._fail_unsettled(item.index, f"{type(exc).__name__}: {exc}")
 
     def _produce_markers(self, runs: dict[km.RunKey, list[int]]) -> None:
         """Into their records' partitions of the markers topic, a record a run (``markers.run_records``),
