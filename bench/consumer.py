@@ -329,7 +329,24 @@ def pass_through(
         spark.stop()
 
 
+def kafka_connector_on_the_jvm() -> None:
+    """Spark's Kafka source and sink on the classpath of the one JVM this process starts.
+
+    The pass-through baselines read and write through them, and no worker loads them: the
+    workers' sessions come first and start the JVM, and jars given to a later session do not
+    reach the driver's data source lookup.
+    """
+    from queueplane.run.kafka_input import connector_in_pyspark, connector_jars
+
+    if connector_in_pyspark():
+        return
+    jars = ",".join(str(jar) for jar in connector_jars())
+    given = os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jars} {given}"
+
+
 def main() -> int:
+    kafka_connector_on_the_jvm()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--hot-records", type=int, default=2_000)
