@@ -10,7 +10,9 @@ markers (resume.py). From the commit on, a record that did not end is the tracke
 
 A member has up to ``TASKS_AT_ONCE`` tasks under way: the member's thread starts one (its start
 markers durable, its handlers queued) while the one before settles on a thread of its own, and
-commits them in the order they started, between polls. A revocation (a callback inside a poll)
+commits them in the order they started, between polls; no task runs beside one that holds
+crash suspects, whose calls run alone (tasks.py). With no task under way, a partition whose
+position passed its last commit (transaction markers) is committed there. A revocation (a callback inside a poll)
 waits for the tasks under way and commits them before the partitions move; the revoked
 partitions' records the member holds and has not started are dropped, and their next owner
 reads them from the last commit. A partition given to the member is read from the group's
