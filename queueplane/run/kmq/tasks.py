@@ -208,8 +208,11 @@ class KmqTask:
                 self._give_up(index, 0.0, "its process died in the call, and its lock ran out before the retry")
         order = self._call_order()
         crashes = self.process.journal.crashes
+        innocent = set(order).difference(taken)
+        if crashes:  # the rare case: no record a per-record look on the quick path
+            innocent = {i for i in innocent if not self._crashes_of(i, crashes)}
         with self._lock:
-            self._innocent_open = {i for i in order if i not in taken and not self._crashes_of(i, crashes)}
+            self._innocent_open = innocent
         self._queued.extend(index for index in order if index not in taken)
         threads = self.process.threads
         for _ in range(min(threads.size, len(self._queued))):
