@@ -47,6 +47,7 @@ CHECK_INTEGRATION = (
     "test_apply.py",
     "test_backlog_age.py",
     "test_guardrails.py",
+    "test_kmq_resume.py",
     "test_local_stack.py",
     "test_plan_batching.py",
     "test_private_state.py",

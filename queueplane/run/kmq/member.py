@@ -246,10 +246,7 @@ class KmqMember(GroupMember):
             self._admin = clients.admin(self.settings.kafka)
         try:
             markers = end_offsets(self._admin, self.settings.markers_topic, [tp.partition for tp in behind])
-            offsets = [
-                TopicPartition(self.topic, p.partition, p.offset, metadata=resume.commit_metadata(markers[p.partition]))
-                for p in behind
-            ]
+            offsets = [self._offset(tp.partition, tp.offset, markers[tp.partition]) for tp in behind]
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:  # only lag shown a little high meanwhile: tried again later
             log.warning("%s: committing past transaction markers: %s", self.settings.queue, exc)
@@ -266,9 +263,7 @@ class KmqMember(GroupMember):
         for row in rows:
             counts[row.partition] = counts.get(row.partition, 0) + 1
         tokens = [self.unreported.committing(p, ranges[p][0], ranges[p][1], counts.get(p, 0)) for p in partitions]
-        offsets = [
-            TopicPartition(self.topic, p, ranges[p][1], metadata=resume.commit_metadata(markers[p])) for p in partitions
-        ]
+        offsets = [self._offset(p, ranges[p][1], markers[p]) for p in partitions]
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except BaseException:
@@ -277,6 +272,11 @@ class KmqMember(GroupMember):
             raise
         self._committed.update((p, ranges[p][1]) for p in partitions)
         self._add_rows(rows, tokens)
+
+    def _offset(self, partition: int, offset: int, markers_end: int) -> TopicPartition:
+        """A commit at ``offset``, naming where the next owner reads the markers from (resume.py)."""
+        since = self.resume.markers_from(partition, offset, markers_end)
+        return TopicPartition(self.topic, partition, offset, metadata=resume.commit_metadata(since))
 
     def _add_rows(self, rows: list[Outcome], tokens: list[int] | None = None) -> None:
         """Records' outcomes for the next slice (the accepted in runs), with the notes that count them."""

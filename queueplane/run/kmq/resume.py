@@ -15,6 +15,11 @@ the next task's start markers), and the new owner reads the markers partition fr
 end, a task or two's worth of markers. A partition the group never
 committed (its first task was killed) is read from its first retained marker.
 
+A member that skipped started records carries the position its own scan began at in every
+commit below the last of them: their start markers came before its tasks' own, so a commit
+naming only where its task's markers began would hide them from the next owner, who would hand
+them out again although the tracker has them.
+
 A skipped record gets a row of its own only if a worker ended it (an ``end`` marker): the
 killed task's row went with it. One the tracker ended (``expired``) is counted where its copy
 or its dead letter is, and one still open is the tracker's to end: neither gets a row here.
@@ -25,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -60,6 +66,21 @@ class ResumePoint:
     # Of those, the ones no end marker had followed when the point was read: the tracker
     # redelivers them, and the copy's row counts the message, so a skip of one counts nothing.
     unended: dict[int, frozenset[int]] = field(default_factory=dict)
+    # Per partition, where in the markers partition the scan that found ``started`` began.
+    since: dict[int, int] = field(default_factory=dict)
+
+    @cached_property
+    def _last_started(self) -> dict[int, int]:
+        return {p: max(offsets) for p, offsets in self.started.items() if offsets}
+
+    def markers_from(self, partition: int, committed: int, markers_end: int) -> int:
+        """The markers position a commit at ``committed`` names: ``markers_end`` (where the
+        committed task's start markers began), or where this point's scan began while a record
+        it found started lies at or above the commit, so the next owner finds that one too."""
+        since = self.since.get(partition)
+        if since is not None and self._last_started.get(partition, -1) >= committed:
+            return min(since, markers_end)
+        return markers_end
 
     def counted(self, partition: int, offset: int) -> bool:
         """Whether a skipped record gets a row of its own (its delivery ended before the skip)."""
@@ -75,31 +96,8 @@ class ResumePoint:
         floor = {p: o for p, o in self.floor.items() if p not in keep} | point.floor
         started = {p: o for p, o in self.started.items() if p not in keep} | point.started
         unended = {p: o for p, o in self.unended.items() if p not in keep} | point.unended
-        return ResumePoint(floor, started, unended)
-
-    def to_json_fields(self) -> dict[str, dict[str, list[list[int]]] | dict[str, int]]:
-        """As JSON-safe dicts (string keys; started offsets as [first, last] ranges, mostly one per partition)."""
-        return {
-            "resume_floor": {str(p): o for p, o in self.floor.items()},
-            "resume_started": {str(p): _ranges(offsets) for p, offsets in self.started.items()},
-        }
-
-    @classmethod
-    def from_json_fields(cls, floor: dict[str, int], started: dict[str, list[list[int]]]) -> ResumePoint:
-        return cls(
-            {int(p): o for p, o in floor.items()},
-            {int(p): frozenset(o for lo, hi in ranges for o in range(lo, hi + 1)) for p, ranges in started.items()},
-        )
-
-
-def _ranges(offsets: frozenset[int]) -> list[list[int]]:
-    ranges: list[list[int]] = []
-    for offset in sorted(offsets):
-        if ranges and ranges[-1][1] == offset - 1:
-            ranges[-1][1] = offset
-        else:
-            ranges.append([offset, offset])
-    return ranges
+        since = {p: o for p, o in self.since.items() if p not in keep} | point.since
+        return ResumePoint(floor, started, unended, since)
 
 
 def resume_point(
@@ -123,7 +121,7 @@ def resume_point(
                 starts[tp.partition] = start
         started, ended = _started_since(consumer, kafka, markers_topic, max(partitions) + 1, starts, floor)
         unended = {p: frozenset(offsets - ended.get(p, frozenset())) for p, offsets in started.items()}
-        return ResumePoint(floor, started, unended)
+        return ResumePoint(floor, started, unended, starts)
     except Exception as exc:  # a resume point only saves duplicates: without one, nothing is lost
         log.warning("kmq: could not read where partitions %s stopped (%s); started records run again", partitions, exc)
         return ResumePoint()
