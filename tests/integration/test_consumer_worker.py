@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from fault_checks import FaultLog, duplicate_excess, key_order_violations
+from helpers import wait_for
 from worker_support import (
     kill_like_a_pod,
     make_queue,
@@ -30,6 +31,7 @@ from worker_support import (
     start_worker,
 )
 
+from queueplane.kafka import names as kn
 from queueplane.run import dead_letters as dlq
 from queueplane.run.consumer.ordering import key_slot
 
@@ -267,6 +269,50 @@ def test_a_frozen_exactly_once_worker_that_wakes_after_its_replacement_is_fenced
     # finds the group's offsets past its records. Either way no output shows twice (above).
     fenced = "code=_FENCED" in log.read_text()
     print(f"\nzombie: frozen after {frozen_at} calls, fenced: {fenced}")
+
+
+def test_a_transaction_left_open_mid_run_is_fenced_by_the_partitions_next_owner(kafka, tmp_path):
+    """A member whose commit timed out in a broker outage fails and leaves the group; its process
+    lives on, and so does its producer's transaction, the group's offsets sent into it. Until
+    that transaction ends the offsets are unstable, and every read_committed read of them waits,
+    the next owner's own fetch position too: no record comes, so no task of its fences the
+    producer. The worker fenced every partition when it started, not since; the next owner must
+    fence the partition before it reads, or the queue stalls for the transaction's timeout (15
+    min here), and for good while its owner keeps it open."""
+    total = 100
+    queue = make_queue(tmp_path, kafka, group_type="consumer", partitions=1, exactly_once=True)
+    produce(kafka, queue.topic, [order(i) for i in range(total)])
+    log = tmp_path / "worker.log"
+    worker = start_worker(queue, kafka, "--until-idle", "10s", log=log)
+    wait_for("the first records handled", lambda: len(queue.events()) >= total, 180, every_s=0.5)
+
+    # The transaction left open: its producer fences the member's (whose next commit fails, so
+    # the member leaves the group) and sends the group's offsets into a transaction it never ends.
+    transactional_id = f"{kn.transactional_id_prefix(queue.group)}{queue.topic}.0"
+    stuck = Producer({**kafka.settings, "transactional.id": transactional_id, "transaction.timeout.ms": 900_000})
+    stuck.init_transactions(30)
+    stuck.begin_transaction()
+    stuck.produce(queue.output, json.dumps({"id": "never-committed"}).encode())
+    group = Consumer({**kafka.settings, "group.id": queue.group})
+    try:
+        stuck.send_offsets_to_transaction([TopicPartition(queue.topic, 0, total)], group.consumer_group_metadata(), 30)
+    finally:
+        group.close()
+    produce(kafka, queue.topic, [order(i) for i in range(total, 2 * total)])
+
+    try:
+        summary = json.loads(worker.communicate(timeout=240)[0])
+    except subprocess.TimeoutExpired:
+        kill_like_a_pod(worker)
+        raise AssertionError("the queue stalled behind the open transaction: " + log.read_text()[-3000:]) from None
+    assert worker.returncode == 0 and summary["lag_at_exit"] == 0, log.read_text()[-3000:]
+    counts = summary["counts"]
+    assert counts["accepted"] + counts.get("skipped", 0) == 2 * total, summary  # each record counted once
+    outputs = Counter(json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=2 * total))
+    assert set(outputs) == {f"id-{i:06d}" for i in range(2 * total)}, "every record, none of the open transaction"
+    assert max(outputs.values()) == 1, "read_committed readers see each output once"
+    with pytest.raises(KafkaException, match=r"(?i)fenced"):
+        stuck.commit_transaction(30)
 
 
 @pytest.mark.parametrize("group_type", ["consumer", "kmq"])

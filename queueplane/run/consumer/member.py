@@ -518,6 +518,14 @@ class GroupMember:
         self.process.journal.collect()  # a process that died in a call of these partitions
         self._collect_due = True
         self._assigned.update(tp.partition for tp in partitions)
+        if self.settings.exactly_once:
+            # Each partition's producer first: its init_transactions fences the one an earlier
+            # owner left (a dead process, or a live one whose commit timed out in an outage) and
+            # aborts its open transaction. Until then the group's offsets for the partition are
+            # unstable, and every read of them (the consumer's own fetch position, committed())
+            # waits: for the old transaction's timeout at best, for good while its zombie lives.
+            for tp in partitions:
+                self._task(tp.partition)
         placed = self._start_fresh(consumer, partitions)
         if (self._unleased_paused or placed) and partitions:
             consumer.incremental_assign(partitions) if self._cooperative() else consumer.assign(partitions)
