@@ -48,23 +48,60 @@ TASKS_AT_ONCE = 2
 
 
 class _Running:
-    """A task of the member's, under way or settled: what its commit needs."""
+    """A task of the member's, under way or settled: what its commit needs.
+
+    Its records run as one KmqTask, or, when a process died in a call of some of them (crash
+    suspects), as several in turn: the others first, then each suspect alone, the fewest crashes
+    first, its start marker going out only once the task before it ended. A suspect that kills
+    its process again then costs only itself a delivery; started beside others, every record not
+    yet called would have been charged one too, and a record that only ever waited beside
+    killers could reach its delivery limit without a call that returned. The commit, past all
+    of them, follows the last.
+    """
 
     def __init__(self, ranges: dict[int, tuple[int, int]], rows: list[Outcome], markers: dict[int, int]):
         # ``markers``: where each of its partitions' markers ended before its start markers: its
         # commit's metadata, below every start marker of this task and of the tasks after it.
         self.ranges, self.rows, self.markers = ranges, rows, markers
-        self.task: KmqTask | None = None
+        self.tasks: list[KmqTask] = []
         self.suspects = False  # a process died in a call of one of its records' messages
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
     def settle(self) -> None:
-        assert self.task is not None
+        """Each task in turn (the first was started by the member), until one fails."""
         try:
-            self.task.wait()
+            for index, task in enumerate(self.tasks):
+                if index:
+                    task.start()
+                task.wait()
         except BaseException as exc:
             self.error = exc
+
+    def drain(self) -> list[Outcome]:
+        return self.rows + [row for task in self.tasks for row in task.drain()]
+
+
+def suspects_apart(records: list[Record], crashes: dict[tuple[int, int], int]) -> tuple[list[list[Record]], bool]:
+    """A task's records as the KmqTasks that run them in turn (_Running), and whether any is a
+    crash suspect: ``[records]`` when no process died in a call of any (``crashes``: deaths per
+    message, where it was first produced); else the others, then each suspect alone, the fewest
+    crashes first."""
+    if not crashes or not records:
+        return ([records] if records else []), False
+    innocent: list[Record] = []
+    suspected: list[tuple[int, int, Record]] = []
+    for index, record in enumerate(records):
+        where = km.origin(record.headers, record.topic, record.partition, record.offset)
+        count = crashes.get((where.partition, where.offset), 0)
+        if count:
+            suspected.append((count, index, record))
+        else:
+            innocent.append(record)
+    if not suspected:
+        return [records], False
+    alone = [[record] for _count, _index, record in sorted(suspected, key=lambda item: item[:2])]
+    return ([innocent] if innocent else []) + alone, True
 
 
 class KmqMember(GroupMember):
@@ -170,10 +207,10 @@ class KmqMember(GroupMember):
         """The next task over the held records: its start markers durable, its handlers under way.
         It settles on a thread of its own while the member polls and starts the next one."""
         records, skipped, ranges = self._taken()
-        suspects = bool(records) and self._has_suspects(records)
+        parts, suspects = self._suspects_apart(records)
         if self._running and (suspects or any(item.suspects for item in self._running)):
-            # A suspect runs once its task's other records ended (tasks.py); a task beside it
-            # must not be under way then, or the suspect's death takes its records with it.
+            # A suspect runs alone (_Running): a task beside it must not be under way then, or
+            # the suspect's death takes its records with it.
             self._commit_settled(wait=True)
         if self._admin is None:
             self._admin = clients.admin(self.settings.kafka)
@@ -182,24 +219,16 @@ class KmqMember(GroupMember):
         running.suspects = suspects
         self._running.append(running)
         if records:
-            self.process.journal.collect()  # a process that died in a call of these partitions
-            running.task = KmqTask(self.process, records)
-            running.task.start()
+            running.tasks = [KmqTask(self.process, part) for part in parts]
+            running.tasks[0].start()
             running.thread = threading.Thread(target=running.settle, name="qp-kmq-task", daemon=True)
             running.thread.start()
 
-    def _has_suspects(self, records: list[Record]) -> bool:
-        """Whether a process died in a call of one of the records' messages (the crash journal)."""
+    def _suspects_apart(self, records: list[Record]) -> tuple[list[list[Record]], bool]:
+        """``suspects_apart`` with the crash journal as collected now."""
         journal = self.process.journal
         journal.collect()
-        crashes = journal.crashes
-        if not crashes:
-            return False
-        for record in records:
-            where = km.origin(record.headers, record.topic, record.partition, record.offset)
-            if (where.partition, where.offset) in crashes:
-                return True
-        return False
+        return suspects_apart(records, journal.crashes)
 
     def _commit_settled(self, wait: bool = False, lost: frozenset[int] = frozenset()) -> None:
         """Commit past the tasks that settled, in the order they started (a partition's commits
@@ -218,7 +247,7 @@ class KmqMember(GroupMember):
                 elif running.thread.is_alive():
                     return
             self._running.popleft()
-            rows = running.rows + (running.task.drain() if running.task is not None else [])
+            rows = running.drain()
             if running.error is not None:
                 raise running.error
             ranges = {p: r for p, r in running.ranges.items() if p not in lost}
