@@ -17,7 +17,7 @@ from queueplane.run.health import Health
 log = logging.getLogger("queueplane.worker")
 
 
-def _waiting(lags: dict[int, int | None] | None) -> int | None:
+def records_waiting(lags: dict[int, int | None] | None) -> int | None:
     """Records waiting in the partitions whose lag is known; None when none is."""
     known = [lag for lag in (lags or {}).values() if lag is not None]
     return sum(known) if known else None
@@ -94,7 +94,7 @@ class BacklogWatcher:
         try:
             self.latest = self.read()
             self.latest_began = began[1]
-            self.health.backlog_seen(_waiting(self.latest))
+            self.health.backlog_seen(records_waiting(self.latest))
         except Exception as exc:  # lag is advisory: a failed read must not stop the worker, a refused one does
             self.latest = None
             self.health.backlog_seen(None)

@@ -27,7 +27,7 @@ from queueplane.kafka import clients
 from queueplane.kafka.lag import BacklogReader, total_lag
 from queueplane.kafka.offsets import await_queue_topics
 from queueplane.kafka.target import KafkaTarget
-from queueplane.run.backlog_watcher import BacklogWatcher
+from queueplane.run.backlog_watcher import BacklogWatcher, records_waiting
 from queueplane.run.group_types import runtime_class
 from queueplane.run.health import Health, stall_seconds, starve_seconds
 from queueplane.run.metrics import WorkerMetrics
@@ -345,6 +345,7 @@ class QueueRun:
             return True
         in_batch = bool(query.status["isTriggerActive"])
         self.health.batch_running(time.monotonic(), in_batch)
+        self.controller.on_waiting(records_waiting(self.watcher.latest))
         if runtime.failed() or self.watcher.refused is not None:
             return True
         # A source that runs no batch while there is nothing new never lets the sink see the

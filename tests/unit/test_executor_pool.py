@@ -3,6 +3,7 @@ executor goes only once every share queue has run a batch that drained it."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -219,3 +220,42 @@ def test_a_drain_pauses_the_window_of_the_queue_that_drains_not_of_one_that_goes
     mail.on_batch(10, {0: 0})
     (orders_seen, mail_seen) = seen
     assert mail_seen.paused and not orders_seen.paused
+
+
+def test_a_queue_with_no_executor_whose_records_wait_unhandled_asks_for_one() -> None:
+    """Its batches bring its decisions, and on a pool with fewer cores than busy queues Spark's
+    FAIR pools tie and go by name: the last queue by name gets no task, so no batch and no
+    decision. Once records have waited ``STARVED_S`` with no batch of its own, it asks for one."""
+    spec = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[0]
+    payments = dataclasses.replace(spec, min_executors=0)
+    spark, now = _Spark(["1"]), [0.0]
+    pool = ExecutorPool(spark)
+    pool.join("coffee-orders", 1, None)
+    orders = ExecutorController(pool, payments, clock=lambda: now[0])
+    assert orders.requested == 0 and pool.requested == 1
+
+    now[0] = controller_module.STARVED_S - 1
+    orders.on_waiting(300)
+    now[0] = controller_module.STARVED_S + 1
+    orders.on_waiting(0)
+    orders.on_waiting(None)
+    assert spark.calls == [], "records that wait for less, or none known to wait, ask for nothing"
+
+    orders.on_waiting(300)
+    assert orders.requested == 1 and spark.calls == [("total", 2)]
+    orders.on_waiting(300)
+    assert spark.calls == [("total", 2)], "asked once"
+
+
+def test_a_queue_whose_batches_end_asks_for_nothing_while_it_waits() -> None:
+    spec = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[0]
+    payments = dataclasses.replace(spec, min_executors=0)
+    spark, now = _Spark(["1"]), [0.0]
+    pool = ExecutorPool(spark)
+    pool.join("coffee-orders", 1, None)
+    orders = ExecutorController(pool, payments, clock=lambda: now[0])
+    now[0] = 30.0
+    orders.on_batch(0, {0: 300})  # the first batch only opens the decisions' window
+    now[0] = 30.0 + controller_module.STARVED_S - 1
+    orders.on_waiting(300)
+    assert orders.requested == 0 and spark.calls == []

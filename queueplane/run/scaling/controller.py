@@ -20,6 +20,10 @@ from queueplane.spec.model import QueueSpec
 
 log = logging.getLogger("queueplane.autoscaler")
 
+# How long records may wait with no batch of their queue ending before a queue that holds no
+# executor asks for one (ExecutorController.on_waiting).
+STARVED_S = 10.0
+
 
 class ExecutorController:
     def __init__(
@@ -49,6 +53,7 @@ class ExecutorController:
         self.busy_s = 0.0  # handler calls' seconds in the window
         self.paused = False  # a drain stopped consumption during the window
         self.last_lag: int | None = None
+        self.last_batch_at = clock()  # when a batch of the queue last ended (or the queue started)
         self.decisions: list[dict[str, Any]] = []
 
     def on_batch(
@@ -60,6 +65,7 @@ class ExecutorController:
             return None
         # Before the pool hears of the batch: a drain that this batch ends still paused the window.
         self.paused = self.paused or self._drain_pauses()
+        self.last_batch_at = self.clock()
         self.pool.batch_ran(self.name)
         ids = self.pool.executor_ids()
         # The queue's part of a pool that other queues share: its rate is measured on those.
@@ -108,6 +114,25 @@ class ExecutorController:
         )
         self.on_executors(running, self.requested)
         return decision
+
+    def on_waiting(self, waiting: int | None) -> None:
+        """Records wait (``waiting``, None: unknown) and no batch of the queue has ended for
+        ``STARVED_S``: a queue that holds no executor of its own asks for one.
+
+        Decisions come at the end of a batch, and a queue whose batches do not run gets none. In
+        an application, Spark's FAIR pools tie while no task of theirs runs and then go by name,
+        so on fewer cores than busy queues the queue last by name never gets a task: with a
+        minimum of 0 it would wait for good. Its own executor gives it a core; the decisions
+        that its batches then bring take the demand from there, back to 0 once it is idle.
+        """
+        if not self.enabled or self.requested > 0 or not waiting or self.policy.ceiling < 1:
+            return
+        if self.clock() - self.last_batch_at < STARVED_S:
+            return
+        self.requested = 1
+        self.pool.set_demand(self.name, 1, self.pool.executor_ids())
+        self.on_executors(self.pool.share(self.name, len(self.pool.executor_ids())), self.requested)
+        log.info("executors 0 -> 1: %d records wait and no batch has run for %.0fs", waiting, STARVED_S)
 
     def _drain_pauses(self) -> bool:
         """A removal waits for a drain that stops this queue's consumption (a queue that does not
