@@ -222,17 +222,23 @@ def test_a_drain_pauses_the_window_of_the_queue_that_drains_not_of_one_that_goes
     assert mail_seen.paused and not orders_seen.paused
 
 
+def _beside_a_queue_with_the_executor() -> tuple[ExecutorController, _Spark, list[float]]:
+    """A consumer queue with no executor of its own (minExecutors 0), in a pool whose one
+    executor is the share queue's; and the clock its controller reads."""
+    spec = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[0]
+    spark, now = _Spark(["1"]), [0.0]
+    pool = ExecutorPool(spark)
+    pool.join("coffee-orders", 1, None)
+    orders = ExecutorController(pool, dataclasses.replace(spec, min_executors=0), clock=lambda: now[0])
+    return orders, spark, now
+
+
 def test_a_queue_with_no_executor_whose_records_wait_unhandled_asks_for_one() -> None:
     """Its batches bring its decisions, and on a pool with fewer cores than busy queues Spark's
     FAIR pools tie and go by name: the last queue by name gets no task, so no batch and no
     decision. Once records have waited ``STARVED_S`` with no batch of its own, it asks for one."""
-    spec = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[0]
-    payments = dataclasses.replace(spec, min_executors=0)
-    spark, now = _Spark(["1"]), [0.0]
-    pool = ExecutorPool(spark)
-    pool.join("coffee-orders", 1, None)
-    orders = ExecutorController(pool, payments, clock=lambda: now[0])
-    assert orders.requested == 0 and pool.requested == 1
+    orders, spark, now = _beside_a_queue_with_the_executor()
+    assert orders.requested == 0 and orders.pool.requested == 1
 
     now[0] = controller_module.STARVED_S - 1
     orders.on_waiting(300)
@@ -248,12 +254,7 @@ def test_a_queue_with_no_executor_whose_records_wait_unhandled_asks_for_one() ->
 
 
 def test_a_queue_whose_batches_end_asks_for_nothing_while_it_waits() -> None:
-    spec = steps.validate([str(EXAMPLES / "payments" / "payment-events.yaml")], None)[0]
-    payments = dataclasses.replace(spec, min_executors=0)
-    spark, now = _Spark(["1"]), [0.0]
-    pool = ExecutorPool(spark)
-    pool.join("coffee-orders", 1, None)
-    orders = ExecutorController(pool, payments, clock=lambda: now[0])
+    orders, spark, now = _beside_a_queue_with_the_executor()
     now[0] = 30.0
     orders.on_batch(0, {0: 300})  # the first batch only opens the decisions' window
     now[0] = 30.0 + controller_module.STARVED_S - 1
