@@ -90,17 +90,18 @@ def suspects_apart(records: list[Record], crashes: dict[tuple[int, int], int]) -
     if not crashes or not records:
         return ([records] if records else []), False
     innocent: list[Record] = []
-    suspected: list[tuple[int, int, Record]] = []
-    for index, record in enumerate(records):
+    suspected: list[tuple[int, Record]] = []
+    for record in records:
         where = km.origin(record.headers, record.topic, record.partition, record.offset)
         count = crashes.get((where.partition, where.offset), 0)
         if count:
-            suspected.append((count, index, record))
+            suspected.append((count, record))
         else:
             innocent.append(record)
     if not suspected:
         return [records], False
-    alone = [[record] for _count, _index, record in sorted(suspected, key=lambda item: item[:2])]
+    # A stable sort: suspects with as many crashes keep the order they came in.
+    alone = [[record] for _count, record in sorted(suspected, key=lambda item: item[0])]
     return ([innocent] if innocent else []) + alone, True
 
 

@@ -130,8 +130,9 @@ class ExecutorController:
         if self.clock() - self.last_batch_at < STARVED_S:
             return
         self.requested = 1
-        self.pool.set_demand(self.name, 1, self.pool.executor_ids())
-        self.on_executors(self.pool.share(self.name, len(self.pool.executor_ids())), self.requested)
+        ids = self.pool.executor_ids()
+        self.pool.set_demand(self.name, 1, ids)
+        self.on_executors(self.pool.share(self.name, len(ids)), self.requested)
         log.info("executors 0 -> 1: %d records wait and no batch has run for %.0fs", waiting, STARVED_S)
 
     def _drain_pauses(self) -> bool:
