@@ -1,6 +1,6 @@
 """Autoscaling policy benchmark: a step load (x4 for five minutes) through the policy.
 
-Simulated second by second (queueplane.run.scaling.simulation) with executors that take 15 s to
+Simulated second by second (queueplane.run.driver.scaling.simulation) with executors that take 15 s to
 start, against a fixed fleet sized for the base load and one sized for the peak, side by
 side: how late the scale-out comes, the worst lag in seconds of work, executor-seconds used
 compared with the peak-sized fleet, and how often the count changed.
@@ -16,8 +16,8 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from queueplane.run.scaling.policy import ScalingPolicy
-from queueplane.run.scaling.simulation import SimResult, simulate, step_load
+from queueplane.run.driver.scaling.policy import ScalingPolicy
+from queueplane.run.driver.scaling.simulation import SimResult, simulate, step_load
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEP_START, STEP_S, DURATION_S = 120.0, 300.0, 1200.0

@@ -71,10 +71,10 @@ from queueplane.kafka import clients
 from queueplane.kafka.lag import queue_backlog
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
-from queueplane.run.consumer.ordering import key_slot
+from queueplane.run.consumer.executor.ordering import key_slot
 from queueplane.run.consumer.runtime import consumer_settings
-from queueplane.run.driver import run_queue
-from queueplane.run.options import RunOptions
+from queueplane.run.driver.application import run_queue
+from queueplane.run.driver.options import RunOptions
 
 PARTITIONS, KEYS, SLOTS, SLEEP_S = 6, 32, 8, 0.010
 CORES = os.cpu_count() or 2
@@ -241,9 +241,10 @@ def with_duties(search_path: str, batches: Iterator[Any]) -> Iterator[Any]:
     their keys and values go back to Spark, whose sink writes them."""
     import pyarrow as pa
 
-    from queueplane.run.handler import load_handler, outputs_of
-    from queueplane.run.kafka_input import input_records
-    from queueplane.run.outputs import output_record
+    from queueplane.handler_api import outputs_of
+    from queueplane.run.executor.handler import load_handler
+    from queueplane.run.executor.outputs import output_record
+    from queueplane.run.spark.kafka_input import input_records
 
     handler = load_handler("bench_handlers:echo", [search_path])
     clock = time.monotonic
@@ -287,8 +288,8 @@ def pass_through(
     """
     from pyspark.sql import SparkSession
 
-    from queueplane.run.kafka_input import INPUT_COLUMNS, kafka_options, kafka_source, with_kafka_connector
-    from queueplane.run.session import DAEMON_MODULE, SPARK_LOG4J
+    from queueplane.run.spark.kafka_input import INPUT_COLUMNS, kafka_options, kafka_source, with_kafka_connector
+    from queueplane.run.spark.session import DAEMON_MODULE, SPARK_LOG4J
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.appName("bench-pass-through").master(f"local[{max(CORES, PARTITIONS)}]")
@@ -336,7 +337,7 @@ def kafka_connector_on_the_jvm() -> None:
     workers' sessions come first and start the JVM, and jars given to a later session do not
     reach the driver's data source lookup.
     """
-    from queueplane.run.kafka_input import connector_in_pyspark, connector_jars
+    from queueplane.run.spark.kafka_input import connector_in_pyspark, connector_jars
 
     if connector_in_pyspark():
         return

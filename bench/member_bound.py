@@ -23,11 +23,11 @@ from multiprocessing.synchronize import Event
 from confluent_kafka import TopicPartition
 from plain_consumer_loop import spawned
 
+from queueplane.handler_api import Record
 from queueplane.kafka import clients
-from queueplane.run.consumer.partition import PartitionTask
-from queueplane.run.consumer.process import ConsumerSettings, WorkerProcess
-from queueplane.run.handler import Record
-from queueplane.run.processes import tune_interpreter
+from queueplane.run.consumer.executor.partition import PartitionTask
+from queueplane.run.consumer.executor.process import ConsumerSettings, WorkerProcess
+from queueplane.run.executor.processes import tune_interpreter
 
 BATCH = 2000  # records a consume() returns at most, as the plain loop's
 WAIT_S = 0.2  # how long one consume() waits for a batch to fill; a stop request is seen within it

@@ -29,9 +29,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
-from queueplane.run.handler import MessageRecord, load_handler, outputs_of
+from queueplane.handler_api import outputs_of
+from queueplane.run.executor.handler import MessageRecord, load_handler
+from queueplane.run.executor.outputs import output_record
 from queueplane.run.outcomes import produce
-from queueplane.run.outputs import output_record
 
 BATCH = 2000
 # How long one consume() waits for a batch to fill; a stop request is seen within it.

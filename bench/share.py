@@ -56,8 +56,8 @@ from queueplane.kafka.lag import queue_backlog
 from queueplane.kafka.target import KafkaTarget
 from queueplane.ops.load import QUEUE_PRODUCER
 from queueplane.provision import steps
-from queueplane.run.driver import run_queue
-from queueplane.run.options import RunOptions
+from queueplane.run.driver.application import run_queue
+from queueplane.run.driver.options import RunOptions
 from queueplane.run.share.runtime import ShareRuntime
 from queueplane.run.share.settings import FETCH_WAIT_MS
 

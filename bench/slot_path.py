@@ -29,12 +29,12 @@ from common import apply_queue, bench_broker, console
 from consumer import HANDLERS, fill
 from plain_consumer_loop import with_duties
 
+from queueplane.handler_api import Record
 from queueplane.provision import steps
-from queueplane.run.consumer.partition import PartitionTask
-from queueplane.run.consumer.process import WorkerProcess
+from queueplane.run.consumer.executor.partition import PartitionTask
+from queueplane.run.consumer.executor.process import WorkerProcess
 from queueplane.run.consumer.runtime import consumer_settings
-from queueplane.run.handler import Record
-from queueplane.run.processes import tune_interpreter
+from queueplane.run.executor.processes import tune_interpreter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from worker_support import read_all

@@ -57,7 +57,7 @@ class Item:
 
 
 def _spark_connector() -> object:
-    from queueplane.run.kafka_input import SPARK_VERSION, connector_jars
+    from queueplane.run.spark.kafka_input import SPARK_VERSION, connector_jars
 
     jars = connector_jars()
     return f"{len(jars)} jars for Spark {SPARK_VERSION}"

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from queueplane.kafka.lag import total_lag
 from queueplane.kafka.target import KafkaTarget
-from queueplane.run.driver import QueueJob, run_application
-from queueplane.run.options import BatchProgress, RunOptions, RunSummary
+from queueplane.run.driver.application import QueueJob, run_application
+from queueplane.run.driver.options import BatchProgress, RunOptions, RunSummary
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, DUPLICATE, REDELIVERED, RELEASED, SKIPPED
 
 

@@ -100,7 +100,7 @@ def cmd_try(args: argparse.Namespace) -> int:
 def _runner(queue: QueueSpec) -> Any:
     """The kit's runner for the spec, or a UsageError naming the handler or hook that will not import."""
     from queueplane import testing
-    from queueplane.run.handler import load_handler
+    from queueplane.run.executor.handler import load_handler
 
     paths = queue.handler_search_paths
     loaded: dict[str, Any] = {}

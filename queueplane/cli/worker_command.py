@@ -27,10 +27,10 @@ from queueplane.cli.common import NO_COLOR_HELP, OUTPUTS, cluster_flags, duratio
 from queueplane.errors import UsageError
 from queueplane.kafka.target import ENV_BOOTSTRAP, ENV_KAFKA_CONFIG, KafkaTarget, named_target
 from queueplane.provision import steps
-from queueplane.run.options import STARTUP_WAIT_S, RunOptions, RunSummary
+from queueplane.run.driver.options import STARTUP_WAIT_S, RunOptions, RunSummary
 
 if TYPE_CHECKING:
-    from queueplane.run.driver import QueueJob
+    from queueplane.run.driver.application import QueueJob
     from queueplane.spec.model import QueueSpec
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -213,7 +213,7 @@ def run_worker(args: argparse.Namespace, place: Place) -> int:
     paths, namespace = spec_paths(args), status_namespace(args)
     try:
         from queueplane.cli.run_progress import run_with_progress
-        from queueplane.run.driver import run_application
+        from queueplane.run.driver.application import run_application
     except ImportError as exc:  # the core install has no Spark runtime
         raise UsageError(
             f"the worker needs the worker extra ({exc.name} is not installed): pip install 'queueplane[worker]'"
@@ -235,8 +235,8 @@ def run_worker(args: argparse.Namespace, place: Place) -> int:
 def _job(queue: QueueSpec, target: KafkaTarget, options: RunOptions, namespace: str | None) -> QueueJob:
     from queueplane.kafka.lag import queue_backlog
     from queueplane.ops.status import queue_reads
-    from queueplane.run.driver import QueueJob
-    from queueplane.run.queue_status import InClusterStatusPatch
+    from queueplane.run.driver.application import QueueJob
+    from queueplane.run.driver.queue_status import InClusterStatusPatch
 
     watched = options.metrics_port is not None or namespace is not None  # gauges or a status read them
     return QueueJob(

@@ -108,7 +108,7 @@ def uninstall_problem(namespace: str, release: str, application: str, access: Ku
 
 
 def uninstall(namespace: str, release: str, access: KubeAccess, timeout_s: int = HELM_TIMEOUT_S) -> str | None:
-    """`helm uninstall --wait` of the release: its pods get SIGTERM and drain (run/termination.py),
+    """`helm uninstall --wait` of the release: its pods get SIGTERM and drain (run/driver/termination.py),
     and the chart's objects, the Queue object among them, are gone when it returns. A release
     already gone counts as uninstalled. The error text, or None."""
     args = ["uninstall", release, "--namespace", namespace, "--wait", "--timeout", f"{timeout_s}s"]

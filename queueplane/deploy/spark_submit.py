@@ -51,7 +51,7 @@ from queueplane.deploy.spark_conf import check_conf
 from queueplane.errors import DeployError, UsageError
 from queueplane.kafka.target import ENV_BOOTSTRAP, ENV_KAFKA_CONFIG, KafkaTarget
 from queueplane.paths import shipped_file
-from queueplane.run.spark_python import launcher
+from queueplane.run.spark.interpreter import launcher
 from queueplane.spec.model import QueueSpec
 
 PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"

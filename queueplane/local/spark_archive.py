@@ -26,7 +26,7 @@ from pathlib import Path
 from queueplane.errors import LocalStackError
 from queueplane.local.processes import wait_gone
 from queueplane.paths import cache_dir
-from queueplane.run.spark_python import launcher
+from queueplane.run.spark.interpreter import launcher
 
 DUMP_TIMEOUT_S = 600.0
 QUIET = "-Xlog:cds*=off"
@@ -37,8 +37,8 @@ _JOB = r"""
 import json, sys, tempfile
 from pathlib import Path
 from pyspark.sql import SparkSession
-from queueplane.run.kafka_input import connector_jars
-from queueplane.run.session import DAEMON_MODULE
+from queueplane.run.spark.kafka_input import connector_jars
+from queueplane.run.spark.session import DAEMON_MODULE
 
 spark = (
     SparkSession.builder.master("local[2]").appName("queueplane-cds")
@@ -85,7 +85,7 @@ def _spark_jars() -> Path | None:
     if find_spec("pyspark") is None:
         return None
     # Imported here: the set-up's early Go builds import this module before pip has run.
-    from queueplane.run.kafka_input import pyspark_jars
+    from queueplane.run.spark.kafka_input import pyspark_jars
 
     return pyspark_jars().resolve()
 

@@ -21,7 +21,7 @@ from queueplane.kafka.protocol import describe_share_group
 from queueplane.kafka.target import KafkaTarget
 from queueplane.ops import dlq
 from queueplane.ops.backlog_age import oldest_waiting_seconds
-from queueplane.run.queue_status import QueueReads
+from queueplane.run.driver.queue_status import QueueReads
 from queueplane.spec.model import QueueSpec
 
 MISSING = "missing"

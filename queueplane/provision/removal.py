@@ -8,7 +8,7 @@ orphan. Plan removes everything its records say it made, one line each, in the o
 removes it:
 
 1. the worker. A Kubernetes deploy's Helm release is uninstalled (``helm uninstall --wait``:
-   the worker drains on SIGTERM, see run/termination.py, and the Queue object goes with the
+   the worker drains on SIGTERM, see run/driver/termination.py, and the Queue object goes with the
    release). A worker queueplane cannot stop (a spark-submit driver, a local ``queueplane run``,
    a release that still runs other queues of its application) makes the whole removal wait
    (``>``) while the group has members: stop the worker first.
@@ -19,9 +19,9 @@ removes it:
    the same id).
 4. its topics, as ``deletionPolicy`` says. ``retain`` (the default) keeps them with their data;
    they are no longer owned, so a spec takes them over with ``adopt: true``. ``delete`` deletes
-   them once the queue is drained (no members, lag 0) and its newest record is older than the
+   them once the queue is caught up (no members, lag 0) and its newest record is older than the
    removal grace, a dead-letter topic holding records only with ``--force-delete-dlq``. Until
-   then they wait, and so does the group, whose offsets measure the drain.
+   then they wait, and so does the group, whose offsets say whether the queue is caught up.
 5. the owner records, last, so a removal that stops midway is found again by the next plan. A
    removal that waits keeps the queue's record (noting an uninstalled release) and the records
    of what it still has to remove.
@@ -254,20 +254,20 @@ class _OrphanRemoval:
                 lines.append(Change("retain", "topic", name, spec, reason=reason, removes=queue))
                 forget.append(name)
                 continue
-            drained = {g: self.activity[g] for g in self.orphan.groups}  # a kmq tracker's group has no lag
-            why = _waits(role, contents, drained, self.members, self.uninstalling, self.options)
+            caught_up = {g: self.activity[g] for g in self.orphan.groups}  # a kmq tracker's group has no lag
+            why = _waits(role, contents, caught_up, self.members, self.uninstalling, self.options)
             if why:
                 lines.append(Change("wait", "topic", name, spec, reason=why, removes=queue))
                 continue
-            reason = f"deleted ({role}; deletionPolicy delete): drained, {_age(contents, self.options)}"
+            reason = f"deleted ({role}; deletionPolicy delete): caught up, {_age(contents, self.options)}"
             lines.append(Change("delete", "topic", name, spec, reason=reason, removes=queue))
             self.removal.topics.append(name)
             forget.append(name)
         return lines, forget
 
     def _groups(self, topics_wait: bool) -> list[str]:
-        """Delete the groups and their configs (kept while a topic waits: their offsets measure the
-        drain); the recorded groups whose records go."""
+        """Delete the groups and their configs (kept while a topic waits: their offsets say whether the
+        queue is caught up); the recorded groups whose records go."""
         forget: list[str] = []
         for group in self.own_groups:
             seen = self.activity[group]
@@ -278,7 +278,7 @@ class _OrphanRemoval:
                     "wait",
                     "group",
                     group,
-                    "kept until the queue's topics are drained and deleted: its offsets measure the drain",
+                    "kept until the queue's topics are caught up and deleted: its offsets say how far they are",
                 )
                 continue
             if seen.exists:
@@ -369,14 +369,14 @@ def _waits(
     """Why a ``deletionPolicy: delete`` topic is not deleted yet ("" when it goes now)."""
     after = " (the release is uninstalled first: plan again once it is)" if uninstalling else ""
     if members is None:
-        return f"waits for the drain: the group's members cannot be read on this listener{after}"
+        return f"waits until the queue is caught up: the group's members cannot be read on this listener{after}"
     if members:
-        return f"waits for the drain: the group has members, the worker still runs{after}"
+        return f"waits until the queue is caught up: the group has members, the worker still runs{after}"
     lag = sum((seen.lag or 0) for seen in activity.values())
     if any(seen.lag is None and seen.exists for seen in activity.values()):
-        return "waits for the drain: the queue's lag cannot be read"
+        return "waits until the queue is caught up: the queue's lag cannot be read"
     if lag:
-        return f"waits for the drain: lag {lag} (records the worker has not finished)"
+        return f"waits until the queue is caught up: lag {lag} (records the worker has not finished)"
     if role == "dead-letter" and contents.records and not options.force_delete_dlq:
         return (
             f"waits: the dead-letter topic holds {contents.records} record(s); inspect or redrive them "

@@ -46,8 +46,8 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from queueplane.handler_api import InvalidOutput, Record
 from queueplane.run.dead_letters import HEADER_PARKED, Failure, dlq_headers
-from queueplane.run.handler import InvalidOutput, Record
 
 # Handler latency buckets, upper bounds in seconds: the metrics' histogram and the runs' counts.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -39,9 +39,9 @@ class QueueSettings(JsonSettings):
     search_paths: list[str] = field(default_factory=list)
     # The producer's batch.size: the smallest max.message.bytes of the output and DLQ topics.
     batch_bytes: int | None = None
-    # processing.memoryLimit in MiB: a handler process past it ends itself (queueplane.run.memory_guard).
+    # processing.memoryLimit in MiB: a handler process past it ends itself (queueplane.run.executor.memory_guard).
     memory_limit_mi: int | None = None
-    # processing.setup and processing.teardown: run once per worker process (queueplane.run.processes).
+    # processing.setup and processing.teardown: run once per worker process (queueplane.run.executor.processes).
     setup: str | None = None
     teardown: str | None = None
 

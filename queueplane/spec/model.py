@@ -58,7 +58,7 @@ class GroupSpec:
         (its lock ran out: the worker was killed) or with a RELEASE (its DLQ write failed), and an
         archived record is in neither the output nor the DLQ. With deliveries in reserve the
         broker does not decide: the worker runs the handler ``deliveryLimit`` times and sends the
-        record to the DLQ on the first reserve delivery (see run/share/fetcher.py). Two, because
+        record to the DLQ on the first reserve delivery (see run/share/executor/fetcher.py). Two, because
         a process that dies costs every record it holds a delivery, and the broker acquires whole
         producer batches, so a record held by two dying processes in a row loses its last
         delivery and a single reserve delivery both (docs/runtimes.md has the CI run).

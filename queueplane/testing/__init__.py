@@ -39,8 +39,8 @@ from typing import Any, NamedTuple
 
 from queueplane.handler_api import Handler, Hook, InvalidOutput, Record, Reject, outputs_of
 from queueplane.run.dead_letters import Failure, dlq_headers
-from queueplane.run.handler import ProcessHooks, load_handler, load_hook
-from queueplane.run.outputs import output_record
+from queueplane.run.executor.handler import ProcessHooks, load_handler, load_hook
+from queueplane.run.executor.outputs import output_record
 
 __all__ = [
     "ACCEPTED",

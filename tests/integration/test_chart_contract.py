@@ -25,7 +25,7 @@ from worker_support import make_queue, order, produce, read_all
 
 from queueplane.deploy.render import render
 from queueplane.provision import steps
-from queueplane.run.spark_python import LAUNCHER, launcher
+from queueplane.run.spark.interpreter import LAUNCHER, launcher
 
 pytestmark = pytest.mark.kafka
 

@@ -33,7 +33,7 @@ from worker_support import (
 
 from queueplane.kafka import names as kn
 from queueplane.run import dead_letters as dlq
-from queueplane.run.consumer.ordering import key_slot
+from queueplane.run.consumer.executor.ordering import key_slot
 
 pytestmark = pytest.mark.kafka
 

@@ -17,7 +17,7 @@ from worker_support import make_queue, order, produce
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import end_offsets
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq import resume
+from queueplane.run.kmq.executor import resume
 
 pytestmark = pytest.mark.kafka
 

@@ -15,11 +15,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from helpers import REPO, run_cli, tagged_examples, unique_tag
 from worker_support import make_queue, order, produce, read_all, run_worker, start_worker
 
+from queueplane.handler_api import Record
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import committed_offsets
 from queueplane.run import dead_letters as dlq
 from queueplane.run.dead_letters import Failure
-from queueplane.run.handler import Record
 from queueplane.run.outcomes import dead_letter_record
 
 pytestmark = pytest.mark.kafka

@@ -1,6 +1,6 @@
 """processing.setup and processing.teardown in the worker's Python processes, on the real broker and Spark.
 
-Every runtime takes its process state through one registry (queueplane.run.processes), where
+Every runtime takes its process state through one registry (queueplane.run.executor.processes), where
 setup runs; teardown runs where a process ends (every runtime alike) and where a share process
 drains. So one group type that only ends (consumer) and the one that drains (share) cover it.
 """

@@ -65,7 +65,7 @@ def test_prometheus_scrapes_a_running_worker_and_evaluates_the_rules_and_dashboa
             assert wait_for("the DLQ's count", lambda: _value(prometheus, pending) == poison, 60, every_s=1)
             oldest = f"max(queueplane_oldest_waiting_seconds{{{selector}}})"
             assert wait_for(
-                "the drained queue's oldest wait", lambda: _value(prometheus, oldest) == 0 or None, 60, every_s=1
+                "the caught-up queue's oldest wait", lambda: _value(prometheus, oldest) == 0 or None, 60, every_s=1
             )
             assert _value(prometheus, f"max(queueplane_target_lag_seconds{{{selector}}})") == queue.target_lag_seconds
 

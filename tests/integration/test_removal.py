@@ -179,7 +179,7 @@ def test_a_delete_topic_goes_only_once_the_worker_stopped_and_the_queue_drained(
     # The worker stopped; four records it never finished: the topics wait for the drain, the group with them.
     lagging = _cli(["plan", str(folder), "--removal-grace", "0s"], cli_env, cluster)
     lines = _lines(lagging.stdout)
-    assert f"> topic {topic} waits for the drain: lag 4 (records the worker has not finished)" in lines
+    assert f"> topic {topic} waits until the queue is caught up: lag 4 (records the worker has not finished)" in lines
     assert any(line.startswith(f"> group {group} kept until the queue's topics are drained") for line in lines)
     assert _cli(["apply", str(folder), "--yes", "--removal-grace", "0s"], cli_env, cluster).returncode == EXIT_OK
     assert _topics(kafka, topic) == {topic, f"{topic}.dlq"}
@@ -223,7 +223,7 @@ def test_a_dead_letter_topic_that_holds_records_goes_only_with_the_force(kafka, 
 
     unforced = _cli(["plan", str(folder), "--removal-grace", "0s"], cli_env, cluster)
     lines = _lines(unforced.stdout)
-    assert f"- topic {topic} deleted (queue; deletionPolicy delete): drained, empty" in lines
+    assert f"- topic {topic} deleted (queue; deletionPolicy delete): caught up, empty" in lines
     held = next(line for line in lines if line.startswith(f"> topic {dlq}"))
     assert "holds 2 record(s)" in held and "--force-delete-dlq" in held
     assert _cli(["apply", str(folder), "--yes", "--removal-grace", "0s"], cli_env, cluster).returncode == EXIT_OK
@@ -304,9 +304,11 @@ def test_a_saved_plan_with_a_removal_is_refused_once_the_removed_queue_moved(kaf
     assert _topics(kafka, f"{tag}.pay") == {f"{tag}.pay", f"{tag}.pay.dlq"}
     assert f"acls:payments/rm-{tag}" in read_records(kafka), "nothing was removed"
 
-    # Planned again (it now waits for the drain), that plan applies exactly: the owner records stay for it.
+    # Planned again (it now waits until the queue is caught up), that plan applies exactly: the
+    # owner records stay for it.
     made = _cli(["plan", str(folder), "--removal-grace", "0s", "--out", str(plan_file)], cli_env, cluster)
-    assert f"> topic {tag}.pay waits for the drain: lag 1 (records the worker has not finished)" in _lines(made.stdout)
+    waits = f"> topic {tag}.pay waits until the queue is caught up: lag 1 (records the worker has not finished)"
+    assert waits in _lines(made.stdout)
     applied = run_cli(["apply", str(plan_file), *cluster], cli_env)
     assert applied.returncode == EXIT_OK, applied.stderr
 

@@ -11,10 +11,10 @@ import pytest
 from confluent_kafka import AcknowledgeType, Message
 from worker_support import make_queue, order, produce, read_all
 
+from queueplane.handler_api import Record
 from queueplane.kafka import clients
-from queueplane.run.handler import Record
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, each_record
-from queueplane.run.share.process import ProcessRuntime
+from queueplane.run.share.executor.process import ShareProcess
 from queueplane.run.share.settings import ShareSettings
 from queueplane.spec.model import SHARE_RESERVE_DELIVERIES
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.kafka
 LOCK_S = 30  # longer than the test's wait for the record's second delivery
 
 
-class FailsOnce(ProcessRuntime):
+class FailsOnce(ShareProcess):
     """A process whose first decision about a refused record fails (a bug, a full disk): the poll
     it belongs to fails after its records were handled, before they were all acknowledged."""
 
@@ -65,20 +65,20 @@ def test_a_poll_that_fails_midway_releases_its_records_and_the_fetcher_goes_on(k
     first = [order(i) for i in range(30)] + [order(30, mode="reject")]
     later = [order(i) for i in range(100, 130)]
     produce(kafka, queue.topic, first)
-    runtime = FailsOnce(settings)
+    process = FailsOnce(settings)
     try:
         deadline = time.monotonic() + 90
-        while not runtime.failed and time.monotonic() < deadline:
-            runtime.run_batch()
-        assert runtime.failed, "no poll reached the injected failure"
+        while not process.failed and time.monotonic() < deadline:
+            process.run_batch()
+        assert process.failed, "no poll reached the injected failure"
         produce(kafka, queue.topic, later)  # a fetcher that stopped fetching would never see these
         outputs: set[str] = set()
         while len(outputs) < 60 and time.monotonic() < deadline:
-            runtime.run_batch()
+            process.run_batch()
             outputs = {json.loads(m.value())["id"] for m in read_all(kafka, queue.output, timeout_s=1)}
-        runtime.run_batch(final=True)
+        process.run_batch(final=True)
     finally:
-        runtime.close()
+        process.close()
 
     want = {f"id-{i:06d}" for i in [*range(30), *range(100, 130)]}
     assert outputs == want, f"missing: {sorted(want - outputs)}"
@@ -134,17 +134,17 @@ def test_a_record_whose_acceptances_did_not_land_is_accepted_again_without_a_cal
     real = clients.share_consumer
     monkeypatch.setattr(clients, "share_consumer", lambda *a, **k: AcceptancesLost(real(*a, **k), lost, landed))
     produce(kafka, queue.topic, [order(i) for i in range(10)] + [order(10, mode="reject")])
-    runtime = ProcessRuntime(_settings(queue, kafka, "acceptances-lost", LOCK_S))
+    process = ShareProcess(_settings(queue, kafka, "acceptances-lost", LOCK_S))
     rows: list[tuple[int, str]] = []
     try:
         deadline = time.monotonic() + 90
         while {offset for offset, _ in landed} != lost and time.monotonic() < deadline:
-            for block in runtime.run_batch():
+            for block in process.run_batch():
                 rows += [(offset, outcome) for _, offset, _, outcome in each_record(block)]
-        for block in runtime.run_batch(final=True):
+        for block in process.run_batch(final=True):
             rows += [(offset, outcome) for _, offset, _, outcome in each_record(block)]
     finally:
-        runtime.close()
+        process.close()
 
     assert sorted(landed) == [(3, 4), (7, 4)], "accepted on the reserve delivery, which landed"
     assert sorted(rows) == [*((i, ACCEPTED) for i in range(10)), (10, DEAD_LETTERED)], "one row each"

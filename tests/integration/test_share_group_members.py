@@ -9,7 +9,7 @@ import yaml
 from worker_support import make_queue
 
 from queueplane.kafka import clients
-from queueplane.run.options import RunOptions
+from queueplane.run.driver.options import RunOptions
 from queueplane.run.share.runtime import ShareRuntime
 from queueplane.spec.model import build
 

@@ -23,7 +23,7 @@ from worker_support import (
 )
 
 from queueplane.run import dead_letters as dlq
-from queueplane.run.options import SUMMARY_DEAD_ROWS
+from queueplane.run.driver.options import SUMMARY_DEAD_ROWS
 
 pytestmark = pytest.mark.kafka
 

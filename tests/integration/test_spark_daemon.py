@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from queueplane.run.session import DAEMON_MODULE
-from queueplane.run.spark_python import launcher
+from queueplane.run.spark.interpreter import launcher
+from queueplane.run.spark.session import DAEMON_MODULE
 
 
 @pytest.mark.parametrize("use_daemon", [True, False], ids=["forked", "started-alone"])

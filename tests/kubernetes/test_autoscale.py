@@ -24,8 +24,8 @@ from kube_support import DRIVER, EXECUTOR, outcomes, pods, ready, restricted_nam
 
 from queueplane.kafka import clients
 from queueplane.ops.load import make_order
-from queueplane.run.scaling.policy import ScalingPolicy
-from queueplane.run.scaling.simulation import simulate
+from queueplane.run.driver.scaling.policy import ScalingPolicy
+from queueplane.run.driver.scaling.simulation import simulate
 from queueplane.spec.durations import parse_seconds
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka, pytest.mark.heavy]

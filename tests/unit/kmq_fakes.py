@@ -7,9 +7,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from queueplane.run.crash_journal import CrashJournal
-from queueplane.run.failed_writes import FailedWrites
-from queueplane.run.kmq.tasks import HandlerThreads
+from queueplane.run.executor.crash_journal import CrashJournal
+from queueplane.run.executor.failed_writes import FailedWrites
+from queueplane.run.kmq.executor.tasks import HandlerThreads
 
 LOCK_MS = 30_000
 MARKERS, DLQ = "q.markers", "q.dlq"

@@ -9,9 +9,9 @@ import yaml
 from helpers import EXAMPLES
 
 from queueplane.provision import steps
-from queueplane.run.group_types import runtime_class
-from queueplane.run.scaling.policy import Observation, ScalerState, ScalingPolicy, decide, policy_for
-from queueplane.run.scaling.simulation import simulate, step_load
+from queueplane.run.driver.group_types import runtime_class
+from queueplane.run.driver.scaling.policy import Observation, ScalerState, ScalingPolicy, decide, policy_for
+from queueplane.run.driver.scaling.simulation import simulate, step_load
 
 RATE = 100.0  # records/s one executor handles
 BASE = 60.0  # fits in one executor

@@ -7,8 +7,8 @@ import threading
 import time
 
 from queueplane.kafka.refused import Refused
-from queueplane.run.backlog_watcher import BacklogWatcher
-from queueplane.run.health import Health
+from queueplane.run.driver.backlog_watcher import BacklogWatcher
+from queueplane.run.driver.health import Health
 
 
 def _reads(answers):

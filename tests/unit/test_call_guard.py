@@ -7,8 +7,8 @@ import os
 import sys
 import time
 
-from queueplane.run.call_guard import EXIT_CODE, CallGuard
-from queueplane.run.crash_journal import CrashJournal
+from queueplane.run.executor.call_guard import EXIT_CODE, CallGuard
+from queueplane.run.executor.crash_journal import CrashJournal
 
 
 def _child(folder, timeout_s: float, call_s: float) -> tuple[int, float]:

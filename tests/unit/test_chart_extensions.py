@@ -269,7 +269,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
 
 def test_helm_tests_script_passes_on_ready_and_fails_with_the_workers_reason(extended):
-    """The test pod's own command, run here against a server answering as run/health.py does."""
+    """The test pod's own command, run here against a server answering as run/driver/health.py does."""
     container = _test_pod(extended.objects)["spec"]["containers"][0]
     assert container["command"] == ["python3", "-c"]
     script = container["args"][0]

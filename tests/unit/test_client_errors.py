@@ -40,7 +40,7 @@ def test_a_command_keeps_them_in_the_debug_log(caplog):
 def test_the_workers_metrics_show_the_counts_and_the_time_kafka_did_not_answer_at_each_scrape():
     from prometheus_client import generate_latest
 
-    from queueplane.run.metrics import WorkerMetrics
+    from queueplane.run.driver.metrics import WorkerMetrics
 
     counts = {"_TRANSPORT": 3}
     unanswered = [0.0]
@@ -56,7 +56,7 @@ def test_the_workers_metrics_show_the_counts_and_the_time_kafka_did_not_answer_a
 def test_the_queues_of_one_application_share_a_registry_each_under_its_own_name():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from queueplane.run.metrics import WorkerMetrics
+    from queueplane.run.driver.metrics import WorkerMetrics
 
     registry = CollectorRegistry()
     orders, refunds = WorkerMetrics("orders", registry), WorkerMetrics("refunds", registry)

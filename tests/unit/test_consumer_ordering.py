@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from queueplane.errors import UsageError
 from queueplane.kafka.target import java_client_settings
 from queueplane.ops.dlq import parse_where
-from queueplane.run.consumer.ordering import ContiguousOffsets, fnv1a_32, key_slot
-from queueplane.run.retry import retry_delay_ms
+from queueplane.run.consumer.executor.ordering import ContiguousOffsets, fnv1a_32, key_slot
+from queueplane.run.executor.retry import retry_delay_ms
 
 
 def test_fnv1a_32_matches_the_published_test_vectors():

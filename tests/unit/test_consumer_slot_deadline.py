@@ -6,9 +6,9 @@ import threading
 import time
 from types import SimpleNamespace
 
-from queueplane.run.consumer.slots import Slot
-from queueplane.run.crash_journal import CrashJournal
-from queueplane.run.handler import Record
+from queueplane.handler_api import Record
+from queueplane.run.consumer.executor.slots import Slot
+from queueplane.run.executor.crash_journal import CrashJournal
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED
 
 LOCK_S = 1.0

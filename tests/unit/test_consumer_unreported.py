@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from queueplane.run.consumer.unreported import SUFFIX, Unreported
+from queueplane.run.consumer.executor.unreported import SUFFIX, Unreported
 
 
 def test_a_dead_process_ranges_below_the_groups_commit_are_collected_once_and_the_rest_dropped(tmp_path):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from helpers import PLANTED_FOLDERS, plant_folder
 
-from queueplane.run import crash_journal
-from queueplane.run.crash_journal import DEAD, NO_DELIVERY, SLOT, SLOTS, SUFFIX, CrashJournal, Delivery
-from queueplane.run.private_dirs import PrivateDirRefused
+from queueplane.run.executor import crash_journal
+from queueplane.run.executor.crash_journal import DEAD, NO_DELIVERY, SLOT, SLOTS, SUFFIX, CrashJournal, Delivery
+from queueplane.run.executor.private_dirs import PrivateDirRefused
 
 
 def _die_in_a_call(folder, partition: int, offset: int) -> None:

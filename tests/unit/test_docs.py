@@ -102,3 +102,28 @@ def test_rewriting_the_page_replaces_only_its_figures(tmp_path: Path) -> None:
     assert rewritten == f"# Benchmarks\n\nbefore\n\n{goals.BEGIN}\n| new | table |\n{goals.END}\n\nafter\n"
     with pytest.raises(SystemExit, match="figures section"):
         goals.with_table("# Benchmarks\n\nno markers\n", "| new | table |")
+
+
+def _layout_names(text: str) -> tuple[set[str], dict[str, str]]:
+    """docs/layout.md's module paths in backticks, and each folder row's text by its folder."""
+    rows = {line.split("`")[1]: line for line in text.splitlines() if line.startswith("| `")}
+    named = {part for part in text.split("`")[1::2] if part.endswith(".py")}
+    return named, rows
+
+
+def test_the_layout_page_names_every_module_of_the_library():
+    """A module the layout page does not name is one a developer cannot place: every file under
+    queueplane/ has a row of its own, or is named in the row of its folder (a group type's
+    folder row names its executor/ half's files too)."""
+    named, rows = _layout_names((ROOT / "docs" / "layout.md").read_text())
+    missing = []
+    for path in sorted((ROOT / "queueplane").rglob("*.py")):
+        relative = path.relative_to(ROOT / "queueplane").as_posix()
+        if path.name in ("__init__.py", "__main__.py") or relative in named or f"queueplane/{relative}" in named:
+            continue
+        folder = relative.rsplit("/", 1)[0] + "/"
+        owners = [folder, f"queueplane/{folder}", folder.removesuffix("executor/")]
+        if any(f"`{path.name}`" in rows.get(owner, "") for owner in owners):
+            continue
+        missing.append(relative)
+    assert not missing, f"docs/layout.md does not name: {', '.join(missing)}"

@@ -10,11 +10,11 @@ from typing import Any
 from helpers import EXAMPLES
 
 from queueplane.provision import steps
-from queueplane.run.scaling import controller as controller_module
-from queueplane.run.scaling import pool as pool_module
-from queueplane.run.scaling.controller import ExecutorController
-from queueplane.run.scaling.policy import Observation
-from queueplane.run.scaling.pool import DRAIN_REASON, ExecutorPool
+from queueplane.run.driver.scaling import controller as controller_module
+from queueplane.run.driver.scaling import pool as pool_module
+from queueplane.run.driver.scaling.controller import ExecutorController
+from queueplane.run.driver.scaling.policy import Observation
+from queueplane.run.driver.scaling.pool import DRAIN_REASON, ExecutorPool
 
 
 class _Seq(list):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from queueplane.run.session import EXECUTOR_PREFIX_MAX, executor_prefix
+from queueplane.run.spark.session import EXECUTOR_PREFIX_MAX, executor_prefix
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from confluent_kafka import KafkaError
 from helpers import Reported
 
-from queueplane.run.failed_writes import FailedWrites, fingerprints
-from queueplane.run.handler import InvalidOutput
+from queueplane.handler_api import InvalidOutput
+from queueplane.run.executor.failed_writes import FailedWrites, fingerprints
 
 TOO_LARGE = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
 

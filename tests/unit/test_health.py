@@ -9,9 +9,9 @@ from helpers import EXAMPLES
 
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
-from queueplane.run.backlog_watcher import BacklogWatcher
 from queueplane.run.consumer.runtime import ConsumerRuntime
-from queueplane.run.health import (
+from queueplane.run.driver.backlog_watcher import BacklogWatcher
+from queueplane.run.driver.health import (
     MIN_STALL_S,
     MIN_STARVE_S,
     MIN_STOPPED_S,
@@ -21,9 +21,9 @@ from queueplane.run.health import (
     starve_seconds,
     stopped_seconds,
 )
+from queueplane.run.driver.options import RunOptions
+from queueplane.run.driver.runtime import QueueRuntime
 from queueplane.run.kmq.runtime import KmqRuntime
-from queueplane.run.options import RunOptions
-from queueplane.run.runtime import QueueRuntime
 from queueplane.run.share.runtime import ShareRuntime
 
 

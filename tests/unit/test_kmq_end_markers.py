@@ -11,10 +11,10 @@ import pytest
 from confluent_kafka import KafkaError
 from helpers import AloneProducer, Reported
 
-from queueplane.run.failed_writes import AloneWrites, FailedWrites
-from queueplane.run.handler import Record
+from queueplane.handler_api import Record
+from queueplane.run.executor.failed_writes import AloneWrites, FailedWrites
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq.tasks import KmqTask
+from queueplane.run.kmq.executor.tasks import KmqTask
 
 LOCK_MS = 1000
 MARKERS, OUTPUT, DLQ, QUEUE = "q.markers", "q.out", "q.dlq", "q"

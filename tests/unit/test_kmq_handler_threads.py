@@ -8,8 +8,8 @@ import time
 
 from kmq_fakes import kmq_process
 
-from queueplane.run.handler import Record
-from queueplane.run.kmq.tasks import KmqTask
+from queueplane.handler_api import Record
+from queueplane.run.kmq.executor.tasks import KmqTask
 from queueplane.run.outcomes import ACCEPTED
 
 

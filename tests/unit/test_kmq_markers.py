@@ -6,7 +6,7 @@ import pytest
 
 from queueplane.run import dead_letters as dlq
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq.resume import ResumePoint, commit_metadata, markers_start
+from queueplane.run.kmq.executor.resume import ResumePoint, commit_metadata, markers_start
 
 
 def test_a_marker_survives_encoding_and_reads_as_plain_text():

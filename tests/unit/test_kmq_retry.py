@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from kmq_fakes import DLQ, kmq_process
 
-from queueplane.run.crash_journal import CrashJournal, Delivery
-from queueplane.run.failed_writes import FailedWrites
-from queueplane.run.handler import Record
+from queueplane.handler_api import Record
+from queueplane.run.executor.crash_journal import CrashJournal, Delivery
+from queueplane.run.executor.failed_writes import FailedWrites
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq.tasks import TRACKER_MARGIN_MS, KmqTask
+from queueplane.run.kmq.executor.tasks import TRACKER_MARGIN_MS, KmqTask
 from queueplane.run.outcomes import DEAD_LETTERED, DUPLICATE
 
 LOCK_MS = 5_000

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from kmq_fakes import MARKERS, kmq_process
 
-from queueplane.run.handler import Record
+from queueplane.handler_api import Record
 from queueplane.run.kmq import markers as km
-from queueplane.run.kmq.member import _Running, suspects_apart
-from queueplane.run.kmq.tasks import KmqTask
+from queueplane.run.kmq.executor.member import _Running, suspects_apart
+from queueplane.run.kmq.executor.tasks import KmqTask
 
 
 def _records(count: int) -> list[Record]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from queueplane.run.crash_journal import WORKER_DIED, CrashJournal, worker_died
-from queueplane.run.memory_guard import EXIT_CODE, MEMORY_LIMIT_EXCEEDED, MemoryGuard, resident_bytes
+from queueplane.run.executor.crash_journal import WORKER_DIED, CrashJournal, worker_died
+from queueplane.run.executor.memory_guard import EXIT_CODE, MEMORY_LIMIT_EXCEEDED, MemoryGuard, resident_bytes
 
 
 def _child(folder, headroom_mi: int, allocate_mi: int) -> int:

@@ -11,7 +11,7 @@ from queueplane.errors import UsageError
 from queueplane.kafka import oauth
 from queueplane.kafka.connection import speaks
 from queueplane.kafka.target import java_client_settings, read_kafka_config
-from queueplane.run.session import kafka_system_properties
+from queueplane.run.spark.session import kafka_system_properties
 
 OIDC = {
     "bootstrap.servers": "k:9093",

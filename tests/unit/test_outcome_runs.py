@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram
 
-from queueplane.run.metrics import DELIVERY_BUCKETS, WorkerMetrics
+from queueplane.run.driver.metrics import DELIVERY_BUCKETS, WorkerMetrics
 from queueplane.run.outcomes import (
     ACCEPTED,
     DEAD_LETTERED,

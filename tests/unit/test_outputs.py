@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-from queueplane.run.handler import InvalidOutput, Output, Record, outputs_of
-from queueplane.run.outputs import output_record
+from queueplane.handler_api import InvalidOutput, Output, Record, outputs_of
+from queueplane.run.executor.outputs import output_record
 
 RECORD = Record.make(b"in-key", b"in-value", (), "orders", 2, 41, 1, 0)
 

@@ -11,12 +11,12 @@ import pytest
 from confluent_kafka import KafkaError
 from helpers import AloneProducer
 
-from queueplane.run.consumer.partition import PartitionTask, TxnWrites
-from queueplane.run.consumer.process import ConsumerSettings
-from queueplane.run.crash_journal import CrashJournal
+from queueplane.handler_api import InvalidOutput, Record
+from queueplane.run.consumer.executor.partition import PartitionTask, TxnWrites
+from queueplane.run.consumer.executor.process import ConsumerSettings
 from queueplane.run.dead_letters import HEADER_PARKED
-from queueplane.run.failed_writes import AloneWrites, FailedWrites
-from queueplane.run.handler import InvalidOutput, Record
+from queueplane.run.executor.crash_journal import CrashJournal
+from queueplane.run.executor.failed_writes import AloneWrites, FailedWrites
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED, Outcome, each_record
 
 

@@ -1,12 +1,12 @@
-"""What a Spark Python worker keeps for a queue (queueplane.run.processes.PerProcess)."""
+"""What a Spark Python worker keeps for a queue (queueplane.run.executor.processes.PerProcess)."""
 
 from __future__ import annotations
 
 import gc
 import sys
 
-from queueplane.run import processes
-from queueplane.run.processes import PerProcess
+from queueplane.run.executor import processes
+from queueplane.run.executor.processes import PerProcess
 
 
 class Kept:
@@ -44,7 +44,7 @@ class Hooked(Kept):
 
 
 def _hooks_noting(happened: list[str]):
-    from queueplane.run.handler import ProcessHooks
+    from queueplane.run.executor.handler import ProcessHooks
 
     return lambda _settings: ProcessHooks(lambda: happened.append("setup"), lambda: happened.append("teardown"))
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from queueplane.run.planner_daemons import PlannerReaper, is_planner_daemon
+from queueplane.run.spark.planner_daemons import PlannerReaper, is_planner_daemon
 
 # A stand-in with the command line of a daemon; with FAKE_WORKER set, it has a child (a worker).
 FAKE = """
@@ -44,5 +44,5 @@ def test_a_planning_daemon_without_a_worker_is_stopped_once_idle_long_enough():
 def test_only_pysparks_planning_daemons_count():
     assert is_planner_daemon(["python3", "-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"])
     assert not is_planner_daemon(["python3", "-m", "pyspark.daemon", "pyspark.worker"])
-    assert not is_planner_daemon(["python3", "-m", "queueplane.run.spark_daemon", "pyspark.worker"])
+    assert not is_planner_daemon(["python3", "-m", "queueplane.run.spark.daemon", "pyspark.worker"])
     assert not is_planner_daemon(["python3"])

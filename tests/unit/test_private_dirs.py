@@ -1,4 +1,4 @@
-"""A queue's folders on a machine (queueplane.run.private_dirs): made 0700, and refused when another
+"""A queue's folders on a machine (queueplane.run.executor.private_dirs): made 0700, and refused when another
 user made them, may write in them, or put a symbolic link in their place."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from queueplane.run.crash_journal import journal_folder
-from queueplane.run.private_dirs import ROOT_SETTING, PrivateDirRefused, private_dir
+from queueplane.run.executor.crash_journal import journal_folder
+from queueplane.run.executor.private_dirs import ROOT_SETTING, PrivateDirRefused, private_dir
 
 ANOTHER_UID = 12345  # another user of the machine (the tests run as root, who may give files away)
 

@@ -9,8 +9,8 @@ import pytest
 
 from queueplane.deploy.kube_schema import object_problems
 from queueplane.deploy.render import chart_kinds
-from queueplane.run.health import Verdict
-from queueplane.run.queue_status import (
+from queueplane.run.driver.health import Verdict
+from queueplane.run.driver.queue_status import (
     MISSING_EXECUTORS_S,
     Observation,
     StatusBuilder,

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from queueplane.run import range_ends
-from queueplane.run.range_ends import batch_range_ends, handled_ends, markers_only
+from queueplane.run.driver import range_ends
+from queueplane.run.driver.range_ends import batch_range_ends, handled_ends, markers_only
 
 
 def _log(tmp_path, batch_id: int, text: str) -> str:

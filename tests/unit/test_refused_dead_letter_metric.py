@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 from prometheus_client import generate_latest
 
-from queueplane.run.metrics import WorkerMetrics
+from queueplane.run.driver.metrics import WorkerMetrics
 from queueplane.run.outcomes import Outcome, outcome_batch
 from queueplane.run.parking import LOST, PARKED, RETRYING, refused_failure
 

@@ -1,10 +1,10 @@
-"""The records a share process accepted lately (queueplane.run.share.accepted): found again by
+"""The records a share process accepted lately (queueplane.run.share.executor.accepted): found again by
 partition and offset, only the accepted rows of a block, and forgotten after their time."""
 
 from __future__ import annotations
 
 from queueplane.run.outcomes import ACCEPTED, DEAD_LETTERED, RELEASED, Outcome, OutcomeColumns, columns_of
-from queueplane.run.share.accepted import AcceptedLately
+from queueplane.run.share.executor.accepted import AcceptedLately
 
 
 def _block(places: list[tuple[int, int]], outcomes: list[str] | None = None) -> OutcomeColumns:

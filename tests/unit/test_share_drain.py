@@ -8,8 +8,8 @@ end offsets, within a bound.
 
 from __future__ import annotations
 
-from queueplane.run.share.fetcher import drain_may_end
-from queueplane.run.share.queue_end import READ_EVERY_S, QueueEnd
+from queueplane.run.share.executor.fetcher import drain_may_end
+from queueplane.run.share.executor.queue_end import READ_EVERY_S, QueueEnd
 from queueplane.run.share.settings import DRAIN_POLL_MAX_S, DRAIN_POLL_S
 
 STARTED = 1000.0

@@ -1,11 +1,11 @@
-"""Early acknowledgements of a share poll go in offset order, per partition (queueplane.run.share.fetcher.InOrder)."""
+"""Early acknowledgements of a share poll go in offset order, per partition (share/executor/fetcher.py's InOrder)."""
 
 from __future__ import annotations
 
 from confluent_kafka import Message
 
 from queueplane.run.outcomes import RELEASED
-from queueplane.run.share.fetcher import InOrder
+from queueplane.run.share.executor.fetcher import InOrder
 from queueplane.run.share.settings import ACCEPTED_RESULT
 
 

@@ -9,15 +9,15 @@ import time
 
 import pytest
 
-from queueplane.run.crash_journal import WORKER_DIED, CrashJournal
+from queueplane.handler_api import Output, Record, Reject
 from queueplane.run.dead_letters import Failure
-from queueplane.run.handler import Output, Record, Reject
-from queueplane.run.memory_guard import MEMORY_LIMIT_EXCEEDED
+from queueplane.run.executor.crash_journal import WORKER_DIED, CrashJournal
+from queueplane.run.executor.memory_guard import MEMORY_LIMIT_EXCEEDED
+from queueplane.run.executor.outputs import output_record
 from queueplane.run.outcomes import Outcome, columns_of
-from queueplane.run.outputs import output_record
-from queueplane.run.share import isolated
-from queueplane.run.share.isolated import ChildFailed, ChildRejected, IsolatedCalls
-from queueplane.run.share.outbox import Outbox
+from queueplane.run.share.executor import isolated
+from queueplane.run.share.executor.isolated import ChildFailed, ChildRejected, IsolatedCalls
+from queueplane.run.share.executor.outbox import Outbox
 
 HANDLER = """
 import os, time

@@ -1,4 +1,4 @@
-"""A share process's outbox (queueplane.run.share.outbox): provisional rows settled by their commit's
+"""A share process's outbox (queueplane.run.share.executor.outbox): provisional rows settled by their commit's
 answer, a dead process's rows handed on, and the records whose commit never answered registered,
 so that their redelivery on this machine is accepted without a call and counted once."""
 
@@ -16,9 +16,10 @@ import pytest
 from confluent_kafka import AcknowledgeType, Message
 from helpers import PLANTED_FOLDERS, plant_folder
 
-from queueplane.run import crash_journal
-from queueplane.run.crash_journal import CrashJournal, tag_alive
-from queueplane.run.handler import MessageRecord
+from queueplane.run.executor import crash_journal
+from queueplane.run.executor.crash_journal import CrashJournal, tag_alive
+from queueplane.run.executor.handler import MessageRecord
+from queueplane.run.executor.private_dirs import PrivateDirRefused
 from queueplane.run.outcomes import (
     LAST_OFFSET_COLUMN,
     LATENCY_SLOTS,
@@ -30,12 +31,11 @@ from queueplane.run.outcomes import (
     OutcomeColumns,
     accepted_columns,
 )
-from queueplane.run.private_dirs import PrivateDirRefused
-from queueplane.run.share import outbox as outbox_module
-from queueplane.run.share.accepted import AcceptedLately
-from queueplane.run.share.fetcher import InOrder, ShareFetcher
-from queueplane.run.share.outbox import COUNTED, Outbox
-from queueplane.run.share.pool import Poll
+from queueplane.run.share.executor import outbox as outbox_module
+from queueplane.run.share.executor.accepted import AcceptedLately
+from queueplane.run.share.executor.fetcher import InOrder, ShareFetcher
+from queueplane.run.share.executor.outbox import COUNTED, Outbox
+from queueplane.run.share.executor.pool import Poll
 from queueplane.run.share.settings import ACCEPTED_RESULT, ALREADY_COUNTED_RESULT
 
 # A pid above any pid_max (2**22 at most): no process has it, so a process of this tag is dead.
@@ -224,7 +224,7 @@ def _host(tmp_path) -> SimpleNamespace:
 def _fetcher(host: SimpleNamespace) -> ShareFetcher:
     """A fetcher without a consumer (``_calls`` and ``_decide`` use none)."""
     fetcher = ShareFetcher.__new__(ShareFetcher)
-    fetcher.runtime = host
+    fetcher.host = host
     fetcher.index = 0
     return fetcher
 

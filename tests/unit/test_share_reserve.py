@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from queueplane.run import dead_letters as dlq
-from queueplane.run.crash_journal import WORKER_DIED, CrashJournal
 from queueplane.run.dead_letters import Failure
-from queueplane.run.share.fetcher import RESERVE_FAILURE, reserve_failure
+from queueplane.run.executor.crash_journal import WORKER_DIED, CrashJournal
+from queueplane.run.share.executor.fetcher import RESERVE_FAILURE, reserve_failure
 
 
 def test_a_record_is_blamed_for_a_death_only_when_it_was_its_processes_only_call(tmp_path):

@@ -1,5 +1,5 @@
 """The share source's offsets name the query, so a task's retry is told from a task of another query
-(queueplane.run.share.outbox)."""
+(queueplane.run.share.executor.outbox)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pyspark
 
-from queueplane.run import spark_daemon
-from queueplane.run.spark_python import LAUNCHER, launcher
+from queueplane.run.spark import daemon
+from queueplane.run.spark.interpreter import LAUNCHER, launcher
 
 # What a launched process reports: its pid, interpreter, PYTHONPATH, where pyspark came from.
 REPORT = (
@@ -41,19 +41,19 @@ def test_the_daemon_drops_sparks_zip_only_when_the_same_pyspark_is_installed(tmp
     namespace = types.ModuleType("org")
     namespace.__path__ = [f"{jar}/org"]
     monkeypatch.setitem(sys.modules, "org", namespace)
-    assert spark_daemon.drop_spark_archives() is True
+    assert daemon.drop_spark_archives() is True
     assert same not in sys.path and jar not in sys.path
     assert not {same, jar, f"{jar}/org"} & set(sys.path_importer_cache)
     assert "org" not in sys.modules
 
     other = _pyspark_zip(tmp_path / "other", "0.0.1")
     monkeypatch.setattr(sys, "path", [other, *sys.path])
-    assert spark_daemon.drop_spark_archives() is False
+    assert daemon.drop_spark_archives() is False
     assert sys.path[0] == other
 
 
 def test_the_daemon_preloads_without_starting_a_thread():
-    code = "from queueplane.run.spark_daemon import preload; preload(); print('ok')"
+    code = "from queueplane.run.spark.daemon import preload; preload(); print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

@@ -14,7 +14,7 @@ import shlex
 from helpers import REPO
 
 from queueplane.local.kubernetes import images
-from queueplane.run import kafka_input
+from queueplane.run.spark import kafka_input
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 
@@ -38,7 +38,7 @@ def test_both_install_the_pinned_packages_into_the_same_venv():
 
 
 def test_both_bake_the_same_connector_jars():
-    assert "COPY queueplane/run/spark-kafka-pom.xml" in DOCKERFILE
+    assert "COPY queueplane/run/spark/spark-kafka-pom.xml" in DOCKERFILE
     (mvn,) = [run for run in _instructions("RUN") if run.startswith("mvn ")]
     properties = dict(arg[2:].split("=", 1) for arg in shlex.split(mvn) if arg.startswith("-D") and "=" in arg)
     assert properties["spark.version"] == kafka_input.SPARK_VERSION

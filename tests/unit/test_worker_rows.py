@@ -13,8 +13,8 @@ from confluent_kafka import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueplane.run.handler import MessageRecord, Record
-from queueplane.run.kafka_input import input_records
+from queueplane.handler_api import Record
+from queueplane.run.executor.handler import MessageRecord
 from queueplane.run.outcomes import (
     ACCEPTED,
     OUTCOME_ARROW,
@@ -26,6 +26,7 @@ from queueplane.run.outcomes import (
     columns_of,
     outcome_batch,
 )
+from queueplane.run.spark.kafka_input import input_records
 
 texts = st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12))
 outcome_rows = st.builds(

@@ -29,7 +29,7 @@ from queueplane.errors import LocalStackError
 from queueplane.local.kubernetes.build import binary
 from queueplane.local.kubernetes.layout import SANDBOX_IMAGE
 from queueplane.paths import cache_dir, shipped_file
-from queueplane.run.spark_python import LAUNCHER
+from queueplane.run.spark.interpreter import LAUNCHER
 
 DEBIAN_SUITE = "bookworm"
 WORKER_REPOSITORY = "localhost/queueplane/worker"
@@ -177,7 +177,7 @@ def _wheels(root: Path, target: Path, say: Callable[[str], None]) -> Path:
 
 
 def _connector_jars(target: Path) -> Path:
-    from queueplane.run.kafka_input import connector_jars
+    from queueplane.run.spark.kafka_input import connector_jars
 
     target.mkdir(parents=True)
     for jar in connector_jars():

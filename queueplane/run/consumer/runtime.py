@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 from queueplane.kafka import clients
 from queueplane.kafka.group_protocol import group_protocol
 from queueplane.kafka.target import KafkaTarget
-from queueplane.run.consumer.process import ConsumerSettings, MemberSettings, transactional_producer
-from queueplane.run.runtime import QueueRuntime
+from queueplane.run.consumer.executor.process import ConsumerSettings, MemberSettings, transactional_producer
+from queueplane.run.driver.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec
 

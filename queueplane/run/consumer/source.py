@@ -22,10 +22,10 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from queueplane.kafka import clients
 from queueplane.kafka.cluster import refusal
 from queueplane.kafka.offsets import fetch_committed
-from queueplane.run.consumer.member import MEMBERS, GroupMember, MemberFailed
-from queueplane.run.consumer.process import ConsumerSettings, MemberSettings
+from queueplane.run.consumer.executor.member import MEMBERS, GroupMember, MemberFailed
+from queueplane.run.consumer.executor.process import ConsumerSettings, MemberSettings
+from queueplane.run.executor.processes import PerProcess
 from queueplane.run.outcomes import OUTCOME_SCHEMA, SKIPPED, Outcome, columns_batch, columns_of
-from queueplane.run.processes import PerProcess
 
 log = logging.getLogger("queueplane.worker")
 

@@ -105,8 +105,10 @@ class MarkerRun(NamedTuple):
     offsets: list[int]
 
 
-def decode_run(key: bytes, value: bytes) -> MarkerRun:
+def decode_run(key: bytes, value: bytes | None) -> MarkerRun:
     """One marker record, its offsets in order."""
+    if value is None:
+        raise ValueError("a marker has a value")
     partition, _, first = key.partition(b":")
     fields = value.split(b" ")
     if len(fields) not in (4, 5):
@@ -118,7 +120,7 @@ def decode_run(key: bytes, value: bytes) -> MarkerRun:
     return MarkerRun(int(partition), name, int(fields[1]), int(fields[2]), int(fields[3]), offsets)
 
 
-def decode(key: bytes, value: bytes) -> list[Marker]:
+def decode(key: bytes, value: bytes | None) -> list[Marker]:
     """The markers one marker record carries, in offset order."""
     run = decode_run(key, value)
     return [Marker(run.partition, o, run.kind, run.delivery_count, run.at_ms, run.delay_ms) for o in run.offsets]

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from queueplane.handler_api import Record
 from queueplane.kafka import clients
 from queueplane.kafka import names as kn
+from queueplane.kafka.consumed import headers_of, offset_of
 from queueplane.kafka.limits import PRODUCER_MAX_BYTES, largest_record
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.dead_letters import Failure
-from queueplane.run.handler import Record
 from queueplane.run.kmq import markers as km
 from queueplane.run.outcomes import ProducedRecord, dead_letter_record, produce_and_wait
 from queueplane.spec.model import QueueSpec
@@ -50,6 +51,7 @@ class Redeliverer:
     def __init__(self, queue: QueueSpec, target: KafkaTarget):
         assert queue.markers is not None
         self.queue = queue
+        self.markers_topic = queue.markers.name
         self.settings = dict(target.settings)
         # It copies records back onto the queue topic, or to the DLQ: as large as those topics take.
         largest = largest_record(target, [queue.topic.name, queue.dead_letter.name]) or 0
@@ -105,7 +107,7 @@ class Redeliverer:
             done.append((record, item))
         produce_and_wait(self.producer, writes)
         ends = [km.Marker(i.partition, i.offset, km.EXPIRED, i.delivery_count, now_ms) for i in expired]
-        km.write_markers(self.producer, self.queue.markers.name, ends)
+        km.write_markers(self.producer, self.markers_topic, ends)
         return done
 
     def _fetch(self, expired: list[Expired]) -> dict[tuple[int, int], Record]:
@@ -149,25 +151,27 @@ class Redeliverer:
                 msg = consumer.poll(1.0)
                 if msg is None:
                     continue
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         pending = []  # the end of the partition: the rest are gone
                         break
-                    log.warning("kmq tracker: reading %s[%d] failed: %s; retrying", topic, partition, msg.error())
+                    log.warning("kmq tracker: reading %s[%d] failed: %s; retrying", topic, partition, error)
                     time.sleep(0.5)
                     continue
-                position = msg.offset() + 1
-                while pending and pending[0] < msg.offset():
+                offset = offset_of(msg)
+                position = offset + 1
+                while pending and pending[0] < offset:
                     pending.pop(0)  # compacted away or a transaction marker
-                if pending and pending[0] == msg.offset():
+                if pending and pending[0] == offset:
                     pending.pop(0)
-                    found[(partition, msg.offset())] = Record(
+                    found[(partition, offset)] = Record(
                         key=msg.key(),
                         value=msg.value(),
-                        headers=tuple(msg.headers() or ()),
+                        headers=tuple(headers_of(msg)),
                         topic=topic,
                         partition=partition,
-                        offset=msg.offset(),
+                        offset=offset,
                         delivery_count=0,
                         timestamp=msg.timestamp()[1],
                     )

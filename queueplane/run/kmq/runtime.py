@@ -19,16 +19,16 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from confluent_kafka.admin import AdminClient
 
+from queueplane.handler_api import Record
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import end_offsets
 from queueplane.kafka.target import KafkaTarget
-from queueplane.run.consumer.process import MemberSettings
+from queueplane.run.consumer.executor.process import MemberSettings
 from queueplane.run.consumer.runtime import ConsumerRuntime
-from queueplane.run.handler import Record
+from queueplane.run.driver.options import DeadLetters, RunOptions
+from queueplane.run.kmq.executor.tasks import KmqSettings
 from queueplane.run.kmq.redeliverer import GIVE_UP, Expired, Redeliverer
-from queueplane.run.kmq.tasks import KmqSettings
 from queueplane.run.kmq.tracker import OpenDeliveries, Tracker
-from queueplane.run.options import DeadLetters, RunOptions
 from queueplane.run.outcomes import DEAD_LETTERED, REDELIVERED, key_text
 from queueplane.run.settings import QueueSettings
 from queueplane.spec.model import QueueSpec

@@ -4,8 +4,8 @@ with kmq's members (member.py) and settings."""
 from __future__ import annotations
 
 from queueplane.run.consumer.source import MemberSource, MemberStreamReader
-from queueplane.run.kmq.member import MEMBERS
-from queueplane.run.kmq.tasks import KmqSettings
+from queueplane.run.kmq.executor.member import MEMBERS
+from queueplane.run.kmq.executor.tasks import KmqSettings
 
 
 class KmqStreamReader(MemberStreamReader):

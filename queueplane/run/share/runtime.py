@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from queueplane.kafka.protocol import describe_share_group
-from queueplane.run.runtime import QueueRuntime
+from queueplane.run.driver.runtime import QueueRuntime
 from queueplane.run.settings import QueueSettings
 from queueplane.run.share.settings import DRAIN_SETTLE_S, IDLE_SLICE_MS, POLL_ROUNDS, SLICE_MS, ShareSettings
 

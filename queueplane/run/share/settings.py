@@ -29,7 +29,7 @@ STUCK_S = 0.05
 # back as duplicates.
 ACK_EVERY_S = 0.1
 # How long a process remembers the records it accepted, so that one delivered again after its
-# acknowledgement was lost is accepted without a call (queueplane.run.share.accepted): the
+# acknowledgement was lost is accepted without a call (queueplane.run.share.executor.accepted): the
 # redelivery comes once the lock runs out and a fetch reaches the record again, which a network
 # fault can put off by tens of seconds. At least ACCEPTED_MEMORY_LOCKS locks.
 ACCEPTED_MEMORY_S = 120.0
@@ -92,7 +92,7 @@ class ShareSettings(QueueSettings):
 # never did, and then the poll's time stands in for it in the DLQ headers).
 Result = tuple[str, Failure | None, float]
 ACCEPTED_RESULT: Result = (ACCEPTED, None, 0.0)
-# A redelivered record a dead process's rows counted already (queueplane.run.share.outbox): it is
+# A redelivered record a dead process's rows counted already (queueplane.run.share.executor.outbox): it is
 # acknowledged ACCEPT without a call and without a row. Never a row's outcome.
 ALREADY_COUNTED = "already_counted"
 ALREADY_COUNTED_RESULT: Result = (ALREADY_COUNTED, None, 0.0)

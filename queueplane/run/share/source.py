@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from queueplane.run.outcomes import OUTCOME_SCHEMA, columns_batch
-from queueplane.run.share.process import RUNTIMES
+from queueplane.run.share.executor.process import PROCESSES
 
 SOURCE_NAME = "queueplane-share"
 # Set in the environment of a queue's source: Spark keeps one pool of Python workers per
@@ -66,11 +66,12 @@ class ShareStreamReader(DataSourceStreamReader):
         return [SlotTask(i, final, stream, end["batch"]) for i in range(self.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        runtime = RUNTIMES.get(self.settings_json)
+        assert isinstance(partition, SlotTask)  # what partitions() planned
+        process = PROCESSES.get(self.settings_json)
         task = (partition.stream, partition.batch, partition.index)
-        blocks = runtime.run_batch(final=partition.final, task=task)
+        blocks = process.run_batch(final=partition.final, task=task)
         if partition.final:
-            RUNTIMES.drained(self.settings_json)  # the spec's processing.teardown
+            PROCESSES.drained(self.settings_json)  # the spec's processing.teardown
         if blocks:
             yield columns_batch(blocks)
 
