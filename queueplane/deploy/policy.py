@@ -16,7 +16,8 @@ from typing import Any
 # Keys: (API group, resource).
 DRIVER_RBAC: dict[tuple[str, str], frozenset[str]] = {
     ("", "pods"): frozenset({"get", "list", "watch", "create", "delete", "deletecollection"}),
-    ("", "configmaps"): frozenset({"get", "list", "create", "delete", "deletecollection"}),
+    # patch: the driver owns the executors' ConfigMap Spark makes (run/spark/executor_pods.py).
+    ("", "configmaps"): frozenset({"get", "list", "create", "patch", "delete", "deletecollection"}),
     ("queueplane.io", "queues/status"): frozenset({"get", "patch"}),
 }
 # Resources a rule must name objects of: the Queue objects of the release (one per queue).

@@ -23,6 +23,7 @@ from queueplane.kafka import clients
 from queueplane.kafka.lag import BacklogReader
 from queueplane.kafka.target import KafkaTarget
 from queueplane.run.driver.health import ApplicationHealth
+from queueplane.run.driver.kube_api import InClusterApi
 from queueplane.run.driver.metrics import MetricsServer, WorkerMetrics
 from queueplane.run.driver.options import BatchProgress, RunOptions, RunSummary
 from queueplane.run.driver.queue_run import QueueJob, QueueRun, WorkerFailed, await_topics
@@ -30,6 +31,7 @@ from queueplane.run.driver.queue_status import QueueReads
 from queueplane.run.driver.scaling.pool import ExecutorPool
 from queueplane.run.driver.termination import Termination
 from queueplane.run.executor.crash_journal import journal_folder
+from queueplane.run.spark.executor_pods import adopt_config_maps, driver_owner
 from queueplane.run.spark.planner_daemons import PlannerReaper
 from queueplane.run.spark.session import spark_session
 from queueplane.spec.model import QueueSpec
@@ -81,6 +83,9 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
         event_log_dir=options.event_log_dir,
         kafka_settings=target.settings,
     )
+    owner = driver_owner()
+    if owner is not None and not options.local:
+        _adopt_executor_config(spark.sparkContext.applicationId, owner)
     registry, termination, pool = CollectorRegistry(), Termination(), ExecutorPool(spark)
     reaper = PlannerReaper(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()).start()
     clients.report_errors()
@@ -130,6 +135,20 @@ def _finish(run: QueueRun, errors: list[BaseException]) -> None:
         run.finish()
     except Exception as exc:  # kept: raised after the other queues end
         errors.append(exc)
+
+
+def _adopt_executor_config(app_id: str, owner: dict[str, Any]) -> None:
+    """The executors' ConfigMap, which Spark made as its context started, owned by this driver pod
+    as its executors are (run/spark/executor_pods.py says why Spark does not do it)."""
+    api = InClusterApi()
+    try:
+        adopt_config_maps(api, api.namespace(), app_id, owner)
+    except OSError as exc:
+        log.warning(
+            "the executors' ConfigMap was not given this driver pod as its owner (%s): "
+            "it stays if this pod dies before the worker stops",
+            exc,
+        )
 
 
 def _options_for(queue: QueueSpec, options: RunOptions, queues: int) -> RunOptions:

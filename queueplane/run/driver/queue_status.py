@@ -11,21 +11,15 @@ reporter thread and the API call sit behind callables the driver hands in.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import ssl
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from queueplane.run.driver.health import Verdict
+from queueplane.run.driver.kube_api import InClusterApi
 
 log = logging.getLogger("queueplane.worker")
 
@@ -35,7 +29,6 @@ REPORT_EVERY_S = 5.0
 # the queue is degraded, not merely scaling.
 MISSING_EXECUTORS_S = 120.0
 LAST_ERROR_CHARS = 300
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 STARTING, RUNNING, DRAINING, DEGRADED, STOPPED, FAILED = (
     "Starting",
@@ -263,40 +256,14 @@ class StatusReporter:
 
 class InClusterStatusPatch:
     """A merge patch of one Queue's status subresource, as the pod's service account.
+    ``resource`` is ``namespace/name``."""
 
-    Plain HTTPS to the API server with the projected token (read again on each call, as the
-    kubelet rotates it) and the cluster CA: the worker image needs no Kubernetes client for one
-    request. ``resource`` is ``namespace/name``.
-    """
-
-    def __init__(self, resource: str, timeout_s: float = 10.0, account: Path = SERVICE_ACCOUNT):
+    def __init__(self, resource: str, api: InClusterApi | None = None):
         namespace, _, name = resource.partition("/")
         if not namespace or not name or "/" in name:
             raise ValueError(f"--status-resource {resource!r}: expected NAMESPACE/NAME")
         self.path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
-        self.account = account
-        self.timeout_s = timeout_s
+        self.api = api or InClusterApi()
 
     def __call__(self, status: dict[str, Any]) -> None:
-        # Outside a pod (no API address, no service account) each call fails, and the reporter
-        # says so once: the worker itself runs anywhere.
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise OSError("not in a Kubernetes pod: KUBERNETES_SERVICE_HOST is not set")
-        url = f"https://[{host}]:{port}{self.path}" if ":" in host else f"https://{host}:{port}{self.path}"
-        context = ssl.create_default_context(cafile=str(self.account / "ca.crt"))
-        token = (self.account / "token").read_text().strip()
-        request = urllib.request.Request(
-            url,
-            data=json.dumps({"status": status}).encode(),
-            method="PATCH",
-            headers={"Content-Type": "application/merge-patch+json", "Authorization": f"Bearer {token}"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=context):
-                return
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
-            with contextlib.suppress(ValueError):  # the API server's Status object, when it sent one
-                detail = json.loads(detail).get("message", detail)
-            raise OSError(f"PATCH {self.path}: {exc.code} {detail}") from None
+        self.api("PATCH", self.path, {"status": status})

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from queueplane.kafka import oauth
+from queueplane.run.spark.executor_pods import TEMPLATE_ENV, driver_owner, owned_template
 from queueplane.run.spark.interpreter import launcher
 from queueplane.spec.model import QueueSpec
 
@@ -70,6 +71,11 @@ def spark_session(
         builder = builder.config("spark.driver.memory", f"{heap_mi}m")
     elif os.environ.get("POD_NAME"):  # the chart's driver pod
         builder = builder.config("spark.kubernetes.executor.podNamePrefix", executor_prefix(queues[0].name))
+        owner, template = driver_owner(), os.environ.get(TEMPLATE_ENV)
+        if owner is not None and template:  # executors owned by this pod (executor_pods.py says why)
+            folder = Path(tempfile.mkdtemp(prefix="queueplane-executor-"))
+            owned = owned_template(Path(template), owner, folder)
+            builder = builder.config("spark.kubernetes.executor.podTemplateFile", str(owned))
     if len(runtimes) > 1:
         builder = builder.config("spark.scheduler.mode", "FAIR")
     if event_log_dir:
