@@ -351,11 +351,13 @@ class GroupMember:
             if bound > 0:
                 room = min(room, bound - self._uncommitted())
             if room > 0 and held:
-                take = min(room, len(held))
-                records = [held.popleft() for _ in range(take)]
-                task.feed(records)
-                self._ends[partition] = records[-1].offset + 1
-                self._held_since[partition] = now
+                records = [held.popleft() for _ in range(min(room, len(held)))]
+                taken = task.take(records)
+                if taken < len(records):  # its busiest slot is full: the rest waits here, first
+                    held.extendleft(reversed(records[taken:]))
+                if taken:
+                    self._ends[partition] = records[taken - 1].offset + 1
+                    self._held_since[partition] = now
             if not held:
                 del self._held[partition]
                 self._held_since.pop(partition, None)

@@ -184,6 +184,38 @@ class PartitionTask:
                 if start < len(mine):
                     self._put(slot, mine[start : start + step])
 
+    def take(self, records: list[Record]) -> int:
+        """Feed the longest prefix of ``records`` that the slots' queues have room for now,
+        without waiting; how many that was. The member's one thread feeds every partition it
+        holds, polls and commits: a busy slot that held it back in ``feed`` stopped all of that,
+        and a member with a slow handler and a skewed key ran at a third of its slots' pace. The
+        rest waits with the member, and the partition is as slow as its busiest slot."""
+        free = [(Slot.DEPTH - slot.queue.qsize()) * self.chunk for slot in self.slots]
+        committed = self.committed
+        count, none = len(self.slots), self.settings.ordering == "none"
+        if count == 1 and (committed is None or records[0].offset >= committed):
+            taken = min(len(records), free[0])  # one slot, nothing to skip: no record to look at
+        else:
+            slot_of, next_slot = self._slot_of, self._next_slot
+            taken = 0
+            for record in records:
+                if committed is None or record.offset >= committed:  # a skipped record takes no room
+                    if count == 1:
+                        index = 0
+                    elif none:
+                        index, next_slot = next_slot, (next_slot + 1) % count
+                    else:
+                        index = slot_of.get(record.key, -1)
+                        if index < 0:  # the slot feed() looks up next
+                            index = slot_of[record.key] = key_slot(record.key, count)
+                    if free[index] <= 0:
+                        break
+                    free[index] -= 1
+                taken += 1
+        if taken:
+            self.feed(records[:taken])
+        return taken
+
     @staticmethod
     def _has_parked(records: list[Record]) -> bool:
         """Whether any record is parked; most batches have no headers at all."""
