@@ -93,7 +93,7 @@ demo: setup-demo
 	$(QP) local kafka configs --describe --entity-type groups --entity-name cafe-baristas
 	@echo "== 7. load the coffee-orders share queue: 2000 orders, some poison (not JSON), some slow"
 	$(QP) load specs/examples/cafe/coffee-orders.yaml --count 2000 --poison-rate 0.01 --slow-rate 0.02
-	@echo "== 8. run its worker on Spark (local mode) until the queue is drained"
+	@echo "== 8. run its worker on Spark (local mode) until the queue is caught up"
 	$(QP) run specs/examples/cafe/coffee-orders.yaml --until-idle 5s
 	@echo "== 9. the dead-letter queue, with Kafka's own console consumer"
 	$(QP) local kafka console-consumer --topic cafe.coffee-orders.v1.dlq --from-beginning --max-messages 3 \
