@@ -146,7 +146,7 @@ def test_a_removed_queue_loses_its_grants_group_and_records_and_keeps_its_topic_
     assert again.returncode == EXIT_OK and "No changes." in again.stdout, again.stdout
 
 
-def test_a_delete_topic_goes_only_once_the_worker_stopped_and_the_queue_drained(kafka, tmp_path, cli_env):
+def test_a_delete_topic_goes_only_once_the_worker_stopped_and_the_queue_caught_up(kafka, tmp_path, cli_env):
     tag = uuid.uuid4().hex[:8]
     folder = tmp_path / "specs"
     path = _write(folder, _doc(tag, "delete"))
@@ -176,11 +176,12 @@ def test_a_delete_topic_goes_only_once_the_worker_stopped_and_the_queue_drained(
     finally:
         member.close()
 
-    # The worker stopped; four records it never finished: the topics wait for the drain, the group with them.
+    # The worker stopped; four records it never finished: the topics wait until the queue is
+    # caught up, the group with them.
     lagging = _cli(["plan", str(folder), "--removal-grace", "0s"], cli_env, cluster)
     lines = _lines(lagging.stdout)
     assert f"> topic {topic} waits until the queue is caught up: lag 4 (records the worker has not finished)" in lines
-    assert any(line.startswith(f"> group {group} kept until the queue's topics are drained") for line in lines)
+    assert any(line.startswith(f"> group {group} kept until the queue's topics are caught up") for line in lines)
     assert _cli(["apply", str(folder), "--yes", "--removal-grace", "0s"], cli_env, cluster).returncode == EXIT_OK
     assert _topics(kafka, topic) == {topic, f"{topic}.dlq"}
 
@@ -191,8 +192,8 @@ def test_a_delete_topic_goes_only_once_the_worker_stopped_and_the_queue_drained(
         line.startswith(f"> topic {topic} waits for the removal grace (1d after its newest record): until")
         for line in graced
     )
-    drained = _cli(["plan", str(folder), "--removal-grace", "0s", "-o", "json"], cli_env, cluster)
-    changes = json.loads(drained.stdout)["changes"]
+    caught_up = _cli(["plan", str(folder), "--removal-grace", "0s", "-o", "json"], cli_env, cluster)
+    changes = json.loads(caught_up.stdout)["changes"]
     assert [(c["action"], c["kind"], c["target"]) for c in changes] == [
         ("delete", "group", group),
         ("delete", "group-config", group),
@@ -294,7 +295,7 @@ def test_a_saved_plan_with_a_removal_is_refused_once_the_removed_queue_moved(kaf
         (c["action"], c["kind"], c["target"]) for c in saved["plan"]["changes"]
     }
 
-    # A producer writes to the empty queue topic meanwhile: it is no longer drained.
+    # A producer writes to the empty queue topic meanwhile: it is no longer caught up.
     producer = clients.producer(kafka)
     producer.produce(f"{tag}.pay", b"late")
     producer.flush(10)

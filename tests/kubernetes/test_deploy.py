@@ -132,14 +132,15 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
 
         in_dlq = dlq_records(kafka, doc, poison)  # a dead letter written twice by a killed executor counts twice
 
-        def reported_drained() -> dict | None:
+        def reported_caught_up() -> dict | None:
             queue = json.loads(cluster.kubectl("-n", namespace, "get", "queue", name, "-o", "json"))
             status = queue.get("status", {})
-            drained = status.get("lag") == 0 and status.get("deadLetters") == in_dlq
+            caught_up = status.get("lag") == 0 and status.get("deadLetters") == in_dlq
             conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
-            return queue if drained and status.get("phase") == "Running" and conditions == settled_conditions else None
+            running = status.get("phase") == "Running"
+            return queue if caught_up and running and conditions == settled_conditions else None
 
-        queue = wait_for("the Queue status to show the loads settled", reported_drained, 60)
+        queue = wait_for("the Queue status to show the loads settled", reported_caught_up, 60)
         assert queue["spec"] == yaml.safe_load(path.read_text())["spec"], "the spec as deployed"
         assert queue["status"]["executorsRunning"] >= 1 and "not JSON" in queue["status"]["lastError"], queue
         table = cluster.kubectl("get", "queues", "-A")

@@ -32,7 +32,7 @@ def test_step_load_scales_out_fast_drains_lag_returns_to_min_without_flapping():
 
     step_end = STEP_START + STEP_S
     during = [i for i, t in enumerate(result.times) if STEP_START + 90 <= t < step_end]
-    assert all(result.lag_seconds[i] < policy.target_lag_s for i in during), "lag drained under the target"
+    assert all(result.lag_seconds[i] < policy.target_lag_s for i in during), "lag fell under the target"
     assert max(result.requested) * RATE >= 4 * BASE, "enough executors for the step"
 
     back_at_min = next(t for t, req in zip(result.times, result.requested, strict=True) if t > step_end and req == 1)

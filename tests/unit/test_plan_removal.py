@@ -133,11 +133,12 @@ def test_only_queues_recorded_under_the_planned_paths_are_orphans(tmp_path):
     assert orphans([queue], live, [str(tmp_path / "specs")]) == {}, "its spec is still planned"
 
 
-def test_delete_topics_wait_for_the_worker_then_the_drain_and_the_grace(tmp_path):
+def test_delete_topics_wait_for_the_worker_then_until_caught_up_and_the_grace(tmp_path):
     live, _ = _applied(tmp_path, _consumer_doc("delete"))
     live.removed_groups["pay-ledger"] = GroupActivity(True, 2, 5, ())
     plan = _plan([], live, tmp_path)
-    # The release goes now (the worker drains); the topics, and the group that measures their drain, wait.
+    # The release goes now (the worker drains); the topics, and the group whose offsets say
+    # whether they are caught up, wait.
     assert ("-", "release", "payments/pay-events") in _lines(plan)
     assert [(s, k) for s, k, t in _lines(plan) if k in ("topic", "group")] == [
         (">", "group"),
