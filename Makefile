@@ -128,7 +128,9 @@ demo-kubernetes: setup-kubernetes
 	  total=$$($(QP) lag specs/examples/cafe/coffee-orders.yaml -o json | $(BIN)/python -c 'import json, sys; print(json.load(sys.stdin)["total"])'); \
 	  echo "backlog: $$total"; [ "$$total" != 0 ] || break; done
 	$(QP) lag specs/examples/cafe/coffee-orders.yaml
-	$(KUBECTL) logs deployment/coffee-orders -n $(DEMO_NS) --tail 5
+	@echo "== 6. the worker's own lines (a batch's line comes when it ends)"
+	@for _ in $$(seq 30); do $(KUBECTL) logs deployment/coffee-orders -n $(DEMO_NS) | grep -q ' queueplane.worker: ' && break; sleep 2; done
+	$(KUBECTL) logs deployment/coffee-orders -n $(DEMO_NS) | grep ' queueplane.worker: ' | tail -n 5
 	@echo "== done. 'queueplane local kubernetes kubectl get pods -n $(DEMO_NS)'; stop it with 'make local-down'."
 
 lint: $(DEV_STAMP)
