@@ -56,8 +56,13 @@ def test_a_driver_starts_without_an_error_line_and_its_executors_and_their_confi
         )
         (driver,) = [p for p in pods(cluster, namespace, DRIVER) if ready(p)]
 
-        # Ready (its queries run) after a start that logged no error line and no stack trace.
-        log = cluster.kubectl("-n", namespace, "logs", driver["metadata"]["name"])
+        # Ready (its queries run) after a start that logged no error line and no stack trace, up
+        # to the worker's own line for its first micro-batch.
+        def logged() -> str | None:
+            log = cluster.kubectl("-n", namespace, "logs", driver["metadata"]["name"])
+            return log if " queueplane.worker: batch " in log else None
+
+        log = wait_for("the worker's line for its first batch", logged, 120)
         assert not TROUBLE.findall(log), log[-4000:]
 
         for executor in executors:
