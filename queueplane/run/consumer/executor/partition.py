@@ -163,18 +163,9 @@ class PartitionTask:
         per_slot: list[list[Record]] = [[] for _ in self.slots]
         if len(self.slots) == 1:
             per_slot[0] = records
-        elif self.settings.ordering == "none":
-            for record in records:
-                per_slot[self._next_slot].append(record)
-                self._next_slot = (self._next_slot + 1) % len(self.slots)
         else:
-            slot_of = self._slot_of
-            if len(slot_of) > MAX_CACHED_KEYS:
-                slot_of.clear()
-            for record in records:
-                index = slot_of.get(record.key)
-                if index is None:
-                    index = slot_of[record.key] = key_slot(record.key, len(self.slots))
+            indices, self._next_slot = self._slots_for(records, self._next_slot)
+            for record, index in zip(records, indices, strict=True):
                 per_slot[index].append(record)
         # Chunks go out round by round, one per slot, so every slot gets work before any slot's
         # full queue holds the reader back.
@@ -192,22 +183,15 @@ class PartitionTask:
         rest waits with the member, and the partition is as slow as its busiest slot."""
         free = [(Slot.DEPTH - slot.queue.qsize()) * self.chunk for slot in self.slots]
         committed = self.committed
-        count, none = len(self.slots), self.settings.ordering == "none"
-        if count == 1 and (committed is None or records[0].offset >= committed):
+        if len(self.slots) == 1 and (committed is None or records[0].offset >= committed):
             taken = min(len(records), free[0])  # one slot, nothing to skip: no record to look at
         else:
-            slot_of, next_slot = self._slot_of, self._next_slot
+            fresh = records if committed is None else [r for r in records if r.offset >= committed]
+            indices = iter(self._slots_for(fresh, self._next_slot)[0])
             taken = 0
             for record in records:
                 if committed is None or record.offset >= committed:  # a skipped record takes no room
-                    if count == 1:
-                        index = 0
-                    elif none:
-                        index, next_slot = next_slot, (next_slot + 1) % count
-                    else:
-                        index = slot_of.get(record.key, -1)
-                        if index < 0:  # the slot feed() looks up next
-                            index = slot_of[record.key] = key_slot(record.key, count)
+                    index = next(indices)
                     if free[index] <= 0:
                         break
                     free[index] -= 1
@@ -215,6 +199,26 @@ class PartitionTask:
         if taken:
             self.feed(records[:taken])
         return taken
+
+    def _slots_for(self, records: list[Record], next_slot: int) -> tuple[list[int], int]:
+        """Each record's slot, as ``feed`` hands them out from round-robin position ``next_slot``
+        (ordering none), by key (ordering key) or all to the one slot; and the next position."""
+        count = len(self.slots)
+        if count == 1:
+            return [0] * len(records), next_slot
+        if self.settings.ordering == "none":
+            indices = [(next_slot + i) % count for i in range(len(records))]
+            return indices, (next_slot + len(records)) % count
+        slot_of = self._slot_of
+        if len(slot_of) > MAX_CACHED_KEYS:
+            slot_of.clear()
+        indices = []
+        for record in records:
+            index = slot_of.get(record.key)
+            if index is None:
+                index = slot_of[record.key] = key_slot(record.key, count)
+            indices.append(index)
+        return indices, next_slot
 
     @staticmethod
     def _has_parked(records: list[Record]) -> bool:
