@@ -30,7 +30,11 @@ from queueplane.run.spark.interpreter import LAUNCHER, launcher
 pytestmark = pytest.mark.kafka
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-FIELD_VALUES = {"metadata.name": "contract-driver-0", "metadata.namespace": "test"}
+FIELD_VALUES = {
+    "metadata.name": "contract-driver-0",
+    "metadata.namespace": "test",
+    "metadata.uid": "0f5e3c2a-6b1d-4c8e-9a7f-2d4b6c8e0a1b",
+}
 
 
 def _kubelet_expand(text: str, env: dict[str, str]) -> str:
