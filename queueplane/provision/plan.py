@@ -358,7 +358,7 @@ def desired_state(
             )
         if q.group.type == "share":
             groups.append(DesiredGroup(q.group.id, share_group_configs(q), q.source))
-        elif q.group.type == "consumer":
+        else:  # consumer and kmq: both run as members of a consumer group
             groups.append(DesiredGroup(q.group.id, consumer_group_configs(q, live), q.source, "consumer"))
     return topics, groups
 

@@ -302,7 +302,8 @@ def test_cli_uses_the_running_local_stack_by_default(local_kafka, tmp_path, cli_
     first = run_cli(["apply", str(path), "--yes"], cli_env)
     assert first.returncode == 0, first.stderr
     assert f"{local_kafka.bootstrap} (local stack)" in first.stdout
-    assert "Apply complete: 4 created, 0 changed." in first.stdout  # three topics and the group's claim
+    # Three topics and the group's claim; the group's session, for kmq's workers are its members.
+    assert "Apply complete: 4 created, 1 changed." in first.stdout
     second = run_cli(["apply", str(path), "--yes"], cli_env)
     assert "No changes. The cluster matches 1 spec(s)." in second.stdout
 

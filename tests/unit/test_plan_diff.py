@@ -3,6 +3,7 @@ shapes real brokers of other versions answer with, which the local broker cannot
 
 from __future__ import annotations
 
+import pytest
 from specs_factory import dump, spec
 
 from queueplane.kafka import names as kn
@@ -191,10 +192,12 @@ def test_an_output_topic_another_team_owns_needs_its_recorded_producer_acl():
     ] == []
 
 
-def test_a_consumer_group_gets_the_members_session_within_the_brokers_bounds():
+@pytest.mark.parametrize("group_type", ["consumer", "kmq"])
+def test_a_consumer_group_gets_the_members_session_within_the_brokers_bounds(group_type):
     """Under KIP-848 the broker holds the session (45 s by default): a killed member's partitions
-    would wait that long, so plan sets the group's to the members' 10 s, or the broker's least."""
-    queue = _queue(spec("consumer"))
+    would wait that long, so plan sets the group's to the members' 10 s, or the broker's least.
+    kmq's workers are members of a consumer group too."""
+    queue = _queue(spec(group_type))
     names = GROUP_NAMES_43 | {kn.CONSUMER_SESSION_TIMEOUT_MS}
     inherited = {queue.group.id: {kn.CONSUMER_SESSION_TIMEOUT_MS: LiveConfig("45000", False)}}
     bounds = {kn.BROKER_CONSUMER_SESSION_MIN: "6000", kn.BROKER_CONSUMER_SESSION_MAX: "60000"}
