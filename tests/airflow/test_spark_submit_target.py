@@ -29,7 +29,7 @@ from queueplane.operators.dag_factory import SPECS_DIR_ENV, queue_dag
 from queueplane.operators.spark_submit import driver_variable
 from queueplane.provision import steps
 
-pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
+pytestmark = pytest.mark.kafka
 
 # Before the first deploy; produced just before the redeploy (in flight when the first driver is
 # stopped); after it.
@@ -93,6 +93,9 @@ def _handled(queue: QueueFiles, count: int, timeout_s: float) -> set[str]:
     return {e["id"] for e in queue.events() if e["id"]}
 
 
+# Heavy: a standalone master and worker, two drivers and their executors. The tests of the
+# platform's Variable below start no Spark and run beside others.
+@pytest.mark.heavy
 def test_the_dag_submits_the_worker_to_the_master_and_a_redeploy_replaces_its_driver(
     queue: QueueFiles, kafka, connected: Standalone
 ):
