@@ -53,6 +53,7 @@ CHECK_INTEGRATION = (
     "test_private_state.py",
     "test_queue_status.py",
     "test_removal.py",
+    "test_served_producer.py",
     "test_share_fetcher.py",
     "test_share_group_members.py",
     "test_team_names.py",

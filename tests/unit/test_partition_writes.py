@@ -70,7 +70,7 @@ def _process(tmp_path) -> SimpleNamespace:
         handler=lambda record: record.value,  # echo
         journal=CrashJournal(tmp_path, alone_s=5),
         producer=producer,
-        delivery=SimpleNamespace(all_delivered=lambda within_s: True),
+        delivery=SimpleNamespace(all_delivered=lambda within_s: True, writes_open=True),
         failed_writes=FailedWrites(),
         committed=lambda topic, partition: None,
         commit=lambda topic, partition, offset: commits.append(offset),

@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import KafkaException
@@ -219,6 +219,11 @@ class ServedProducer:
             extra["batch.size"] = min(batch_bytes, 1_000_000)
         self.producer = clients.producer(kafka, extra)
         self._stop = threading.Event()
+        # The gate of writers that honour it (``wait_to_write``): shut while a commit learns that
+        # everything written before it is acknowledged (``writes_held``).
+        self.writes_open = True
+        self._reopened = threading.Event()
+        self._reopened.set()
         threading.Thread(target=self._serve, name="qp-delivery", daemon=True).start()
 
     def _serve(self) -> None:
@@ -245,6 +250,33 @@ class ServedProducer:
                 return False
             time.sleep(0.002)
         return True
+
+    def wait_to_write(self) -> None:
+        """Called by a writer that saw ``writes_open`` false: returns once the gate opens again.
+        (The attribute is read without a lock: a write that slips past the gate as it shuts is
+        one more record the holder waits for, never one it misses.)"""
+        self._reopened.wait()
+
+    @contextlib.contextmanager
+    def writes_held(self, within_s: float) -> Iterator[None]:
+        """Shut the writers' gate and send what lingers at once, waiting up to ``within_s`` for
+        everything produced so far to be acknowledged; the gate opens again on leaving.
+
+        A producer that quick handlers keep busy never holds nothing unacknowledged on its own, so
+        a commit waiting for that moment (``all_delivered``, inside) would wait for ever. With the
+        gate shut nothing new comes, and the flush ignores the linger: the wait is one round trip
+        to the broker, the writers' pause as long. (A fatal producer error the flush raises is the
+        serving thread's to report; the commit inside then finds writes unacknowledged.)
+        """
+        self.writes_open = False
+        self._reopened.clear()
+        try:
+            with contextlib.suppress(KafkaException):
+                self.producer.flush(within_s)
+            yield
+        finally:
+            self.writes_open = True
+            self._reopened.set()
 
     def close(self) -> None:
         self._stop.set()

@@ -34,6 +34,7 @@ for a session.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -63,6 +64,7 @@ IDLE_LEAVE_S = 3.0  # a lease over for this long (no task came to this process):
 IDLE_AFTER_S = 30.0  # a member with no rows for this long holds its tasks for the idle slice
 PAUSE_AFTER_S = 0.05  # how long polled records wait for quick slots before their partition pauses
 QUIET_WAIT_S = 0.02  # how long a commit waits for the producer to hold nothing unacknowledged
+ACK_WAIT_S = 0.1  # how long the slots' writes wait at the gate for what they wrote to be acknowledged
 FINISH_AFTER_S = 2 * COMMIT_S  # a partition not committed for this long: the tasks finish together
 
 
@@ -403,15 +405,24 @@ class GroupMember:
         caught-up queue shows no lag."""
         now = time.monotonic()
         stale = False
-        for partition, task in list(self._tasks.items()):
-            if task.commit(None, within_s=QUIET_WAIT_S):
-                self._committed_at[partition] = now
-            elif now - self._committed_at.setdefault(partition, now) >= FINISH_AFTER_S:
-                stale = True
-            self._rows_added(task.drain_noted())
-            self._commit_position(partition, task)
+        with self._writes_held():
+            for partition, task in list(self._tasks.items()):
+                if task.commit(None, within_s=QUIET_WAIT_S):
+                    self._committed_at[partition] = now
+                elif now - self._committed_at.setdefault(partition, now) >= FINISH_AFTER_S:
+                    stale = True
+                self._rows_added(task.drain_noted())
+                self._commit_position(partition, task)
         if stale or (force and self._over_uncommitted()):
             self._finish_together()
+
+    def _writes_held(self) -> contextlib.AbstractContextManager[Any]:
+        """At least once, the slots' writes wait at the producer's gate while the tasks commit:
+        what a commit covers was written before the gate shut and is acknowledged when the
+        flush ends (``ServedProducer.writes_held``). exactlyOnce writes go in transactions."""
+        if self.settings.exactly_once or not self._tasks:
+            return contextlib.nullcontext()
+        return self.process.delivery.writes_held(ACK_WAIT_S)
 
     def _finish_together(self) -> None:
         """Quick handlers keep the process's producer busy, so no moment comes when all it holds is

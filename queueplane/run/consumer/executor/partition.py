@@ -326,6 +326,9 @@ class PartitionTask:
     def _quick_produce(self, record: Record, produced: list[ProducedRecord], latency_ms: float, inflight: int) -> bool:
         """An accepted record's outputs to the producer; False when one was refused before it was
         sent: the record is then not complete until its dead letter is written."""
+        delivery = self.process.delivery
+        if not delivery.writes_open:  # a commit is learning what is durable (member._commit_all)
+            delivery.wait_to_write()
         producer = self.process.producer
         try:
             for item in produced:
