@@ -24,10 +24,16 @@ CONSUMER_SESSION_TIMEOUT_MS = "consumer.session.timeout.ms"
 # the consumer protocol it is the group config above, raised to the broker's lower bound; classic
 # members send it themselves.
 MEMBER_SESSION_TIMEOUT_MS = 10_000
+# And how often its members heartbeat: a member learns of partitions another member released only
+# on its next heartbeat, and until then nobody works them (Kafka's default is 5 s).
+CONSUMER_HEARTBEAT_INTERVAL_MS = "consumer.heartbeat.interval.ms"
+MEMBER_HEARTBEAT_INTERVAL_MS = 1_000
 
-# Broker configs that bound the consumer-group GROUP config above
+# Broker configs that bound the consumer-group GROUP configs above
 BROKER_CONSUMER_SESSION_MIN = "group.consumer.min.session.timeout.ms"
 BROKER_CONSUMER_SESSION_MAX = "group.consumer.max.session.timeout.ms"
+BROKER_CONSUMER_HEARTBEAT_MIN = "group.consumer.min.heartbeat.interval.ms"
+BROKER_CONSUMER_HEARTBEAT_MAX = "group.consumer.max.heartbeat.interval.ms"
 
 # Broker configs that bound the share-group GROUP configs above
 BROKER_SHARE_LOCK_MIN = "group.share.min.record.lock.duration.ms"

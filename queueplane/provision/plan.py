@@ -265,22 +265,36 @@ def share_group_configs(queue: QueueSpec) -> dict[str, str]:
 
 
 def consumer_group_configs(queue: QueueSpec, live: LiveState | None = None) -> dict[str, str]:
-    """The GROUP config a consumer spec manages: its members' session under KIP-848's protocol.
+    """The GROUP configs a consumer or kmq spec manages: its members' session and heartbeat under
+    KIP-848's protocol.
 
     There the broker holds the session (``group.consumer.session.timeout.ms``, 45 s by default)
     and a member's own ``session.timeout.ms`` is not sent, so a killed member would keep its
-    partitions for 45 s. The group's session is the members' classic one,
-    ``MEMBER_SESSION_TIMEOUT_MS``, within the broker's bounds (live, when read).
+    partitions for 45 s; the group's session is the members' classic one. A member learns of
+    partitions another released (a scale-up, a member that drained) only on its next heartbeat,
+    5 s by default, and nobody works them until then; the group's heartbeat is 1 s. Each is kept
+    within the broker's bounds (live, when read).
     """
-    del queue  # every consumer queue's members want the same session
-    wanted = kn.MEMBER_SESSION_TIMEOUT_MS
+    del queue  # every consumer queue's members want the same
     brokers = live.broker_configs if live is not None else {}
-    low, high = brokers.get(kn.BROKER_CONSUMER_SESSION_MIN), brokers.get(kn.BROKER_CONSUMER_SESSION_MAX)
+    return {
+        kn.CONSUMER_SESSION_TIMEOUT_MS: _within(
+            kn.MEMBER_SESSION_TIMEOUT_MS, brokers, kn.BROKER_CONSUMER_SESSION_MIN, kn.BROKER_CONSUMER_SESSION_MAX
+        ),
+        kn.CONSUMER_HEARTBEAT_INTERVAL_MS: _within(
+            kn.MEMBER_HEARTBEAT_INTERVAL_MS, brokers, kn.BROKER_CONSUMER_HEARTBEAT_MIN, kn.BROKER_CONSUMER_HEARTBEAT_MAX
+        ),
+    }
+
+
+def _within(wanted: int, brokers: dict[str, str], low_name: str, high_name: str) -> str:
+    """``wanted``, raised to the broker config ``low_name`` and lowered to ``high_name`` where set."""
+    low, high = brokers.get(low_name), brokers.get(high_name)
     if low is not None:
         wanted = max(wanted, int(low))
     if high is not None:
         wanted = min(wanted, int(high))
-    return {kn.CONSUMER_SESSION_TIMEOUT_MS: str(wanted)}
+    return str(wanted)
 
 
 # The topic config that bounds a record batch, the broker setting a topic without it inherits,

@@ -131,8 +131,11 @@ def test_apply_creates_exactly_what_the_specs_declare_and_reapply_changes_nothin
     assert group[kn.SHARE_MAX_RECORD_LOCKS] == "500"
     assert group[kn.SHARE_AUTO_OFFSET_RESET] == "earliest"
     assert group[kn.SHARE_ISOLATION_LEVEL] == "read_committed"
-    # The consumer protocol's session is the group's: the members' 10 s, which the local broker allows.
-    assert _configs(kafka, ResourceType.GROUP, f"gc-{tag}")[kn.CONSUMER_SESSION_TIMEOUT_MS] == "10000"
+    # The consumer protocol's session and heartbeat are the group's: the members' 10 s and 1 s,
+    # which the local broker allows.
+    consumer_group = _configs(kafka, ResourceType.GROUP, f"gc-{tag}")
+    assert consumer_group[kn.CONSUMER_SESSION_TIMEOUT_MS] == "10000"
+    assert consumer_group[kn.CONSUMER_HEARTBEAT_INTERVAL_MS] == "1000"
 
     again = steps.plan([str(tmp_path)], kafka)
     assert again.plan.changes == []
@@ -245,6 +248,7 @@ def test_an_apply_that_fails_midway_says_exactly_what_it_applied_and_a_rerun_fin
     ]
     assert report["applied"] == [
         f"+ group gn-{tag} claimed for queue payments/n-{tag}",
+        f"~ group-config gn-{tag} {kn.CONSUMER_HEARTBEAT_INTERVAL_MS}: 5000 -> 1000",
         f"~ group-config gn-{tag} {kn.CONSUMER_SESSION_TIMEOUT_MS}: 45000 -> 10000",
         f"~ topic-config {tag}.grown retention.ms: 604800000 -> 7200000",
         f"+ topic {tag}.new {created}",
@@ -255,7 +259,7 @@ def test_an_apply_that_fails_midway_says_exactly_what_it_applied_and_a_rerun_fin
     ]
     message = str(caught.value)
     assert "\n" not in message and f"{tag}.new.dlq" in message
-    assert "already exists; applied 4: group" in message and "Not attempted 2: partitions" in message
+    assert "already exists; applied 5: group" in message and "Not attempted 2: partitions" in message
     # The cluster holds what the report says, no more and no less.
     assert _configs(kafka, ResourceType.TOPIC, f"{tag}.grown")["retention.ms"] == "7200000"
     assert _describe_topics(kafka, [f"{tag}.grown", f"{tag}.new", f"{tag}.new.dlq"]) == {
@@ -302,8 +306,8 @@ def test_cli_uses_the_running_local_stack_by_default(local_kafka, tmp_path, cli_
     first = run_cli(["apply", str(path), "--yes"], cli_env)
     assert first.returncode == 0, first.stderr
     assert f"{local_kafka.bootstrap} (local stack)" in first.stdout
-    # Three topics and the group's claim; the group's session, for kmq's workers are its members.
-    assert "Apply complete: 4 created, 1 changed." in first.stdout
+    # Three topics and the group's claim; the group's session and heartbeat (kmq's workers are its members).
+    assert "Apply complete: 4 created, 2 changed." in first.stdout
     second = run_cli(["apply", str(path), "--yes"], cli_env)
     assert "No changes. The cluster matches 1 spec(s)." in second.stdout
 
@@ -386,8 +390,8 @@ def test_apply_asks_first_and_only_yes_applies(kafka, tmp_path, cli_env):
     assert code == 0 and "Apply cancelled; nothing was changed." in screen
     assert _topics_with_prefix(kafka, tag) == set()
     code, screen = _run_in_terminal(args, cli_env, "yes")
-    # Two topics and the group's claim; the group's session.
-    assert code == 0 and "Apply complete: 3 created, 1 changed." in screen
+    # Two topics and the group's claim; the group's session and heartbeat.
+    assert code == 0 and "Apply complete: 3 created, 2 changed." in screen
     assert _topics_with_prefix(kafka, tag) == {f"{tag}.ask", f"{tag}.ask.dlq"}
 
 
@@ -407,7 +411,7 @@ def test_plan_detailed_exitcode_gates_on_drift_and_colour_is_off_when_asked(kafk
     assert run_cli(args, cli_env).returncode == EXIT_OK, "without the flag, changes are not an error"
     drift = run_cli([*args, "--detailed-exitcode"], cli_env)
     assert drift.returncode == EXIT_CHANGES, drift.stderr
-    assert "Plan: 3 to create, 1 to change, 0 refused." in drift.stdout
+    assert "Plan: 3 to create, 2 to change, 0 refused." in drift.stdout
     steps.apply(steps.plan([str(path)], kafka))
     assert run_cli([*args, "--detailed-exitcode"], cli_env).returncode == EXIT_OK
     doc = spec("consumer", name=f"d-{tag}", group=f"gd-{tag}", topic=f"{tag}.drift")

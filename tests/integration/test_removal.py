@@ -21,7 +21,7 @@ from test_acl_apply import _acls, _produce, _properties
 
 from queueplane.errors import EXIT_CHANGES, EXIT_FAILED, EXIT_OK, EXIT_STALE
 from queueplane.kafka import clients
-from queueplane.kafka.names import CONSUMER_SESSION_TIMEOUT_MS
+from queueplane.kafka.names import CONSUMER_HEARTBEAT_INTERVAL_MS, CONSUMER_SESSION_TIMEOUT_MS
 from queueplane.kafka.owners import read_records
 
 pytestmark = pytest.mark.kafka
@@ -124,7 +124,8 @@ def test_a_removed_queue_loses_its_grants_group_and_records_and_keeps_its_topic_
     assert f"- acl User:till-{tag} WRITE TOPIC:{topic} revoked: a producer of the removed queue" in lines
     assert f"- acl User:worker-{tag} READ GROUP:{group} revoked: the removed queue's worker" in lines
     assert f"- group {group} deleted with its committed offsets (DeleteGroups)" in lines
-    assert any(line.startswith(f"- group-config {group} {CONSUMER_SESSION_TIMEOUT_MS}") for line in lines)
+    (configs,) = [line for line in lines if line.startswith(f"- group-config {group} ")]
+    assert CONSUMER_SESSION_TIMEOUT_MS in configs and CONSUMER_HEARTBEAT_INTERVAL_MS in configs, configs
     assert any(line.startswith(f"= topic {topic} kept with its data (queue; deletionPolicy retain)") for line in lines)
     assert any(line.startswith(f"= topic {topic}.dlq kept with its data") for line in lines)
     assert lines[-1] == f"- records {queue} 4 owner record(s) forgotten"
@@ -364,7 +365,8 @@ def test_a_removal_that_fails_midway_says_what_it_removed_and_the_next_plan_fini
         assert "NON_EMPTY_GROUP" in report["failed"][0]["error"]
         assert report["applied"] == []
         assert report["not_attempted"] == [
-            f"- group-config {group} {CONSUMER_SESSION_TIMEOUT_MS} deleted (GROUP configs outlive the group)",
+            f"- group-config {group} {CONSUMER_HEARTBEAT_INTERVAL_MS}, {CONSUMER_SESSION_TIMEOUT_MS} deleted"
+            " (GROUP configs outlive the group)",
             f"- records {queue} 4 owner record(s) forgotten",
         ]
         message = str(caught.value)

@@ -30,7 +30,7 @@ def _topics(kafka, tag: str) -> set[str]:
 def _plan(kafka, cli_env, spec_path: Path, plan_file: Path, flag: str = "--out") -> None:
     made = run_cli(["plan", str(spec_path), flag, str(plan_file), "--bootstrap-servers", kafka.bootstrap], cli_env)
     assert made.returncode == EXIT_OK, made.stderr
-    assert "Plan: 3 to create, 1 to change, 0 refused." in made.stdout
+    assert "Plan: 3 to create, 2 to change, 0 refused." in made.stdout
 
 
 def _apply(kafka, cli_env, plan_file: Path):
@@ -50,7 +50,7 @@ def test_a_saved_plan_applies_exactly_what_was_planned_without_asking(kafka, tmp
 
     applied = _apply(kafka, cli_env, plan_file)  # no terminal, no --yes: the saved plan was the approval
     assert applied.returncode == EXIT_OK, applied.stderr
-    assert "Apply complete: 3 created, 1 changed." in applied.stdout
+    assert "Apply complete: 3 created, 2 changed." in applied.stdout
     assert _topics(kafka, tag) == {f"{tag}.saved", f"{tag}.saved.dlq"}
 
     # Applied, the cluster is no longer what the plan read: the same file is refused, not re-run.

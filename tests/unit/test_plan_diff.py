@@ -220,6 +220,29 @@ def test_a_consumer_group_gets_the_members_session_within_the_brokers_bounds(gro
     assert [c for c in plan.changes if c.kind == "group-config"] == []
 
 
+@pytest.mark.parametrize("group_type", ["consumer", "kmq"])
+def test_a_consumer_group_gets_the_members_heartbeat_within_the_brokers_bounds(group_type):
+    """A member learns of partitions another released only on its next heartbeat (5 s by default),
+    and nobody works them meanwhile: plan sets the group's to 1 s, or the broker's least."""
+    queue = _queue(spec(group_type))
+    names = GROUP_NAMES_43 | {kn.CONSUMER_SESSION_TIMEOUT_MS, kn.CONSUMER_HEARTBEAT_INTERVAL_MS}
+    inherited = {
+        queue.group.id: {
+            kn.CONSUMER_SESSION_TIMEOUT_MS: LiveConfig("10000", True),
+            kn.CONSUMER_HEARTBEAT_INTERVAL_MS: LiveConfig("5000", False),
+        }
+    }
+    lowered = {kn.BROKER_CONSUMER_SESSION_MIN: "10000", kn.BROKER_CONSUMER_HEARTBEAT_MIN: "1000"}
+    plan = diff([queue], _state(group_config_names=names, group_configs=inherited, broker_configs=lowered), "t")
+    changes = [(c.field, c.old, c.new) for c in plan.changes if c.kind == "group-config"]
+    assert changes == [(kn.CONSUMER_HEARTBEAT_INTERVAL_MS, "5000", "1000")]
+    # Kafka's default lower bound is 5 s: the group gets that, pinned, rather than a refused 1 s.
+    default = {kn.BROKER_CONSUMER_SESSION_MIN: "10000", kn.BROKER_CONSUMER_HEARTBEAT_MIN: "5000"}
+    plan = diff([queue], _state(group_config_names=names, group_configs=inherited, broker_configs=default), "t")
+    changes = [(c.field, c.old, c.new) for c in plan.changes if c.kind == "group-config"]
+    assert changes == [(kn.CONSUMER_HEARTBEAT_INTERVAL_MS, "5000 (inherited)", "5000")]
+
+
 def test_a_consumer_group_on_a_broker_without_group_configs_plans_nothing_for_it():
     """Brokers before Kafka 4.0 run classic members, which send their own session."""
     queue = _queue(spec("consumer"))
