@@ -425,9 +425,10 @@ class GroupMember:
         return self.process.delivery.writes_held(ACK_WAIT_S)
 
     def _finish_together(self) -> None:
-        """Quick handlers keep the process's producer busy, so no moment comes when all it holds is
-        acknowledged and a prefix may be committed: the tasks finish together (their slots drain,
-        the producer goes quiet, every task commits), and the next records start new ones."""
+        """For a member whose commits failed for ``FINISH_AFTER_S`` (a flush that did not end within
+        ``ACK_WAIT_S``: a slow broker) or that is over ``max_uncommitted``: the tasks finish together
+        (their slots drain, the producer goes quiet, every task commits), and the next records
+        start new ones."""
         now = time.monotonic()
         for partition in list(self._tasks):
             task = self._tasks.pop(partition)
