@@ -16,6 +16,10 @@ from queueplane.spec.model import SHARE_RESERVE_DELIVERIES
 pytestmark = pytest.mark.kafka
 
 LIMIT = 3
+# Long enough that a worker started again after a killer (its Python process, its share session
+# or group membership) reaches the next delivery within the lock while other tests load the
+# machine: a last delivery whose lock ran out first ends as a Timeout, not as what killed it.
+LOCK = "10s"
 OUTPUT_MAX_BYTES = 5000
 # id → (how the handler misbehaves, the DLQ's error class, the delivery count it ends at)
 BAD = {
@@ -49,7 +53,7 @@ def _header(message, name: str) -> str | None:
 @pytest.mark.parametrize("group_type", ["share", "consumer", "kmq"])
 def test_misbehaving_handlers_cost_only_their_own_records(kafka, tmp_path, group_type):
     queue = make_queue(
-        tmp_path, kafka, group_type=group_type, delivery_limit=LIMIT, lock="5s", partitions=2, memory_limit=MEMORY_LIMIT
+        tmp_path, kafka, group_type=group_type, delivery_limit=LIMIT, lock=LOCK, partitions=2, memory_limit=MEMORY_LIMIT
     )
     admin = AdminClient(dict(kafka.settings))
     small = ConfigResource(

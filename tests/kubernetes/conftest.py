@@ -5,6 +5,11 @@ code users run; a local cluster already running (a developer's) is used as it is
 running, one the session started is stopped at its end. Without either, each test here fails at
 its fixture with one line saying what is missing. The session's broker is restarted once the
 cluster is known, so it also listens where that cluster's pods reach this machine.
+
+A local cluster the session started is stopped after the last Kubernetes test, not at the end of
+the session: `make test` runs this folder in one process, and the process goes on to other tests
+while its idle control plane (API server, etcd, kubelet, controllers) would keep taking CPU and
+memory from them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from kubernetes_cluster import Cluster, Given, Missing, choose, given_cluster, l
 from queueplane.errors import LocalStackError
 from queueplane.local.kubernetes.cluster import LocalKubernetes
 from queueplane.local.stack import LocalStack, StackState
+
+KUBERNETES = Path(__file__).parent
+_started: list[LocalKubernetes] = []  # the local cluster this session started, until it is stopped
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,9 +53,28 @@ def cluster(queueplane_home: Path) -> Iterator[Cluster]:
         if not was_running:
             local.down()
         pytest.fail(missing, pytrace=False)
-    yield local_cluster(local)
     if not was_running:
-        local.down()
+        _started.append(local)
+    yield local_cluster(local)
+    _stop_started()
+
+
+def _stop_started() -> None:
+    while _started:
+        _started.pop().down()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the session's last Kubernetes test (its fixtures already torn down), the cluster it
+    started stops. The session's items are in run order (tests/parallel.py), and this folder is
+    one process's unit of work, so none of its tests comes after that one in this process."""
+    if not _started:
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1 :]
+    if not any(KUBERNETES in Path(str(other.path)).parents for other in later):
+        _stop_started()
 
 
 @pytest.fixture(scope="session")
