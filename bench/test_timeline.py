@@ -2,8 +2,10 @@
 
 `make test` records it (tests/timeline.py) in ``.queueplane/test-timeline.jsonl``; this prints
 the run's span, each process's busy time, the heavy tests' total (they run alone: the other
-process waits meanwhile), the slowest tests and those that took the most CPU (where the run
-counted it: tests/cpu_accounting.py), and draws ``bench/results/test-timeline.png``.
+processes wait meanwhile), how busy the machine's cores were while light tests ran and while
+each heavy test ran (where the run recorded the machine's CPU time), the slowest tests and
+those that took the most CPU (where the run counted it: tests/cpu_accounting.py), and draws
+``bench/results/test-timeline.png``.
 
     .venv/bin/python bench/test_timeline.py [.queueplane/test-timeline.jsonl]
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from common import pyplot, save
@@ -37,16 +40,47 @@ class Test:
         return self.stop - self.start
 
 
-def load(path: Path) -> list[Test]:
+@dataclass(frozen=True)
+class Tick:
+    """The machine's CPU time, busy and in all (clock ticks), as a phase's report came in."""
+
+    at: float
+    busy: int
+    total: int
+
+
+def load(path: Path) -> tuple[list[Test], list[Tick]]:
     tests: dict[str, Test] = {}
+    ticks: list[Tick] = []
     for line in path.read_text().splitlines():
         phase = json.loads(line)
+        if phase.get("machine"):
+            ticks.append(Tick(phase["stop"], *phase["machine"]))
         test = tests.setdefault(phase["test"], Test(phase["test"], phase["process"], phase["heavy"]))
         test.start, test.stop = min(test.start, phase["start"]), max(test.stop, phase["stop"])
         test.phases[phase["phase"]] = round(phase["stop"] - phase["start"], 1)
         if phase.get("cpu_s") is not None:
             test.cpu_s = (test.cpu_s or 0.0) + phase["cpu_s"]
-    return sorted(tests.values(), key=lambda t: t.start)
+    return sorted(tests.values(), key=lambda t: t.start), sorted(ticks, key=lambda t: t.at)
+
+
+def machine_busy(tests: list[Test], ticks: list[Tick]) -> dict[str, dict[str, float]]:
+    """How busy the cores were (busy ticks over all ticks) between consecutive reports, summed by
+    what ran: ``light`` while no heavy test did, else the heavy test's file. Light tests wait for
+    locks, idle windows and outages: what is idle here is what more processes could use."""
+    spans: dict[str, list[float]] = {}
+    heavy = [t for t in tests if t.heavy]
+    for before, after in pairwise(ticks):
+        if after.total <= before.total:
+            continue
+        middle = (before.at + after.at) / 2
+        running = next((t for t in heavy if t.start <= middle <= t.stop), None)
+        name = running.name.split("::", 1)[0].rsplit("/", 1)[-1] if running else "light"
+        span = spans.setdefault(name, [0.0, 0, 0])
+        span[0] += after.at - before.at
+        span[1] += after.busy - before.busy
+        span[2] += after.total - before.total
+    return {name: {"seconds": round(s), "busy": round(busy / total, 2)} for name, (s, busy, total) in spans.items()}
 
 
 def _cpu_total(tests: list[Test]) -> int | None:
@@ -55,12 +89,22 @@ def _cpu_total(tests: list[Test]) -> int | None:
     return round(sum(counted)) if counted else None
 
 
+def _by_minute(ticks: list[Tick]) -> list[tuple[float, float]]:
+    """(middle of the window, busy share) over windows of at least a minute between reports."""
+    points, first = [], ticks[0]
+    for tick in ticks[1:]:
+        if tick.at - first.at >= 60 and tick.total > first.total:
+            points.append(((first.at + tick.at) / 2, (tick.busy - first.busy) / (tick.total - first.total)))
+            first = tick
+    return points
+
+
 def main() -> int:
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
     if not path.is_file():
         print(f"{path}: no timeline (`make test` records one)", file=sys.stderr)
         return 1
-    tests = load(path)
+    tests, ticks = load(path)
     began = min(t.start for t in tests)
     span = max(t.stop for t in tests) - began
     processes = sorted({t.process for t in tests})
@@ -76,13 +120,14 @@ def main() -> int:
             for p in processes
         },
         "heavy_s": round(sum(t.seconds for t in tests if t.heavy)),
+        "machine_busy": machine_busy(tests, ticks) if len(ticks) > 1 else None,
         "slowest": [
             {"test": t.name, "process": t.process, "heavy": t.heavy, "at_s": round(t.start - began), **t.phases}
             for t in sorted(tests, key=lambda t: -t.seconds)[:SHOWN]
         ],
-        # On two cores busy through most of the run, a test's CPU is what it costs the run.
+        # What each test cost the machine, except the CPU of pods it had the cluster run.
         "most_cpu": [
-            {"test": t.name, "cpu_s": round(t.cpu_s), "seconds": round(t.seconds)}
+            {"test": t.name, "cpu_s": round(t.cpu_s or 0.0), "seconds": round(t.seconds)}
             for t in sorted((t for t in tests if t.cpu_s), key=lambda t: -(t.cpu_s or 0.0))[:SHOWN]
         ],
     }
@@ -98,6 +143,12 @@ def main() -> int:
                 axes.text(t.start - began + 2, row, label, fontsize=6, rotation=90, va="center")
     for t in (t for t in tests if t.heavy):  # the other process's bars meanwhile are waits for the lock
         axes.axvspan(t.start - began, t.stop - began, color="tab:red", alpha=0.12, linewidth=0)
+    if len(ticks) > 1:  # the cores' busy share over each minute, on the same time axis
+        busy = axes.twinx()
+        minutes = _by_minute(ticks)
+        busy.plot([at - began for at, _ in minutes], [share * 100 for _, share in minutes], color="black", linewidth=1)
+        busy.set_ylim(0, 100)
+        busy.set_ylabel("machine busy, % (black)")
     axes.set_yticks(range(len(processes)), processes)
     axes.set_xlabel("seconds since the first test (red: heavy, run alone)")
     axes.set_title(f"test suite timeline: {len(tests)} tests in {span / 60:.1f} min")

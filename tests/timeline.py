@@ -5,7 +5,9 @@ controller, or pytest alone) appends one JSON line per test phase, and bench/tes
 draws them. The suite is split in processes and heavy tests run alone (parallel.py), so the
 sum of the tests' durations says little about the run's length; the timeline shows which
 process ran what when, and a heavy test's wait for the lock shows as a long set-up. Where the
-machine counts it, each phase also carries its process's CPU time (cpu_accounting.py).
+machine counts it, each phase also carries its process's CPU time (cpu_accounting.py), and the
+whole machine's CPU time so far: a process's count misses what it asked others to run (the
+local Kubernetes' pods), and the machine's says how busy the run kept the cores.
 """
 
 from __future__ import annotations
@@ -35,6 +37,22 @@ def record(report: pytest.TestReport) -> None:
         "outcome": report.outcome,
         "heavy": HEAVY in report.keywords,
         "cpu_s": getattr(report, "cpu_s", None),  # its process's CPU meanwhile, where counted
+        "machine": machine_ticks(),
     }
     with open(path, "a") as out:
         out.write(json.dumps(line) + "\n")
+
+
+def machine_ticks() -> tuple[int, int] | None:
+    """The machine's CPU time so far, busy and in all, in clock ticks (the first line of Linux's
+    /proc/stat); None elsewhere. Guest time is already counted in user time, so it is left out."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(field) for field in fields[1:9]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return sum(ticks) - idle, sum(ticks)
