@@ -410,3 +410,22 @@ def test_partition_and_no_ordering_reject_and_resume_from_the_groups_commits(kaf
     for message in dead:
         headers = {k: v.decode() for k, v in message.headers()}
         assert (headers[dlq.HEADER_ERROR_CLASS], headers[dlq.HEADER_DELIVERY_COUNT]) == ("Reject", "1")
+
+
+def test_tasks_finished_together_still_commit_past_a_trailing_transaction_marker(kafka, tmp_path):
+    """Over ``--max-batch-records`` a member finishes its tasks together (each record here), and a
+    partition that then gets no record has no task. Its position past the commit marker after
+    its last record is committed all the same: otherwise the caught-up queue shows a lag of one
+    for good and never stops on ``--until-idle`` (seen on a loaded machine, where slow flushes
+    finish tasks together)."""
+    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="key", partitions=1)
+    producer = Producer({**kafka.settings, "transactional.id": f"writer-{queue.topic}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(20):
+        producer.produce(queue.topic, order(i, sleep_ms=20), key=f"key-{i % 4}".encode())
+    producer.commit_transaction(30)
+
+    summary = run_worker(queue, kafka, "--until-idle", "4s", "--max-batch-records", "1", timeout=120)
+    assert summary["counts"]["accepted"] == 20, summary
+    assert summary["lag_at_exit"] == 0, "the group's commit passed the marker"

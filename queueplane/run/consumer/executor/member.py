@@ -413,8 +413,24 @@ class GroupMember:
                     stale = True
                 self._rows_added(task.drain_noted())
                 self._commit_position(partition, task)
+        for partition in self._past_finished():
+            self._commit_position(partition, self._task(partition))
         if stale or (force and self._over_uncommitted()):
             self._finish_together()
+
+    def _past_finished(self) -> list[int]:
+        """Partitions whose tasks finished together and that got no record since, read past the
+        end those tasks committed: a transaction's marker after the last record. Without a task
+        no commit would pass it, and a caught-up queue would show a lag of one for good."""
+        consumer = self._consumer
+        past = []
+        for partition, end in self._ends.items():
+            if partition in self._tasks or partition in self._held or partition not in self._assigned:
+                continue
+            (position,) = consumer.position([TopicPartition(self.topic, partition)])
+            if position.offset > end:
+                past.append(partition)
+        return past
 
     def _writes_held(self) -> contextlib.AbstractContextManager[Any]:
         """At least once, the slots' writes wait at the producer's gate while the tasks commit:
