@@ -2,14 +2,12 @@
 
 A given cluster (QUEUEPLANE_TEST_KUBECONFIG) is used as it is. The local one is started by the
 code users run; a local cluster already running (a developer's) is used as it is and left
-running, one the session started is stopped at its end. Without either, each test here fails at
-its fixture with one line saying what is missing. The session's broker is restarted once the
-cluster is known, so it also listens where that cluster's pods reach this machine.
-
-A local cluster the session started is stopped after the last Kubernetes test, not at the end of
-the session: `make test` runs this folder in one process, and the process goes on to other tests
-while its idle control plane (API server, etcd, kubelet, controllers) would keep taking CPU and
-memory from them.
+running. One the session started is stopped after the session's last Kubernetes test, not at
+the end of the session: `make test` runs this folder in one process, which goes on to other
+tests, and the idle control plane (API server, etcd, kubelet, controllers) would keep taking
+CPU and memory from them. Without a cluster, each test here fails at its fixture with one line
+saying what is missing. The session's broker is restarted once the cluster is known, so it also
+listens where that cluster's pods reach this machine.
 """
 
 from __future__ import annotations
