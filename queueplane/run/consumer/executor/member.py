@@ -419,15 +419,26 @@ class GroupMember:
             self._finish_together()
 
     def _past_finished(self) -> list[int]:
-        """Partitions whose tasks finished together and that got no record since, read past the
-        end those tasks committed: a transaction's marker after the last record. Without a task
-        no commit would pass it, and a caught-up queue would show a lag of one for good."""
+        """Assigned partitions with no task and no held record that were read past what was
+        committed without a record: a transaction's marker, aborted records. Their tasks finished
+        together and no record came since, or the member got them already past their last record
+        (from a member whose last commit passed only the records). Only a task's commit moves the
+        group's offset, so each gets one; without it a caught-up queue shows a lag for good."""
         consumer = self._consumer
         past = []
-        for partition, end in self._ends.items():
-            if partition in self._tasks or partition in self._held or partition not in self._assigned:
+        for partition in self._assigned:
+            if partition in self._tasks or partition in self._held:
                 continue
             (position,) = consumer.position([TopicPartition(self.topic, partition)])
+            if position.offset < 0:
+                continue  # nothing read yet
+            end = self._ends.get(partition)
+            if end is None:  # never fed here: the group's commit, asked once while it is assigned
+                try:
+                    committed = self.process.committed(self.topic, partition)
+                except KafkaException:
+                    continue  # the broker away: asked again at the next commit
+                end = self._ends[partition] = committed or 0
             if position.offset > end:
                 past.append(partition)
         return past
