@@ -1,15 +1,19 @@
 """The kmq tracker's state: the deliveries its markers leave open, when each is due, where a restart reads
-from, and how a call to Kafka that fails is tried again while the worker stays up."""
+from, how a call to Kafka that fails is tried again while the worker stays up, and how a consumer that
+stays broken is replaced."""
 
 from __future__ import annotations
 
 import logging
+import time
+from types import SimpleNamespace
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from queueplane.run.kmq import markers as km
+from queueplane.run.kmq import tracker as tracker_module
 from queueplane.run.kmq.redeliverer import GIVE_UP, REDELIVER
-from queueplane.run.kmq.tracker import RETRY_MAX_S, Faults, OpenDeliveries
+from queueplane.run.kmq.tracker import RETRY_MAX_S, Faults, OpenDeliveries, Tracker
 
 LOCK_MS, LIMIT = 1000, 3
 
@@ -130,3 +134,81 @@ def test_a_failing_kafka_call_is_tried_again_after_a_growing_pause_and_says_why_
     assert "works again, after 301s" in caplog.records[-1].getMessage()
     faults.failed(500.0, RuntimeError("down again"))
     assert faults.due(501.0), "a new outage starts from the first pause again"
+
+
+class _Consumer:
+    """The tracker's consumer over a markers topic of two partitions with nothing new to read;
+    ``broken``, every call fails as librdkafka's did after a broker restart."""
+
+    def __init__(self, broken: bool) -> None:
+        self.broken, self.assigned, self.closed = broken, [], False
+
+    def _answer(self) -> None:
+        if self.broken:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Broker transport failure"))
+
+    def list_topics(self, topic, timeout):
+        self._answer()
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={0: None, 1: None})})
+
+    def committed(self, partitions, timeout):
+        self._answer()
+        return [TopicPartition(tp.topic, tp.partition, 2) for tp in partitions]
+
+    def incremental_assign(self, partitions):
+        self.assigned += [(tp.partition, tp.offset) for tp in partitions]
+
+    def consume(self, count, timeout):
+        time.sleep(timeout)
+        return []
+
+    def commit(self, offsets, asynchronous):
+        self._answer()
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_consumer_whose_calls_keep_failing_is_replaced_by_one_reading_on_from_where_it_was(monkeypatch):
+    """The first consumer never answers; the tracker is degraded, then makes a new one, which is
+    assigned where the tracker had read to (not the group's older commit) and answers."""
+    monkeypatch.setattr(tracker_module, "NEW_CLIENT_AFTER_S", 1.5)
+    made = [_Consumer(broken=True), _Consumer(broken=False)]
+    given = iter(made)
+    tracker = Tracker(
+        SimpleNamespace(settings={}),
+        "g",
+        "q.markers",
+        OpenDeliveries(LOCK_MS, LIMIT),
+        list,
+        print,
+        make_consumer=lambda config: next(given),
+    )
+    tracker.positions = {0: 5, 1: 7}  # read to before its broker went away
+    tracker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not made[1].assigned and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert made[0].closed and made[0].assigned == []
+        assert made[1].assigned == [(0, 5), (1, 7)], "read on from the positions read to"
+        while tracker.degraded() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tracker.degraded() is None and tracker.failure is None
+    finally:
+        tracker.stop()
+
+
+def test_a_consumer_that_answers_is_kept(monkeypatch):
+    monkeypatch.setattr(tracker_module, "NEW_CLIENT_AFTER_S", 0.5)
+    made: list[_Consumer] = []
+
+    def make(config):
+        made.append(_Consumer(broken=False))
+        return made[-1]
+
+    tracker = Tracker(SimpleNamespace(settings={}), "g", "q.markers", OpenDeliveries(LOCK_MS, LIMIT), list, print, make)
+    tracker.start()
+    time.sleep(2)
+    tracker.stop()
+    assert len(made) == 1 and made[0].assigned == [(0, 2), (1, 2)], "from the group's commits, once"

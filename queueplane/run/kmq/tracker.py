@@ -24,6 +24,10 @@ partitions, where its partitions end, a redelivery round) that fails is tried ag
 pause that grows to RETRY_MAX_S, with a warning line at most once a minute (``Faults``);
 while one fails, ``degraded`` says which, and the worker's readiness shows it. Deliveries that
 fall due meanwhile are redelivered once the broker answers again; nothing is ended unread.
+A consumer whose calls keep failing for NEW_CLIENT_AFTER_S is closed and a new one reads on
+from the positions read to: after a broker restart, a librdkafka consumer with assigned
+partitions was seen to fail every call for minutes ("Broker transport failure", "Unknown
+partition") while the worker's other clients answered again.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -59,6 +63,9 @@ METADATA_EVERY_S = 30.0  # how often it looks for partitions added to the marker
 # as it takes: the worker stays up, not ready, and goes on once the broker answers.
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
 WARN_EVERY_S = 60.0
+# Longer than a broker restart takes, so a new client is made only where the old one stays
+# broken (at most once per this long while the broker is away; a new one is harmless then).
+NEW_CLIENT_AFTER_S = 60.0
 
 
 def redelivery_grace_ms(lock_ms: int) -> int:
@@ -189,8 +196,10 @@ class Tracker:
         deliveries: OpenDeliveries,
         redeliver: Callable[[list[Expired]], list],
         on_done: Callable[[list], None],
+        make_consumer: Callable[[dict[str, Any]], Consumer] | None = None,
     ):
         self.target, self.group, self.topic = target, kn.kmq_tracker_group(group_id), markers_topic
+        self._make_consumer = make_consumer or (lambda config: clients.consumer(target.settings, config))
         self.deliveries = deliveries
         self.redeliver, self.on_done = redeliver, on_done
         self.grace_ms = redelivery_grace_ms(deliveries.lock_ms)
@@ -242,25 +251,50 @@ class Tracker:
         return caught_up and not self.deliveries.open
 
     # -- the thread ---------------------------------------------------------------------------
+    def _new_consumer(self) -> Consumer:
+        return self._make_consumer(
+            {
+                "group.id": self.group,
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,  # an end of partition says where "read to the end" is
+                "auto.offset.reset": "earliest",  # never committed: every retained marker
+                "on_commit": self._on_commit,
+            }
+        )
+
+    def _broken_for(self, now: float) -> float:
+        """How long the consumer's own calls (metadata, redelivery rounds) have failed without a break."""
+        since = [f.since for f in (self.metadata_faults, self.round_faults) if f.since is not None]
+        return now - min(since) if since else 0.0
+
+    def _replace(self, consumer: Consumer, now: float) -> Consumer:
+        """A new consumer for one whose calls keep failing; it is assigned (``_assign``) at the
+        positions read to, and whatever waited on the old one (a commit, a round's fence) is
+        asked of the new one at once."""
+        log.warning(
+            "kmq tracker: its consumer's calls have failed for %.0fs; a new consumer reads on from where it was",
+            self._broken_for(now),
+        )
+        with contextlib.suppress(Exception):
+            consumer.close()
+        self._commit_in_flight, self._fence = None, None
+        self.metadata_faults.retry_at = self.round_faults.retry_at = float("-inf")
+        return self._new_consumer()
+
     def _run(self) -> None:
         consumer: Consumer | None = None
         try:
-            consumer = clients.consumer(
-                self.target.settings,
-                {
-                    "group.id": self.group,
-                    "enable.auto.commit": False,
-                    "enable.partition.eof": True,  # an end of partition says where "read to the end" is
-                    "auto.offset.reset": "earliest",  # never committed: every retained marker
-                    "on_commit": self._on_commit,
-                },
-            )
+            consumer = self._new_consumer()
+            made_at = time.monotonic()
             assigned: set[int] = set()
             metadata_at = 0.0
             commit_at = time.monotonic() + COMMIT_EVERY_S
             expire_at = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
+                if self._broken_for(now) >= NEW_CLIENT_AFTER_S and now - made_at >= NEW_CLIENT_AFTER_S:
+                    consumer = self._replace(consumer, now)
+                    made_at, assigned, metadata_at = time.monotonic(), set(), 0.0
                 if self._ends_reader is not None and self.ends_faults.due(now):
                     self._read_ends(self._ends_reader, now)
                 if now >= metadata_at and self.metadata_faults.due(now):
@@ -311,12 +345,15 @@ class Tracker:
         if topic is None or topic.error is not None:
             raise KafkaException(topic.error if topic is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
         new = set(topic.partitions) - assigned
+        unread = sorted(p for p in new if p not in self.positions)
         if new:
-            committed = committed_positions(consumer, self.topic, sorted(new))
+            committed = committed_positions(consumer, self.topic, unread) if unread else []
             start = [
                 TopicPartition(self.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
                 for tp in committed
             ]
+            # A new consumer (the last one broken) reads on from where the tracker has read to.
+            start += [TopicPartition(self.topic, p, self.positions[p]) for p in sorted(new - set(unread))]
             consumer.incremental_assign(start)
         return assigned | new
 
