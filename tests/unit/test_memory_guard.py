@@ -3,27 +3,40 @@
 from __future__ import annotations
 
 import os
-import time
+import subprocess
+import sys
 
 from queueplane.run.executor.crash_journal import WORKER_DIED, CrashJournal, worker_died
-from queueplane.run.executor.memory_guard import EXIT_CODE, MEMORY_LIMIT_EXCEEDED, MemoryGuard, resident_bytes
+from queueplane.run.executor.memory_guard import EXIT_CODE, MEMORY_LIMIT_EXCEEDED
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from queueplane.run.executor.crash_journal import CrashJournal
+from queueplane.run.executor.memory_guard import MemoryGuard, resident_bytes
+
+folder, headroom_mi, allocate_mi = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+journal = CrashJournal(folder, alone_s=5)
+MemoryGuard(resident_bytes() + (headroom_mi << 20), journal.ending)
+journal.begin(1, 5)
+held = []
+for _ in range(allocate_mi // 16):
+    held.append(b"x" * (16 << 20))  # written, so resident
+    time.sleep(0.005)
+"""
 
 
 def _child(folder, headroom_mi: int, allocate_mi: int) -> int:
     """A process with a guard ``headroom_mi`` above its size that allocates ``allocate_mi`` in a
-    call of record 1:5; its exit status."""
-    pid = os.fork()
-    if pid == 0:
-        journal = CrashJournal(folder, alone_s=5)
-        MemoryGuard(resident_bytes() + (headroom_mi << 20), journal.ending)
-        journal.begin(1, 5)
-        held = []
-        for _ in range(allocate_mi // 16):
-            held.append(b"x" * (16 << 20))  # written, so resident
-            time.sleep(0.005)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    call of record 1:5; its exit status.
+
+    A new interpreter, not a fork of the test's process: a fork of a pytest-xdist worker (its
+    I/O threads, the clients earlier tests left) died of SIGSEGV instead of the guard's exit.
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(folder), str(headroom_mi), str(allocate_mi)], capture_output=True, timeout=60
+    )
+    return done.returncode
 
 
 def test_a_process_past_its_limit_ends_itself_and_says_why(tmp_path):
