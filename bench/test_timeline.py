@@ -1,11 +1,11 @@
 """The test suite's timeline: what each pytest process ran when, and where the run's time went.
 
 `make test` records it (tests/timeline.py) in ``.queueplane/test-timeline.jsonl``; this prints
-the run's span, each process's busy time, the heavy tests' total (they run alone: the other
-processes wait meanwhile), how busy the machine's cores were while light tests ran and while
-each heavy test ran (where the run recorded the machine's CPU time), the slowest tests and
-those that took the most CPU (where the run counted it: tests/cpu_accounting.py), and draws
-``bench/results/test-timeline.png``.
+the run's span, each process's busy time, the heavy tests' total (they run alone, or paired:
+the other processes wait meanwhile) and their waits for the light tests to end, how busy the
+machine's cores were while light tests ran and while each heavy test ran (where the run
+recorded the machine's CPU time), the slowest tests and those that took the most CPU (where
+the run counted it: tests/cpu_accounting.py), and draws ``bench/results/test-timeline.png``.
 
     .venv/bin/python bench/test_timeline.py [.queueplane/test-timeline.jsonl]
 """
@@ -34,10 +34,17 @@ class Test:
     stop: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     cpu_s: float | None = None  # its process's CPU time over its phases, where the run counted it
+    lock_at: float | None = None  # when it got the run's lock (tests/run_lock.py), where recorded
+    lock_wait_s: float = 0.0
 
     @property
     def seconds(self) -> float:
         return self.stop - self.start
+
+    @property
+    def held_from(self) -> float:
+        """When it had the machine: a heavy test's set-up includes its wait for the others to end."""
+        return self.lock_at if self.lock_at is not None else self.start
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,8 @@ def load(path: Path) -> tuple[list[Test], list[Tick]]:
         test.phases[phase["phase"]] = round(phase["stop"] - phase["start"], 1)
         if phase.get("cpu_s") is not None:
             test.cpu_s = (test.cpu_s or 0.0) + phase["cpu_s"]
+        if phase.get("run_lock"):
+            test.lock_at, test.lock_wait_s = phase["run_lock"]["at"], phase["run_lock"]["waited_s"]
     return sorted(tests.values(), key=lambda t: t.start), sorted(ticks, key=lambda t: t.at)
 
 
@@ -74,13 +83,27 @@ def machine_busy(tests: list[Test], ticks: list[Tick]) -> dict[str, dict[str, fl
         if after.total <= before.total:
             continue
         middle = (before.at + after.at) / 2
-        running = next((t for t in heavy if t.start <= middle <= t.stop), None)
-        name = running.name.split("::", 1)[0].rsplit("/", 1)[-1] if running else "light"
+        running = sorted(_file(t) for t in heavy if t.held_from <= middle <= t.stop)
+        name = " + ".join(running) if running else "light"
         span = spans.setdefault(name, [0.0, 0, 0])
         span[0] += after.at - before.at
         span[1] += after.busy - before.busy
         span[2] += after.total - before.total
     return {name: {"seconds": round(s), "busy": round(busy / total, 2)} for name, (s, busy, total) in spans.items()}
+
+
+def _file(test: Test) -> str:
+    return test.name.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+def heavy_seconds(tests: list[Test]) -> float:
+    """How long heavy tests held the machine: paired ones overlap, so their spans are joined."""
+    spans = sorted((t.held_from, t.stop) for t in tests if t.heavy)
+    total, reach = 0.0, float("-inf")
+    for start, stop in spans:
+        total += max(0.0, stop - max(start, reach))
+        reach = max(reach, stop)
+    return total
 
 
 def _cpu_total(tests: list[Test]) -> int | None:
@@ -119,7 +142,9 @@ def main() -> int:
             }
             for p in processes
         },
-        "heavy_s": round(sum(t.seconds for t in tests if t.heavy)),
+        "heavy_s": round(heavy_seconds(tests)),
+        # What the heavy tests waited for the light ones running as they came to end.
+        "heavy_waits_s": round(sum(t.lock_wait_s for t in tests if t.heavy)),
         "machine_busy": machine_busy(tests, ticks) if len(ticks) > 1 else None,
         "slowest": [
             {"test": t.name, "process": t.process, "heavy": t.heavy, "at_s": round(t.start - began), **t.phases}
@@ -141,8 +166,8 @@ def main() -> int:
             if t.seconds >= LABELLED_S:
                 label = t.name.rsplit("/", 1)[-1].split("[", 1)[0][:40]
                 axes.text(t.start - began + 2, row, label, fontsize=6, rotation=90, va="center")
-    for t in (t for t in tests if t.heavy):  # the other process's bars meanwhile are waits for the lock
-        axes.axvspan(t.start - began, t.stop - began, color="tab:red", alpha=0.12, linewidth=0)
+    for t in (t for t in tests if t.heavy):  # the other processes' bars meanwhile are waits for the lock
+        axes.axvspan(t.held_from - began, t.stop - began, color="tab:red", alpha=0.12, linewidth=0)
     if len(ticks) > 1:  # the cores' busy share over each minute, on the same time axis
         busy = axes.twinx()
         minutes = _by_minute(ticks)

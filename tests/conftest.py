@@ -11,6 +11,7 @@ their waits on a small machine.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _heavy_tests_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test under the run's lock; the timeline learns how long it waited for it, and when it got it."""
+    asked = time.monotonic()
     with parallel.heavy_tests_alone(request.node):
+        request.node.user_properties.append(("run_lock", {"at": time.time(), "waited_s": time.monotonic() - asked}))
         yield
 
 

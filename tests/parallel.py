@@ -8,7 +8,8 @@ DB and the packaging tests' wheel are each made once per process.
 Tests marked ``heavy`` (many JVMs, broker restarts, load steps timed in seconds) run alone: on
 a small machine anything beside them starves them past the time bounds they wait with (a share
 lock expiring, a Python worker not connecting back in time, executors due within two autoscaler
-decisions). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
+decisions). Those marked ``heavy(paired=True)``, the fault tests that mostly wait, may run two
+at once (tests/run_lock.py). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
 are not heavy although they run pods: their bounds are minutes, so they run beside the light
 tests, and their waits on pods and rollouts overlap the light tests' work. A stack that keeps working between
 tests (Airflow, tests/airflow_stack.py) counts as light from its start to its stop, not only
@@ -22,7 +23,6 @@ the run's timeline says what each test costs the machine, not only how long it t
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
@@ -31,11 +31,14 @@ from pathlib import Path
 
 import cpu_accounting
 import pytest
+import run_lock
 from xdist.scheduler import LoadScopeScheduling
 
 TESTS = Path(__file__).parent
 SHARED_BY_FOLDER = ("kubernetes", "airflow", "packaging")
-FOLDER_ORDER = ("kubernetes", "integration", "packaging", "airflow", "unit")
+# The two longest units of work first, each in a process of its own from the start: placed after
+# the integration files, Airflow's folder (about 10 min, run in one process) was the run's tail.
+FOLDER_ORDER = ("kubernetes", "airflow", "integration", "packaging", "unit")
 HEAVY = "heavy"
 
 # `make check`, the fast loop: every unit test, and the integration tests against the real broker
@@ -118,33 +121,10 @@ _light_holds = 0  # open light holds of this process: its background stacks and 
 
 
 @contextmanager
-def _files_lock(run: str, heavy: bool) -> Iterator[None]:
-    """The run's readers-writer lock over files: light holders share it, a heavy test holds it alone.
+def _run_lock(kind: str) -> Iterator[None]:
+    """The run's lock (tests/run_lock.py), only when processes share the run.
 
-    A heavy test waiting holds the gate, so no new light holder starts and it is not starved by
-    light tests that follow each other.
-    """
-    files = Path(tempfile.gettempdir()) / f"queueplane-tests-{run}"
-    with open(f"{files}.gate", "w") as gate, open(f"{files}.lock", "w") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if heavy else fcntl.LOCK_SH)
-        finally:
-            if not heavy:
-                fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            if heavy:
-                fcntl.flock(gate, fcntl.LOCK_UN)
-
-
-@contextmanager
-def _run_lock(heavy: bool) -> Iterator[None]:
-    """The run's lock, only when processes share the run.
-
-    A process that already holds it shared (a module's background stack) lets its own light tests
+    A process that already holds it light (a module's background stack) lets its own light tests
     through without asking again: asking would queue them behind a heavy test that waits for that
     very hold.
     """
@@ -153,12 +133,13 @@ def _run_lock(heavy: bool) -> Iterator[None]:
     if run is None:
         yield
         return
-    if heavy and _light_holds:
+    if kind != run_lock.LIGHT and _light_holds:
         raise RuntimeError("a heavy test cannot run while its own process keeps a background stack running")
     with contextlib.ExitStack() as held:
-        if heavy or not _light_holds:
-            held.enter_context(_files_lock(run, heavy))
-        if not heavy:
+        if kind != run_lock.LIGHT or not _light_holds:
+            lock = run_lock.RunLock(Path(tempfile.gettempdir()) / f"queueplane-tests-{run}.json")
+            held.enter_context(lock.held(kind))
+        if kind == run_lock.LIGHT:
             _light_holds += 1
             held.callback(_release_light)
         yield
@@ -169,9 +150,18 @@ def _release_light() -> None:
     _light_holds -= 1
 
 
+def kind_of(item: pytest.Item) -> str:
+    """light, heavy, or paired: heavy, but one other paired test may run beside it."""
+    marker = item.get_closest_marker(HEAVY)
+    if marker is None:
+        return run_lock.LIGHT
+    return run_lock.PAIRED if marker.kwargs.get("paired") else run_lock.HEAVY
+
+
 def heavy_tests_alone(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
-    """A heavy test runs alone; light tests run beside each other (only when processes share the run)."""
-    return _run_lock(heavy=item.get_closest_marker(HEAVY) is not None)
+    """A heavy test runs alone (a paired one beside one other paired test at most); light tests
+    run beside each other (only when processes share the run)."""
+    return _run_lock(kind_of(item))
 
 
 def background_stack() -> contextlib.AbstractContextManager[None]:
@@ -179,7 +169,7 @@ def background_stack() -> contextlib.AbstractContextManager[None]:
     scheduler and DAG processor): that stack is load a heavy test must not have beside it, least of
     all while it starts. Its start waits for a running heavy test to end, and a heavy test waits
     for the stack to stop."""
-    return _run_lock(heavy=False)
+    return _run_lock(run_lock.LIGHT)
 
 
 class SharedFolderScheduling(LoadScopeScheduling):

@@ -4,7 +4,7 @@
 controller, or pytest alone) appends one JSON line per test phase, and bench/test_timeline.py
 draws them. The suite is split in processes and heavy tests run alone (parallel.py), so the
 sum of the tests' durations says little about the run's length; the timeline shows which
-process ran what when, and a heavy test's wait for the lock shows as a long set-up. Where the
+process ran what when, and when each test got the run's lock after how long a wait. Where the
 machine counts it, each phase also carries its process's CPU time (cpu_accounting.py), and the
 whole machine's CPU time so far: a process's count misses what it asked others to run (the
 local Kubernetes' pods), and the machine's says how busy the run kept the cores.
@@ -37,6 +37,7 @@ def record(report: pytest.TestReport) -> None:
         "outcome": report.outcome,
         "heavy": HEAVY in report.keywords,
         "cpu_s": getattr(report, "cpu_s", None),  # its process's CPU meanwhile, where counted
+        "run_lock": dict(report.user_properties).get("run_lock") if report.when == "setup" else None,
         "machine": machine_ticks(),
     }
     with open(path, "a") as out:

@@ -26,7 +26,7 @@ from worker_support import (
     recovered_after,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
+pytestmark = [pytest.mark.kafka, pytest.mark.heavy(paired=True)]
 
 # Mid-run, longer than a synchronous group commit waits for its coordinator (45 s measured) and
 # than the kmq tracker's metadata interval (30 s): each of a worker's calls to the broker fails

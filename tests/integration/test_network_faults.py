@@ -34,7 +34,7 @@ from queueplane.local.fault_proxy import FaultProxy
 from queueplane.local.processes import free_port
 from queueplane.local.stack import HOST, LocalStack
 
-pytestmark = [pytest.mark.kafka, pytest.mark.heavy]
+pytestmark = [pytest.mark.kafka, pytest.mark.heavy(paired=True)]
 
 RATE = 50  # records a second to each queue, arriving from before the faults until after them
 # And a burst to each queue as the first fault begins: in flight through it. Trivial records, so
