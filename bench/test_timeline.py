@@ -2,10 +2,10 @@
 
 `make test` records it (tests/timeline.py) in ``.queueplane/test-timeline.jsonl``; this prints
 the run's span, each process's busy time, the heavy tests' total (they run alone, or paired:
-the other processes wait meanwhile) and their waits for the light tests to end, how busy the
-machine's cores were while light tests ran and while each heavy test ran (where the run
-recorded the machine's CPU time), the slowest tests and those that took the most CPU (where
-the run counted it: tests/cpu_accounting.py), and draws ``bench/results/test-timeline.png``.
+the other processes wait meanwhile) and their waits for the lock, how busy the machine's cores
+were while light tests ran and while each heavy test ran (where the run recorded the machine's
+CPU time), the slowest tests and those that took the most CPU (where the run counted it:
+tests/cpu_accounting.py), and draws ``bench/results/test-timeline.png``.
 
     .venv/bin/python bench/test_timeline.py [.queueplane/test-timeline.jsonl]
 """
@@ -143,7 +143,7 @@ def main() -> int:
             for p in processes
         },
         "heavy_s": round(heavy_seconds(tests)),
-        # What the heavy tests waited for the light ones running as they came to end.
+        # What the heavy tests waited for the lock: light tests ending (idle cores) or another heavy test.
         "heavy_waits_s": round(sum(t.lock_wait_s for t in tests if t.heavy)),
         "machine_busy": machine_busy(tests, ticks) if len(ticks) > 1 else None,
         "slowest": [

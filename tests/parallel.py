@@ -9,12 +9,12 @@ Tests marked ``heavy`` (many JVMs, broker restarts, load steps timed in seconds)
 a small machine anything beside them starves them past the time bounds they wait with (a share
 lock expiring, a Python worker not connecting back in time, executors due within two autoscaler
 decisions). Those marked ``heavy(paired=True)``, the fault tests that mostly wait, may run two
-at once (tests/run_lock.py). Light tests run side by side, and first. The Kubernetes deploy and upgrade tests
-are not heavy although they run pods: their bounds are minutes, so they run beside the light
-tests, and their waits on pods and rollouts overlap the light tests' work. A stack that keeps working between
-tests (Airflow, tests/airflow_stack.py) counts as light from its start to its stop, not only
-during its tests: started beside a heavy test, Airflow's processes took the CPU a Spark worker
-needed to connect back to its JVM in time.
+at once (tests/run_lock.py). Light tests run side by side, and first. The Kubernetes deploy and
+upgrade tests are not heavy although they run pods: their bounds are minutes, so they run beside
+the light tests, and their waits on pods and rollouts overlap the light tests' work. A stack
+that keeps working between tests (Airflow, tests/airflow_stack.py) counts as light from its
+start to its stop, not only during its tests: started beside a heavy test, Airflow's processes
+took the CPU a Spark worker needed to connect back to its JVM in time.
 
 Each process also counts its CPU, everything it starts included (tests/cpu_accounting.py), so
 the run's timeline says what each test costs the machine, not only how long it took.
