@@ -167,12 +167,11 @@ test-host:
 
 # The suite runs in TEST_PROCESSES pytest processes, split by file; tests/parallel.py keeps the
 # folders that share a session resource (the local Kubernetes, Airflow's DB) in one process and
-# runs the tests marked heavy alone. Four processes on two cores: most light tests wait (locks
-# running out, idle windows, outages); with two the machine was half idle while they ran, with
-# three still a fifth.
+# runs the tests marked heavy alone. Three processes on two cores: most light tests wait (locks
+# running out, idle windows, outages), and with two the machine was half idle while they ran.
 # Each run's timeline (tests/timeline.py) is kept in
 # TEST_TIMELINE; `bench/test_timeline.py` says where its time went and draws it.
-TEST_PROCESSES ?= 4
+TEST_PROCESSES ?= 3
 TEST_TIMELINE := .queueplane/test-timeline.jsonl
 test: setup-test lint typecheck
 	@mkdir -p .queueplane && rm -f $(TEST_TIMELINE)
