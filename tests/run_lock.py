@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from queueplane.local.processes import pid_alive
+
 LIGHT, HEAVY, PAIRED = "light", "heavy", "paired"
 KINDS = (LIGHT, HEAVY, PAIRED)
 POLL_S = 0.2
@@ -80,19 +82,9 @@ class RunLock:
                 text = self.path.read_text() if self.path.exists() else ""
                 state = json.loads(text) if text else {"holders": {}, "waiting": {}}
                 for entries in state.values():
-                    for token in [t for t in entries if not _alive(int(t.split(":", 1)[0]))]:
+                    for token in [t for t in entries if not pid_alive(int(t.split(":", 1)[0]))]:
                         del entries[token]
                 yield state
                 self.path.write_text(json.dumps(state))
             finally:
                 fcntl.flock(mutex, fcntl.LOCK_UN)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
