@@ -345,8 +345,8 @@ class Tracker:
         if topic is None or topic.error is not None:
             raise KafkaException(topic.error if topic is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
         new = set(topic.partitions) - assigned
-        unread = sorted(p for p in new if p not in self.positions)
         if new:
+            unread = sorted(p for p in new if p not in self.positions)
             committed = committed_positions(consumer, self.topic, unread) if unread else []
             start = [
                 TopicPartition(self.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
