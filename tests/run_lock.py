@@ -85,6 +85,8 @@ class RunLock:
                     for token in [t for t in entries if not pid_alive(int(t.split(":", 1)[0]))]:
                         del entries[token]
                 yield state
-                self.path.write_text(json.dumps(state))
+                written = self.path.with_name(f"{self.path.name}.{os.getpid()}")
+                written.write_text(json.dumps(state))
+                os.replace(written, self.path)  # whole: a reader without the mutex never sees half
             finally:
                 fcntl.flock(mutex, fcntl.LOCK_UN)

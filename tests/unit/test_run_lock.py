@@ -100,3 +100,30 @@ def test_what_a_dead_process_held_is_dropped(tmp_path):
     assert _eventually(lambda: inside == [LIGHT])
     done.set()
     assert _eventually(lambda: json.loads((tmp_path / "run.json").read_text()) == {"holders": {}, "waiting": {}})
+
+
+def test_the_file_is_always_whole_for_a_reader_without_the_mutex(tmp_path):
+    """The tests above (and anyone looking at a run) read the file without the mutex."""
+    lock = RunLock(tmp_path / "run.json")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            with lock.held(LIGHT):
+                pass
+
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        reads = 0
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            if (tmp_path / "run.json").exists():
+                assert set(json.loads((tmp_path / "run.json").read_text())) == {"holders", "waiting"}
+                reads += 1
+        assert reads > 100
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
