@@ -32,6 +32,10 @@ _COORDINATOR_MOVING = {
     KafkaError._WAIT_COORD,
 }
 
+# A partition's leader moving, or not yet elected on a topic just created. The broker's answer per
+# partition comes without librdkafka's retriable flag, so the codes are named.
+LEADER_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+
 
 def log_offsets(admin: AdminClient, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
     """(log-start, log-end) per partition."""
@@ -62,7 +66,9 @@ def list_offsets(
             return {tp.partition: futures[tp].result(left) for tp in tps}
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            if not isinstance(error, KafkaError) or not error.retriable() or time.monotonic() > deadline:
+            if not isinstance(error, KafkaError) or time.monotonic() > deadline:
+                raise
+            if not (error.retriable() or error.code() in LEADER_MOVING):
                 raise
             time.sleep(0.2)
 

@@ -14,7 +14,7 @@ import time
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from queueplane.kafka import clients
-from queueplane.kafka.offsets import committed_offsets, log_offsets
+from queueplane.kafka.offsets import LEADER_MOVING, committed_offsets, log_offsets
 from queueplane.kafka.protocol import share_partition_offsets
 from queueplane.kafka.target import KafkaTarget
 from queueplane.spec.model import QueueSpec
@@ -22,11 +22,7 @@ from queueplane.spec.model import QueueSpec
 READ_TIMEOUT_S = 10.0
 
 # Leaders moving, a topic just created: the answer is unknown this time, not an error.
-_SETTLING = {
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-}
+_SETTLING = {*LEADER_MOVING, KafkaError.UNKNOWN_TOPIC_OR_PART}
 
 Ends = dict[int, tuple[int, int]]  # (log-start, log-end) per partition
 
