@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -24,6 +25,7 @@ from queueplane.kafka.cluster import refusal
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.consumer.executor.member import MEMBERS, GroupMember, MemberFailed
 from queueplane.run.consumer.executor.process import ConsumerSettings, MemberSettings
+from queueplane.run.consumer.executor.unreported import SliceId
 from queueplane.run.executor.processes import PerProcess
 from queueplane.run.outcomes import OUTCOME_SCHEMA, SKIPPED, Outcome, columns_batch, columns_of
 
@@ -36,12 +38,13 @@ QUEUE_ENV = "QUEUEPLANE_CONSUMER_QUEUE"
 
 
 class SliceTask(InputPartition):
-    """One task of a micro-batch; ``skipped``: per partition, records the group committed that no
-    micro-batch of this checkpoint reported (a restart from an older checkpoint), counted once."""
+    """One task of a micro-batch (``slice_id``: the same in each attempt of it); ``skipped``: per
+    partition, records the group committed that no micro-batch of this checkpoint reported (a
+    restart from an older checkpoint), counted once."""
 
-    def __init__(self, index: int, final: bool, skipped: dict[int, tuple[int, int]] | None = None):
-        super().__init__(index)
-        self.index = index
+    def __init__(self, slice_id: SliceId, final: bool, skipped: dict[int, tuple[int, int]] | None = None):
+        super().__init__(slice_id.index)
+        self.slice_id = slice_id
         self.final = final
         self.skipped = skipped or {}
 
@@ -58,6 +61,7 @@ class MemberStreamReader(DataSourceStreamReader):
         self.drain_file = drain_file
         self.partition_count = partitions
         self.batch = 0
+        self.run = uuid.uuid4().hex  # this reader's: a slice of another run is never one of ours
         self._planned = False  # whether this query's run planned a batch of its own yet
         self._group: Any = None
         self._restart_base: dict[str, int] | None = None  # the checkpoint's last batch's commits
@@ -106,13 +110,14 @@ class MemberStreamReader(DataSourceStreamReader):
                 before = base.get(key)
                 if before is not None and offset > before:
                     skipped[int(key)] = (before, offset)
-        return [SliceTask(i, final, skipped if i == 0 else None) for i in range(self.tasks)]
+        batch = int(end.get("batch", 0))
+        return [SliceTask(SliceId(self.run, batch, i), final, skipped if i == 0 else None) for i in range(self.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         task = cast(SliceTask, partition)  # what partitions() planned
         member = self.members.get(self.settings_json)
         try:
-            blocks = member.run_batch(final=task.final)
+            blocks = member.run_batch(task.slice_id, final=task.final)
         except MemberFailed as exc:
             refused = refusal(exc.__cause__) if exc.__cause__ is not None else None
             if refused is None:

@@ -49,7 +49,7 @@ from queueplane.kafka import names as kn
 from queueplane.kafka.offsets import fetch_committed
 from queueplane.run.consumer.executor.partition import PartitionTask
 from queueplane.run.consumer.executor.process import ConsumerSettings, WorkerProcess
-from queueplane.run.consumer.executor.unreported import Unreported
+from queueplane.run.consumer.executor.unreported import Range, SliceId, Unreported
 from queueplane.run.executor.crash_journal import journal_folder
 from queueplane.run.executor.processes import PerProcess
 from queueplane.run.outcomes import DELIVERY_TIMEOUT_S, SKIPPED, Outcome, OutcomeColumns, columns_of
@@ -84,6 +84,7 @@ class GroupMember:
         self._rows: list[OutcomeColumns] = []  # rows of what was committed, not yet collected by a slice
         self._tokens: list[int] = []  # the notes (unreported.py) that count those rows
         self._collect_due = False
+        self._next_dead_look = 0.0  # when to look for a dead process's file next (monotonic)
         self._error: BaseException | None = None
         self._batch_lock = threading.Lock()
         self._lease = threading.Condition()
@@ -112,20 +113,33 @@ class GroupMember:
         return self.settings.lock_ms / 1000 * self.settings.slot_queue + DELIVERY_TIMEOUT_S
 
     # -- the slices (a micro-batch task's thread) ------------------------------------------
-    def run_batch(self, final: bool = False) -> list[OutcomeColumns]:
-        """Renew the lease for one time slice and return the rows committed meanwhile; ``final``
-        drains instead: every task finishes and commits, the member leaves the group, and the
-        rows of all of it come back."""
+    def run_batch(self, slice_id: SliceId, final: bool = False) -> list[OutcomeColumns]:
+        """Renew the lease for one time slice (the micro-batch task ``slice_id``) and return the
+        rows committed meanwhile; ``final`` drains instead: every task finishes and commits, the
+        member leaves the group, and the rows of all of it come back."""
         with self._batch_lock:
+            self._claim_handed(slice_id)
             self._raise_error()
             if final:
                 self._stop_member()
                 self._raise_error()
-                return self._take()
+                return self._take(slice_id)
             self._ensure_member()
             self._hold_lease()
             self._raise_error()
-            return self._take()
+            return self._take(slice_id)
+
+    def _claim_handed(self, slice_id: SliceId) -> None:
+        """Rows an earlier attempt of this slice had when its process died: counted as skipped."""
+        rows = _skipped_rows(self.topic, self.unreported.slice_started(slice_id))
+        if rows:
+            log.info(
+                "%s: %d rows an earlier attempt of this task lost with its process: skipped",
+                self.settings.queue,
+                len(rows),
+            )
+            with self._lock:
+                self._rows.append(columns_of(rows))
 
     def _raise_error(self) -> None:
         with self._lock:
@@ -133,11 +147,11 @@ class GroupMember:
         if error is not None:
             raise MemberFailed(f"the group member of {self.settings.queue} failed: {error}") from error
 
-    def _take(self) -> list[OutcomeColumns]:
+    def _take(self, slice_id: SliceId) -> list[OutcomeColumns]:
         with self._lock:
             rows, self._rows = self._rows, []
             tokens, self._tokens = self._tokens, []
-        self.unreported.reported(tokens)
+        self.unreported.handed(tokens, slice_id)
         if rows:
             self._last_rows = time.monotonic()
         return rows
@@ -266,8 +280,7 @@ class GroupMember:
             if self._over_uncommitted():
                 self._commit_all(force=True)
                 next_commit = time.monotonic() + COMMIT_S
-            if self._collect_due:
-                self._collect_unreported()
+            self._collect_if_due()
             now = time.monotonic()
             if now >= next_commit:
                 next_commit = now + COMMIT_S
@@ -542,15 +555,21 @@ class GroupMember:
                 log.warning("%s: closing the group member: %s", self.settings.queue, exc)
 
     # -- rebalance callbacks (on the member's thread, inside a poll) -----------------------
+    def _collect_if_due(self) -> None:
+        """Collect at an assignment, and whenever a dead process's file is seen (looked for once
+        a commit interval): the run may end before its partitions are given to anyone."""
+        now = time.monotonic()
+        if not self._collect_due and now >= self._next_dead_look:
+            self._next_dead_look = now + COMMIT_S
+            self._collect_due = self.unreported.dead_left()
+        if self._collect_due:
+            self._collect_unreported()
+
     def _collect_unreported(self) -> None:
         """Rows a dead process committed and never reported: counted as skipped (unreported.py)."""
         self._collect_due = False
         found = self.unreported.collect(lambda parts: fetch_committed(self._consumer, self.topic, parts))
-        rows = [
-            Outcome(self.topic, partition, max(first, 0) + i, None, 1, SKIPPED, None, 0.0, 0)
-            for partition, first, _end, count in found
-            for i in range(count)
-        ]
+        rows = _skipped_rows(self.topic, found)
         if rows:
             log.info("%s: %d rows a dead process committed and never reported: skipped", self.settings.queue, len(rows))
             self._rows_added(([columns_of(rows)], []))
@@ -622,6 +641,14 @@ class GroupMember:
         self._stop_member()
         self.process.close()
         self.unreported.close()
+
+
+def _skipped_rows(topic: str, ranges: list[Range]) -> list[Outcome]:
+    return [
+        Outcome(topic, partition, max(first, 0) + i, None, 1, SKIPPED, None, 0.0, 0)
+        for partition, first, _end, count in ranges
+        for i in range(count)
+    ]
 
 
 MEMBERS: PerProcess[GroupMember] = PerProcess(lambda text: GroupMember(ConsumerSettings.from_json(text)))

@@ -139,8 +139,7 @@ class KmqMember(GroupMember):
             messages = consumer.consume(POLL_RECORDS, POLL_S)
             if messages:
                 self._take_messages(messages)
-            if self._collect_due:
-                self._collect_unreported()
+            self._collect_if_due()
             self._commit_settled()
             self._commit_positions()
             held = sum(len(records) for records in self._held.values())
