@@ -167,11 +167,11 @@ test-host:
 
 # The suite runs in TEST_PROCESSES pytest processes, split by file; tests/parallel.py keeps the
 # folders that share a session resource (the local Kubernetes, Airflow's DB) in one process and
-# runs the tests marked heavy alone. Three processes on two cores: most light tests wait (locks
-# running out, idle windows, outages), and with two the machine was half idle while they ran.
-# Each run's timeline (tests/timeline.py) is kept in
+# runs the tests marked heavy alone, after the light ones. Four processes on two cores: most
+# light tests wait (locks running out, idle windows, outages), and with three the cores were a
+# fifth idle while they ran. Each run's timeline (tests/timeline.py) is kept in
 # TEST_TIMELINE; `bench/test_timeline.py` says where its time went and draws it.
-TEST_PROCESSES ?= 3
+TEST_PROCESSES ?= 4
 TEST_TIMELINE := .queueplane/test-timeline.jsonl
 test: setup-test lint typecheck
 	@mkdir -p .queueplane && rm -f $(TEST_TIMELINE)

@@ -38,11 +38,13 @@ TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_JVM} {spark_archive.java_options()}".strip())
     os.environ.setdefault(BROKER_JVM_OPTS, TEST_JVM)
+    parallel.run_started(config)
     parallel.process_started()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     parallel.process_ending()
+    parallel.run_ended(config)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -63,6 +65,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     parallel.mark_check(items)
     parallel.in_run_order(items)
+    parallel.note_kinds(items)
 
 
 @pytest.fixture(autouse=True)

@@ -23,11 +23,14 @@ the run's timeline says what each test costs the machine, not only how long it t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import cpu_accounting
 import pytest
@@ -40,6 +43,7 @@ SHARED_BY_FOLDER = ("kubernetes", "airflow", "packaging")
 # the integration files, Airflow's folder (about 10 min, run in one process) was the run's tail.
 FOLDER_ORDER = ("kubernetes", "airflow", "integration", "packaging", "unit")
 HEAVY = "heavy"
+HEAVY_PART = " (heavy)"  # a shared folder's heavy tests: a unit of their own
 
 # `make check`, the fast loop: every unit test, and the integration tests against the real broker
 # that start no Spark worker (each test that does costs half a minute to two of CPU). A new
@@ -137,7 +141,7 @@ def _run_lock(kind: str) -> Iterator[None]:
         raise RuntimeError("a heavy test cannot run while its own process keeps a background stack running")
     with contextlib.ExitStack() as held:
         if kind != run_lock.LIGHT or not _light_holds:
-            lock = run_lock.RunLock(Path(tempfile.gettempdir()) / f"queueplane-tests-{run}.json")
+            lock = run_lock.RunLock(Path(tempfile.gettempdir()) / _run_file(run, ".json"))
             held.enter_context(lock.held(kind))
         if kind == run_lock.LIGHT:
             _light_holds += 1
@@ -172,13 +176,128 @@ def background_stack() -> contextlib.AbstractContextManager[None]:
     return _run_lock(run_lock.LIGHT)
 
 
+def run_started(config: pytest.Config) -> None:
+    """The run's controller names the run (xdist's testrunuid) before its processes start, so
+    its scheduler finds the file they write their heavy tests to (``note_kinds``)."""
+    if not hasattr(config, "workerinput") and config.getoption("testrunuid", None) is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def run_ended(config: pytest.Config) -> None:
+    """The controller removes the run's files (the lock's, the kinds') once its processes ended."""
+    run = config.getoption("testrunuid", None)
+    if not hasattr(config, "workerinput") and run:
+        for path in Path(tempfile.gettempdir()).glob(f"{_run_file(run, '')}*"):
+            path.unlink(missing_ok=True)
+
+
+def _run_file(run: str, suffix: str) -> str:
+    return f"queueplane-tests-{run}{suffix}"
+
+
+def _kinds_file(run: str) -> Path:
+    return Path(tempfile.gettempdir()) / _run_file(run, "-kinds.json")
+
+
+def note_kinds(items: list[pytest.Item]) -> None:
+    """In each process of a run: the node ids of the tests that are not light, and their kind,
+    for the controller's scheduler (which sees node ids only). Every process writes the same."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return
+    kinds = {item.nodeid: kind for item in items if (kind := kind_of(item)) != run_lock.LIGHT}
+    path = _kinds_file(run)
+    written = path.with_name(f"{path.name}.{os.getpid()}")
+    written.write_text(json.dumps(kinds))
+    os.replace(written, path)
+
+
 class SharedFolderScheduling(LoadScopeScheduling):
-    """xdist's loadfile, except that each folder of SHARED_BY_FOLDER is one unit of work.
+    """xdist's loadfile, with the heavy tests kept for the end.
+
+    - Each folder of SHARED_BY_FOLDER is one unit of work, and its heavy tests another, which
+      goes to the process that ran the first (the one holding the folder's session resources).
+    - A unit with a heavy test is handed out only once every light test has been, and only to a
+      process with nothing left to run: given earlier, each one stopped the light tests of every
+      process while it waited for the lock and ran (xdist hands a process its next unit while two
+      of its tests are pending, so one process took all three heavy files mid-run). At the end
+      the heavy units go out to idle processes at once, so the paired ones meet.
 
     (pytest-xdist's own ``xdist_group`` marks are not used: with pytest 9.2 they no longer
     reach the node ids that loadgroup reads, and tests of one group ran in several processes.)
     """
 
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._kinds: dict[str, str] | None = None
+        self._heavy_units: set[str] = set()
+        self._homes: dict[str, Any] = {}  # a shared folder -> the process that ran its light tests
+
+    def _kind(self, nodeid: str) -> str:
+        if self._kinds is None:
+            run = self.config.getoption("testrunuid", None)
+            path = _kinds_file(run) if run else None
+            self._kinds = json.loads(path.read_text()) if path is not None and path.exists() else {}
+        return self._kinds.get(nodeid, run_lock.LIGHT)
+
     def _split_scope(self, nodeid: str) -> str:
         name = folder(nodeid)
-        return name if name in SHARED_BY_FOLDER else nodeid.split("::", 1)[0]
+        if name not in SHARED_BY_FOLDER:
+            return nodeid.split("::", 1)[0]
+        return f"{name}{HEAVY_PART}" if self._kind(nodeid) != run_lock.LIGHT else name
+
+    def schedule(self) -> None:
+        if self.collection is None and self.collection_is_completed:
+            collection = next(iter(self.registered_collections.values()), [])
+            self._heavy_units = {self._split_scope(n) for n in collection if self._kind(n) != run_lock.LIGHT}
+        super().schedule()
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        super().mark_test_complete(node, item_index, duration)
+        for other in list(self.assigned_work):  # an idle process may take a heavy unit now
+            if other is not node:
+                self._reschedule(other)
+
+    def _reschedule(self, node: Any) -> None:
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if any(scope not in self._heavy_units for scope in self.workqueue):
+            super()._reschedule(node)
+            return
+        # Only heavy units are left. A process holds back its last test until it knows the next
+        # one, so one pending test is an idle process; they go out once every process is done
+        # with its light tests but that one.
+        if self._pending_of(self.assigned_work[node]) > 1 or any(
+            self._light_pending(work) > 1 for work in self.assigned_work.values()
+        ):
+            return
+        scope = self._heavy_unit_for(node)
+        if scope is not None:
+            self._assign_work_unit(node, scope)
+
+    def _light_pending(self, work: dict[str, dict[str, bool]]) -> int:
+        return sum(list(tests.values()).count(False) for scope, tests in work.items() if scope not in self._heavy_units)
+
+    def _heavy_unit_for(self, node: Any) -> str | None:
+        for scope in self.workqueue:
+            home = self._homes.get(scope.removesuffix(HEAVY_PART))
+            if home is None or home is node or home not in self.assigned_work:
+                return scope
+        return None
+
+    def _assign_work_unit(self, node: Any, scope: str | None = None) -> None:
+        """The given unit, or the first light one (xdist's schedule() asks without one)."""
+        if scope is None:
+            scope = next((s for s in self.workqueue if s not in self._heavy_units), None)
+            if scope is None:
+                self._reschedule(node)
+                return
+        work_unit = self.workqueue.pop(scope)
+        if scope in SHARED_BY_FOLDER:
+            self._homes[scope] = node
+        self.assigned_work.setdefault(node, {})[scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])

@@ -65,8 +65,8 @@ def _stop_started() -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """After the session's last Kubernetes test (its fixtures already torn down), the cluster it
-    started stops. The session's items are in run order (tests/parallel.py), and this folder is
-    one process's unit of work, so none of its tests comes after that one in this process."""
+    started stops. The session's items are in run order (tests/parallel.py), and this folder's
+    tests all run in one process (its heavy ones last), so none comes after that one here."""
     if not _started:
         return
     items = item.session.items
