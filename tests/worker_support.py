@@ -109,6 +109,10 @@ def handle(record):
             time.sleep(order.get("hang_s", 10))
         if order.get("sleep_ms"):
             time.sleep(order["sleep_ms"] / 1000)
+        if order.get("until_file"):  # held until the test creates the file (at most until_s)
+            deadline = start + order.get("until_s", 60)
+            while not os.path.exists(order["until_file"]) and time.time() < deadline:
+                time.sleep(0.05)
         if order.get("random_ms"):
             time.sleep(random.uniform(0, order["random_ms"]) / 1000)
         event["result"] = "ok"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
@@ -26,10 +27,14 @@ pytestmark = pytest.mark.kafka
 PARTITIONS = 3
 PER_PARTITION = 150
 # Each call sleeps this long and ordering=partition runs one call a partition at a time, so the
-# worker is busy for PER_PARTITION * SLEEP_MS after its members get their partitions: long enough
-# to read the group while it runs, however slow the machine.
+# group's commits move while it is read. The last record of each partition is held until the test
+# has read the group (RELEASE), so the worker still runs then, however slow the machine: its
+# queue is busy for PER_PARTITION * SLEEP_MS only, and Kafka's tool, a JVM, took longer than that
+# to start on a loaded machine.
 SLEEP_MS = 100
 WAIT_S = 300
+HOLD_S = WAIT_S - 60  # the held calls' bound, within the lock
+LOCK = f"{WAIT_S}s"
 COORDINATOR_BUSY = (
     KafkaError.NOT_COORDINATOR,
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
@@ -37,11 +42,13 @@ COORDINATOR_BUSY = (
 )
 
 
-def _produce(kafka, topic: str) -> None:
+def _produce(kafka, topic: str, release: Path) -> None:
     producer = Producer(dict(kafka.settings))
+    held = {"until_file": str(release), "until_s": HOLD_S}
     for partition in range(PARTITIONS):
         for i in range(PER_PARTITION):
-            producer.produce(topic, order(partition * PER_PARTITION + i, sleep_ms=SLEEP_MS), b"k", partition=partition)
+            fields = {"sleep_ms": SLEEP_MS, **(held if i == PER_PARTITION - 1 else {})}
+            producer.produce(topic, order(partition * PER_PARTITION + i, **fields), b"k", partition=partition)
     assert producer.flush(30) == 0
 
 
@@ -95,8 +102,9 @@ def _finished(queue: Queue) -> dict[int, set[int]]:
 
 
 def test_kafkas_tools_list_the_workers_members_and_its_commits_and_lag_are_right(kafka, tmp_path, cli_env):
-    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="partition", partitions=PARTITIONS)
-    _produce(kafka, queue.topic)
+    queue = make_queue(tmp_path, kafka, group_type="consumer", ordering="partition", partitions=PARTITIONS, lock=LOCK)
+    release = tmp_path / "release"
+    _produce(kafka, queue.topic, release)
     admin = clients.admin(kafka)
     log = tmp_path / "worker.log"
     worker = start_worker(queue, kafka, "--until-idle", "4s", log=log)
@@ -135,6 +143,7 @@ def test_kafkas_tools_list_the_workers_members_and_its_commits_and_lag_are_right
         # Never committed past a record whose handler had not finished.
         assert set(range(committed_after[partition])) <= finished[partition], (partition, committed_after)
     assert worker.poll() is None, "the worker was read while it ran"
+    release.touch()
 
     summary = json.loads(worker.communicate(timeout=WAIT_S)[0])
     assert worker.returncode == 0, log.read_text()[-3000:]
