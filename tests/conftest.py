@@ -73,7 +73,10 @@ def _heavy_tests_alone(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each test under the run's lock; the timeline learns how long it waited for it, and when it got it."""
     asked = time.monotonic()
     with parallel.heavy_tests_alone(request.node):
-        request.node.user_properties.append(("run_lock", {"at": time.time(), "waited_s": time.monotonic() - asked}))
+        waited_s = time.monotonic() - asked
+        request.node.user_properties.append(("run_lock", {"at": time.time(), "waited_s": waited_s}))
+        if waited_s > 1:
+            parallel.timeout_from_now(request.node)
         yield
 
 

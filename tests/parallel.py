@@ -154,6 +154,18 @@ def _release_light() -> None:
     _light_holds -= 1
 
 
+def timeout_from_now(item: pytest.Item) -> None:
+    """Start the test's pytest-timeout anew: a test that waited for the run's lock (the heavy ones
+    at the end wait for each other) has its whole timeout from when it got it."""
+    import pytest_timeout
+
+    settings = pytest_timeout._get_item_settings(item)
+    if settings.timeout and not settings.func_only:
+        hooks = item.config.pluginmanager.hook
+        hooks.pytest_timeout_cancel_timer(item=item)
+        hooks.pytest_timeout_set_timer(item=item, settings=settings)
+
+
 def kind_of(item: pytest.Item) -> str:
     """light, heavy, or paired: heavy, but one other paired test may run beside it."""
     marker = item.get_closest_marker(HEAVY)
@@ -220,8 +232,9 @@ class SharedFolderScheduling(LoadScopeScheduling):
     - A unit with a heavy test is handed out only once every light test has been, and only to a
       process with nothing left to run: given earlier, each one stopped the light tests of every
       process while it waited for the lock and ran (xdist hands a process its next unit while two
-      of its tests are pending, so one process took all three heavy files mid-run). At the end
-      the heavy units go out to idle processes at once, so the paired ones meet.
+      of its tests are pending, so one process took all three heavy files mid-run). The paired
+      units go out first, to two processes. The lock then runs the heavy units one by one (the
+      paired two together); a test's timeout counts from when it got the lock.
 
     (pytest-xdist's own ``xdist_group`` marks are not used: with pytest 9.2 they no longer
     reach the node ids that loadgroup reads, and tests of one group ran in several processes.)
@@ -231,6 +244,7 @@ class SharedFolderScheduling(LoadScopeScheduling):
         super().__init__(config, log)
         self._kinds: dict[str, str] | None = None
         self._heavy_units: set[str] = set()
+        self._paired_units: set[str] = set()  # heavy units whose heavy tests are all paired
         self._homes: dict[str, Any] = {}  # a shared folder -> the process that ran its light tests
 
     def _kind(self, nodeid: str) -> str:
@@ -250,6 +264,8 @@ class SharedFolderScheduling(LoadScopeScheduling):
         if self.collection is None and self.collection_is_completed:
             collection = next(iter(self.registered_collections.values()), [])
             self._heavy_units = {self._split_scope(n) for n in collection if self._kind(n) != run_lock.LIGHT}
+            alone = {self._split_scope(n) for n in collection if self._kind(n) == run_lock.HEAVY}
+            self._paired_units = self._heavy_units - alone
         super().schedule()
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
@@ -282,11 +298,17 @@ class SharedFolderScheduling(LoadScopeScheduling):
         return sum(list(tests.values()).count(False) for scope, tests in work.items() if scope not in self._heavy_units)
 
     def _heavy_unit_for(self, node: Any) -> str | None:
+        """The process's own folder's heavy tests first, then the paired units (so that they go
+        to two processes and meet, even when there are more heavy units than processes), then the
+        rest; never a folder's heavy tests that another live process holds."""
+        own, paired, rest = [], [], []
         for scope in self.workqueue:
             home = self._homes.get(scope.removesuffix(HEAVY_PART))
-            if home is None or home is node or home not in self.assigned_work:
-                return scope
-        return None
+            if home is node:
+                own.append(scope)
+            elif home is None or home not in self.assigned_work:
+                (paired if scope in self._paired_units else rest).append(scope)
+        return next(iter(own + paired + rest), None)
 
     def _assign_work_unit(self, node: Any, scope: str | None = None) -> None:
         """The given unit, or the first light one (xdist's schedule() asks without one)."""

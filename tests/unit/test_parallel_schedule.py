@@ -115,3 +115,17 @@ def test_a_process_with_light_work_left_gets_no_heavy_unit(scheduler):
     while busy.runnable():
         _run_one(made, busy)
     assert any(COLLECTION[i] in KINDS for p in processes for i in p.queue), "now they go out"
+
+
+def _handed(processes) -> set[str]:
+    return {COLLECTION[i] for p in processes for i in p.queue if COLLECTION[i] in KINDS}
+
+
+def test_the_paired_units_go_out_together_when_heavy_units_outnumber_the_processes(scheduler):
+    """Three processes, four heavy units: the Kubernetes one goes home, and the paired two to the
+    other two processes at once; the standalone autoscaling test goes out after them."""
+    made, processes = scheduler
+    while not _handed(processes):
+        _run_one(made, next(p for p in processes if p.runnable()))
+    assert _handed(processes) == {K8S_HEAVY, OUTAGE, FAULTS}
+    assert len([p for p in processes if {COLLECTION[i] for i in p.queue} & {OUTAGE, FAULTS}]) == 2
