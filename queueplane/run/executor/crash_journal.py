@@ -458,9 +458,7 @@ class CrashJournal:
 
     def _dead(self) -> list[Path]:
         """The call files of this queue's processes on this machine that are gone."""
-        return [
-            p for p in self.folder.glob(f"*{SUFFIX}") if p != self.path and not tag_alive(p.name.removesuffix(SUFFIX))
-        ]
+        return dead_process_files(self.folder, SUFFIX, self.path)
 
 
 def process_tag() -> str:
@@ -474,6 +472,11 @@ def tag_alive(tag: str) -> bool:
     """Whether the process ``process_tag`` named is still running."""
     pid, _, started = tag.partition("-")
     return pid.isdigit() and _start_time(int(pid)) == started
+
+
+def dead_process_files(folder: Path, suffix: str, own: Path) -> list[Path]:
+    """The files ``<process_tag><suffix>`` in ``folder`` of processes that are gone (not ``own``)."""
+    return [p for p in folder.glob(f"*{suffix}") if p != own and not tag_alive(p.name.removesuffix(suffix))]
 
 
 PARTIAL_SUFFIX = ".partial"  # a file being written anew (replace_whole)

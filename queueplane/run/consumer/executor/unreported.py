@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from queueplane.run.executor.crash_journal import folder_lock, process_tag, replace_whole, tag_alive
+from queueplane.run.executor.crash_journal import dead_process_files, folder_lock, process_tag, replace_whole
 
 SUFFIX = ".unreported"
 # How long ranges a dead process handed to a slice wait for that slice's retry, at most: Spark
@@ -175,14 +175,12 @@ class Unreported:
 
     def dead_left(self) -> bool:
         """Whether a process that is gone left a file here (read without the lock: a hint)."""
-        return any(not tag_alive(p.name[: -len(SUFFIX)]) for p in self.folder.glob(f"*{SUFFIX}") if p != self.path)
+        return bool(dead_process_files(self.folder, SUFFIX, self.path))
 
     def _dead_files(self) -> list[tuple[Path, list[_Note]]]:
         """The files of processes that are gone, and their notes (under the folder's lock)."""
         found: list[tuple[Path, list[_Note]]] = []
-        for path in self.folder.glob(f"*{SUFFIX}"):
-            if path == self.path or tag_alive(path.name[: -len(SUFFIX)]):
-                continue
+        for path in dead_process_files(self.folder, SUFFIX, self.path):
             try:
                 found.append((path, [_Note.of(entry) for entry in json.loads(path.read_bytes())]))
             except (OSError, ValueError, TypeError, IndexError):
