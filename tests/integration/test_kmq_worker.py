@@ -9,7 +9,16 @@ from collections import Counter
 
 import pytest
 from helpers import wait_for
-from worker_support import Supervised, kill_like_a_pod, make_queue, order, produce, read_all, start_worker
+from worker_support import (
+    Supervised,
+    kill_like_a_pod,
+    make_queue,
+    order,
+    produce,
+    read_all,
+    run_worker,
+    start_worker,
+)
 
 from queueplane.run import dead_letters as dlq
 from queueplane.run.kmq import markers as km
@@ -146,6 +155,36 @@ def test_hung_handler_is_redelivered_after_the_lock_and_failures_end_in_the_dlq(
     assert counts["accepted"] == warmup + 1 and counts["dlq"] == 2
     assert counts["redelivered"] == 1 + (LIMIT - 1)
     assert summary["lag_at_exit"] == 0
+
+
+def test_records_a_task_could_not_start_within_its_lock_come_back_with_their_delivery_uncounted(kafka, tmp_path):
+    """A task takes more records than its handler can start within lockDuration (one thread, 100 ms
+    a call, a 2 s lock), as a slow network or a loaded machine makes it do: those never called
+    are released and come back with the same delivery count. With deliveryLimit 1, a record goes
+    to the DLQ only after a call of it ran past the lock; were a delivery never called counted,
+    every record not started in time would be dead-lettered."""
+    total = 60
+    queue = make_queue(
+        tmp_path, kafka, group_type="kmq", lock="2s", partitions=1, concurrency=1, delivery_limit=1, max_in_flight=100
+    )
+    produce(kafka, queue.topic, [order(i, sleep_ms=100) for i in range(total)])
+    summary = run_worker(queue, kafka, "--until-idle", "8s", timeout=400)
+
+    released = [m for m in _markers(kafka, f"{queue.topic}.markers") if m.kind == km.RELEASE]
+    assert released, "the first task took more records than it could start within its lock"
+    assert {m.delivery_count for m in released} == {1}
+    events = queue.events()
+    called = {e["id"] for e in events}
+    dead = {json.loads(m.value())["id"]: m for m in read_all(kafka, queue.dlq, timeout_s=3)}
+    assert all(_header(m, dlq.HEADER_ERROR_CLASS) == "Timeout" for m in dead.values())
+    assert set(dead) <= called, f"dead-lettered without a call: {sorted(set(dead) - called)[:5]}"
+    outputs = Counter(
+        json.loads(m.value())["id"] for m in read_all(kafka, queue.output, expect_at_least=total - len(dead))
+    )
+    assert set(outputs) | set(dead) == {f"id-{i:06d}" for i in range(total)}, "nothing lost"
+    assert max(outputs.values()) == 1 and not set(outputs) & set(dead)
+    assert {e["dc"] for e in events} == {1}, "a released record comes back as the same delivery"
+    assert summary["counts"]["accepted"] == len(outputs) and summary["lag_at_exit"] == 0
 
 
 def test_kill_minus_9_between_start_and_end_markers_loses_nothing(kafka, tmp_path):

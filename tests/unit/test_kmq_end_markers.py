@@ -76,6 +76,10 @@ def _task(
     return task, producer, delivery, jobs
 
 
+def _marker_records(producer: _Producer) -> list[tuple[bytes, bytes]]:
+    return [(key, value) for topic, key, value, _ in producer.produced if topic == MARKERS]
+
+
 def _markers(producer: _Producer) -> list[int]:
     """The offsets of the records whose markers were produced."""
     produced = [(key, value) for topic, key, value, _ in producer.produced if topic == MARKERS]
@@ -104,6 +108,40 @@ def test_under_writes_that_never_pause_the_task_holds_them_once_a_marker_is_due(
     assert delivery.held == [True], "the handler threads' writes were held while the task waited"
     assert task._may_produce.is_set(), "and let go after"
     assert _markers(producer) == [0]
+
+
+def test_records_not_started_by_the_deadline_are_released_and_one_still_running_gets_no_marker():
+    task, producer, delivery, _ = _task(records=3)
+    _records(task)
+    delivery.idle = True
+    task.deadline = time.monotonic() + 0.3
+    task._running[0] = time.monotonic()  # its call is running; 1 and 2 never got a thread
+    added: list[int] = []
+    task.process.threads.add = added.append
+    task.wait()
+    assert added == [1], "a new thread stands in for the one stuck in the call"
+    produced = [m for key, value in _marker_records(producer) for m in km.decode(key, value)]
+    assert [(m.offset, m.kind, m.delivery_count) for m in produced] == [(1, km.RELEASE, 1), (2, km.RELEASE, 1)]
+    rows = {row.offset: (row.outcome, row.error) for row in task.drain()}
+    assert {offset: outcome for offset, (outcome, _) in rows.items()} == {0: "released", 1: "released", 2: "released"}
+    assert "ran past lockDuration" in rows[0][1] and "not started" in rows[1][1] and "not started" in rows[2][1]
+    task.process.journal = SimpleNamespace(crashes={})
+    task.run(1)  # a handler thread that reaches it now finds it ended
+    assert len(_marker_records(producer)) == 1, "no second marker"
+
+
+def test_a_record_a_thread_takes_after_the_deadline_is_released_without_a_call():
+    called = []
+    task, producer, delivery, _ = _task(records=1)
+    _records(task)
+    task.process.handler = called.append
+    task.process.journal = SimpleNamespace(crashes={}, call=lambda *a, **k: called.append(a))
+    delivery.idle = True
+    task.deadline = time.monotonic() - 1
+    task.run(0)
+    task._end_round(0.0)
+    assert called == []
+    assert [m.kind for key, value in _marker_records(producer) for m in km.decode(key, value)] == [km.RELEASE]
 
 
 def test_a_handler_thread_waits_with_its_writes_while_they_are_held():

@@ -73,6 +73,40 @@ def test_an_end_read_later_closes_the_delivery_and_its_deadline_goes_with_it():
     assert due(deliveries, 1400) == [(0, 2, 1, REDELIVER)]
 
 
+def test_a_release_makes_its_open_delivery_due_at_once_and_keeps_it_from_the_dlq():
+    """A task whose deadline came before a record's call releases it: no call was tried, so the
+    delivery, even the last one allowed, is redelivered and not counted."""
+    deliveries = OpenDeliveries(LOCK_MS, LIMIT)
+    fold(
+        deliveries,
+        km.Marker(0, 1, km.START, LIMIT, 100),
+        km.Marker(0, 2, km.START, 1, 100),
+        km.Marker(0, 1, km.RELEASE, LIMIT, 400),
+    )
+    assert [(e.offset, e.delivery_count, e.action, e.counted) for e in deliveries.due(400)] == [
+        (1, LIMIT, REDELIVER, False)
+    ], "due at the release, not at start + lock, and never a dead letter for it"
+    later = [(e.offset, e.action, e.counted) for e in deliveries.due(1100)]
+    assert later == [(1, REDELIVER, False), (2, REDELIVER, True)]
+    assert deliveries.open[(0, 1)].marker_offset == 0, "a restart still reads from its start marker"
+
+
+def test_a_release_of_a_delivery_no_longer_open_changes_nothing():
+    """Read after the tracker timed the delivery out (or after a later delivery's start), it must
+    not open it again: that would redeliver the message twice."""
+    deliveries = OpenDeliveries(LOCK_MS, LIMIT)
+    fold(deliveries, km.Marker(0, 1, km.START, 1, 100), km.Marker(0, 2, km.START, 2, 100))
+    deliveries.ended(deliveries.due(1100)[:1])  # 1 timed out and redelivered
+    fold(
+        deliveries,
+        km.Marker(0, 1, km.RELEASE, 1, 1200),
+        km.Marker(0, 2, km.RELEASE, 1, 1200),  # about an earlier delivery of 2
+        first_offset=2,
+    )
+    assert (0, 1) not in deliveries.open
+    assert deliveries.open[(0, 2)] == (2, 1100, 0, 1, True)
+
+
 def test_a_restart_reads_each_partition_from_its_oldest_marker_holding_an_open_delivery():
     deliveries = OpenDeliveries(LOCK_MS, LIMIT)
     fold(deliveries, km.Marker(0, 1, km.START, 1, 100), km.Marker(0, 2, km.START, 1, 100), partition=0)

@@ -14,12 +14,16 @@ the record is about the key's offset alone.
 
 ``start`` is written (and flushed) before the handler runs; ``end`` once the record is
 accepted with its outputs durable, or dead-lettered; ``retry`` when the handler asked for
-another delivery (the tracker redelivers after ``delay ms`` instead of the lock timeout).
+another delivery (the tracker redelivers after ``delay ms`` instead of the lock timeout);
+``release`` when the task gave the record to no handler call before its deadline (the task's
+records outran the lock, or its start markers took that long to be acknowledged): the tracker
+redelivers it without raising its delivery count, since no call was tried. A ``release`` that
+reaches the tracker after it timed the delivery out changes nothing: the delivery is closed.
 The tracker writes ``expired`` for a delivery it timed out and redelivered or dead-lettered:
 it closes the delivery as ``end`` does, but the message is counted where its copy or its dead
 letter is, never where the expired delivery was (resume.py).
 
-A ``tick`` (key ``tick``, partition 0) carries no delivery. Releases whose tracker was a Spark
+A ``tick`` (key ``tick``, partition 0) carries no delivery. Versions whose tracker was a Spark
 query wrote them to wake it; none is written now, and readers skip those still retained.
 
 A redelivery is a new record on the queue topic: the original key, value and headers, with
@@ -36,15 +40,15 @@ from typing import Any, NamedTuple
 
 from queueplane.run import dead_letters as dlq
 
-START, END, RETRY, EXPIRED = "start", "end", "retry", "expired"
-KINDS = (START, END, RETRY, EXPIRED)
+START, END, RETRY, EXPIRED, RELEASE = "start", "end", "retry", "expired", "release"
+KINDS = (START, END, RETRY, EXPIRED, RELEASE)
 ENDS = (END, EXPIRED)  # the kinds that close a delivery
 # An end marker may be written this share of lockDuration after its call ended (a task writes
 # them in rounds, at moments when its producer holds nothing unacknowledged, and waits for such a
 # moment no longer than this): so a call that ended just before its deadline may have its end
 # marker written after it, and the tracker waits this long past a deadline before it redelivers.
 LATE_END_SHARE = 0.2
-TICK = "tick"  # no delivery: written by earlier releases to wake their tracker
+TICK = "tick"  # no delivery: written by earlier versions to wake their tracker
 # Offsets one marker record carries at most: a run of 10,000 scattered offsets is about 80 kB.
 OFFSETS_PER_RECORD = 10_000
 

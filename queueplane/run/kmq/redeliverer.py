@@ -1,10 +1,11 @@
 """The kmq tracker's hands: a delivery whose deadline passed is read from the queue topic and produced again.
 
-A message is produced again onto the queue topic with its delivery count raised and its
-origin in the headers (``markers.redelivery_headers``), or, once ``deliveryLimit``
-deliveries were made, to the DLQ as a ``Timeout``; then the timed-out delivery's
-``expired`` marker is written. Only records it has read are ended: an expired record that cannot be read
-fails the round before any marker (``TrackerFetchFailed``), so nothing ends unread.
+A message is produced again onto the queue topic with its delivery count raised (kept, for a
+delivery its task released without a call) and its origin in the headers
+(``markers.redelivery_headers``), or, once ``deliveryLimit`` deliveries were made, to the DLQ
+as a ``Timeout``; then the timed-out delivery's ``expired`` marker is written. Only records it
+has read are ended: an expired record that cannot be read fails the round before any marker
+(``TrackerFetchFailed``), so nothing ends unread.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Expired:
     offset: int
     delivery_count: int
     action: str
+    counted: bool = True  # False: released, no call tried; the copy keeps this count
 
 
 class Redeliverer:
@@ -102,7 +104,8 @@ class Redeliverer:
                     )
                 )
             else:
-                headers = km.redelivery_headers(record.headers, where, item.delivery_count + 1, first_ms)
+                count = item.delivery_count + 1 if item.counted else item.delivery_count
+                headers = km.redelivery_headers(record.headers, where, count, first_ms)
                 writes.append((self.queue.topic.name, record.key, record.value, headers))
             done.append((record, item))
         produce_and_wait(self.producer, writes)

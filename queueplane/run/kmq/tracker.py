@@ -4,7 +4,10 @@ It keeps the open deliveries in memory (``OpenDeliveries``): per message, its de
 its deadline (start + ``lockDuration``, or a retry marker's time + its backoff) and where the
 marker that set them sits. An ``end`` marker closes a delivery; a deadline that passes first
 hands it to the ``Redeliverer``, which produces the message again (or to the DLQ) and writes
-the timed-out delivery's ``expired`` marker, which closes it too.
+the timed-out delivery's ``expired`` marker, which closes it too. A ``release`` marker makes an
+open delivery due at once and uncounted: no call was tried, so its copy keeps its count and
+never goes to the DLQ for it. A network fault or a loaded machine that keeps a task from
+starting its records in time would otherwise spend their deliveries without a call.
 
 The markers are the state. The tracker commits, in its own group on the markers topic, for
 each partition the offset of the oldest marker that still holds an open delivery (the position
@@ -133,6 +136,8 @@ class OpenDelivery(NamedTuple):
     # The marker that opened it (start) or moved its deadline (retry): a restart reads from here.
     marker_partition: int
     marker_offset: int
+    # False once a ``release`` said no call was tried: its copy keeps this delivery's count.
+    counted: bool = True
 
 
 class OpenDeliveries:
@@ -150,6 +155,12 @@ class OpenDeliveries:
             for offset in run.offsets:
                 deliveries.pop((p, offset), None)
             return
+        if run.kind == km.RELEASE:  # only the delivery it is about, if still open: due at once, not counted
+            for offset in run.offsets:
+                open_ = deliveries.get((p, offset))
+                if open_ is not None and open_.delivery_count == run.delivery_count:
+                    deliveries[(p, offset)] = open_._replace(due_ms=min(open_.due_ms, run.at_ms), counted=False)
+            return
         if run.kind not in (km.START, km.RETRY):
             return
         due = run.at_ms + (self.lock_ms if run.kind == km.START else run.delay_ms)
@@ -159,9 +170,12 @@ class OpenDeliveries:
 
     def due(self, now_ms: int) -> list[Expired]:
         """The deliveries whose deadline has passed, oldest deadline first (still open until ``ended``)."""
-        late = sorted((d.due_ms, key, d.delivery_count) for key, d in self.open.items() if d.due_ms <= now_ms)
+        late = sorted(
+            (d.due_ms, key, d.delivery_count, d.counted) for key, d in self.open.items() if d.due_ms <= now_ms
+        )
         return [
-            Expired(p, o, count, GIVE_UP if count >= self.delivery_limit else REDELIVER) for _due, (p, o), count in late
+            Expired(p, o, count, GIVE_UP if counted and count >= self.delivery_limit else REDELIVER, counted)
+            for _due, (p, o), count, counted in late
         ]
 
     def ended(self, expired: Iterable[Expired]) -> None:
@@ -369,7 +383,7 @@ class Tracker:
             return
         self.positions[partition] = offset + 1
         key = message.key()  # type: ignore[attr-defined]
-        if key is None or km.is_tick(key):  # ticks of an earlier release: no delivery
+        if key is None or km.is_tick(key):  # ticks of an earlier version: no delivery
             return
         try:
             run = km.decode_run(key, message.value())  # type: ignore[attr-defined]

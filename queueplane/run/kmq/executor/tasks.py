@@ -7,8 +7,9 @@ then hands the records to its process's handler threads. Each record ends one wa
 - accepted: its outputs are produced and acknowledged, then its ``end`` marker;
 - rejected, or failed on its last delivery: its DLQ record is durable, then its ``end`` marker;
 - failed earlier: a ``retry`` marker (the tracker redelivers after backoff);
-- still running, or not started, at start + lockDuration: given up; its result is dropped
-  when the call returns, and the tracker redelivers it (no ``end`` marker).
+- still running at start + lockDuration: given up; its result is dropped when the call
+  returns, and the tracker redelivers it (no ``end`` marker), a delivery counted;
+- not started by then: a ``release`` marker; the tracker redelivers it, the delivery uncounted.
 
 The task returns when every record ended or was given up. The member then commits the group's
 offsets past the task's records: from then on, redelivery is the tracker's job.
@@ -309,7 +310,7 @@ class KmqTask:
             if self._claimed[index]:
                 return
             if time.monotonic() >= self.deadline:
-                self._give_up(index, 0.0, "not started within lockDuration")
+                self._release(index)
                 return
             started = time.monotonic()
             self._running[index] = started
@@ -599,6 +600,15 @@ class KmqTask:
         failure = Failure("Timeout", f"{why} ({self.settings.lock_ms / 1000:g}s)")
         self._outcomes.append(Outcome.of(self.records[index], RELEASED, failure, latency_ms, 0))
 
+    def _release(self, index: int) -> None:
+        """Caller holds the lock. Its deadline came before any call: a ``release`` marker, in the
+        next round, has the tracker redeliver it without counting this delivery. Should the
+        marker reach the tracker too late, the delivery times out and counts, as a given-up one."""
+        self._claimed[index] = True
+        failure = Failure("Timeout", f"not started within lockDuration ({self.settings.lock_ms / 1000:g}s)")
+        self._outcomes.append(Outcome.of(self.records[index], RELEASED, failure, 0.0, 0))
+        self._add_ending(_Ending(index, km.RELEASE, 0))
+
     def _report(self, record: Record, outcome: str, failure: Failure | None, latency_ms: float) -> None:
         with self._lock:
             self._outcomes.append(Outcome.of(record, outcome, failure, latency_ms, 0))
@@ -613,8 +623,11 @@ class KmqTask:
             for index, claimed in enumerate(self._claimed):
                 if not claimed:
                     started = self._running.get(index)
-                    stuck += started is not None
-                    self._give_up(index, (now - started) * 1000 if started else 0.0, "ran past lockDuration")
+                    if started is None:
+                        self._release(index)
+                        continue
+                    stuck += 1
+                    self._give_up(index, (now - started) * 1000, "ran past lockDuration")
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         self._settle(deadline, WAIT_STEP_S)
         markers_durable = self.process.delivery.all_delivered(max(0.0, deadline - time.monotonic()))
