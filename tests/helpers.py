@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "specs" / "examples"
 # Each example team's specs and handler package share a folder: specs/examples/<team>/.
 EXAMPLE_SPECS = sorted(EXAMPLES.glob("*/*.yaml"))
+# What an error line or a Java stack trace looks like in a worker's log (Spark's log4j layout,
+# Python's logging, a trace's frames and causes): a normal start and run print none.
+TROUBLE = re.compile(r"\bERROR\b|Traceback|Exception\b|^\s+at [\w.$]+\(", re.MULTILINE)
 
 
 def run_cli(

@@ -241,7 +241,12 @@ class Cluster:
                 return cls(target)
             except ClusterUnreachable as exc:
                 if time.monotonic() >= deadline:
-                    raise
+                    if wait_s <= 0:
+                        raise
+                    raise ClusterUnreachable(
+                        f"cannot reach Kafka at {target.label}: no answer in {wait_s:.0f}s of trying; "
+                        "nothing was changed"
+                    ) from None
                 log.warning("%s; trying again for %.0fs more", exc, deadline - time.monotonic())
                 time.sleep(2)
 

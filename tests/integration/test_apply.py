@@ -33,6 +33,7 @@ from queueplane.kafka.cluster import CONNECT_TIMEOUT_S, Cluster
 from queueplane.kafka.target import KafkaTarget
 from queueplane.provision import steps
 from queueplane.provision.apply import ApplyFailed
+from queueplane.run.driver.options import STARTUP_WAIT_S
 
 pytestmark = pytest.mark.kafka
 
@@ -330,6 +331,27 @@ def test_unreachable_broker_fails_fast_and_clearly(tmp_path, cli_env):
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     # It gives up at its own bound, not at the client's request timeout (60 s).
     assert CONNECT_TIMEOUT_S <= elapsed < 10, elapsed
+
+
+def test_a_worker_started_before_its_broker_tries_for_two_minutes_then_fails_in_one_line(tmp_path, cli_env):
+    """The README's other promise: `run` waits for an unreachable cluster up to STARTUP_WAIT_S
+    (two minutes), a warning at each try, then ends with one error line and starts nothing."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        path = _write(tmp_path, spec("share"))
+        started = time.monotonic()
+        result = run_cli(["run", str(path), "--bootstrap-servers", f"127.0.0.1:{port}"], cli_env, timeout=300)
+        took = time.monotonic() - started
+    assert result.returncode == EXIT_FAILED, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert f"no answer in {STARTUP_WAIT_S:.0f}s of trying" in lines[-1] and "nothing was changed" in lines[-1], lines
+    assert [line for line in lines if "Traceback" in line or "ERROR" in line] == [], lines
+    tries = [line for line in lines[:-1] if "trying again for" in line]
+    assert len(tries) >= STARTUP_WAIT_S / (CONNECT_TIMEOUT_S + 2) - 1, lines
+    assert result.stdout == "", "no summary: nothing ran"
+    # From the command's start: its interpreter's start (a few seconds) and the last try's timeout on top.
+    assert STARTUP_WAIT_S <= took < STARTUP_WAIT_S + CONNECT_TIMEOUT_S + 20, took
 
 
 def test_no_cluster_named_and_no_local_stack_is_a_usage_error(tmp_path, cli_env):

@@ -1,4 +1,8 @@
-"""Every example spec runs as it is: its handler ships beside it, and a load ends accepted or in the DLQ."""
+"""Every example spec runs as it is: its handler ships beside it, and a load ends accepted or in the DLQ.
+
+These are the demo's queues and its commands: a normal start and run log the worker's own batch
+lines and no error line or stack trace, poison records included (they are outcomes, not errors).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import json
 
 import pytest
 import yaml
-from helpers import EXAMPLE_SPECS, run_cli, tagged_examples, unique_tag
+from helpers import EXAMPLE_SPECS, TROUBLE, run_cli, tagged_examples, unique_tag
 from worker_support import read_all
 
 pytestmark = pytest.mark.kafka
@@ -29,6 +33,8 @@ def test_an_example_processes_a_load_with_its_own_handler(example, kafka, cli_en
 
     ran = run_cli(["run", str(spec), "--until-idle", "5s", "-o", "json", *cluster], cli_env, timeout=600)
     assert ran.returncode == 0, ran.stderr[-3000:]
+    assert " queueplane.worker: batch " in ran.stderr, ran.stderr[-3000:]
+    assert not TROUBLE.findall(ran.stderr), ran.stderr[-4000:]
     summary = json.loads(ran.stdout)
     counts = summary["counts"]
     assert counts["accepted"] == COUNT - poison, counts

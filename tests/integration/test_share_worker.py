@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from fault_checks import broker_progress, duplicate_excess, in_flight
 from worker_support import (
     kill_like_a_pod,
     make_queue,
@@ -146,6 +147,8 @@ def test_kill_9_mid_run_then_restart_loses_nothing(kafka, tmp_path, record_prope
         time.sleep(0.1)
     killed_at = time.time()
     kill_like_a_pod(worker)  # the driver, its JVM and every Python worker, as a pod dies
+    # What the broker holds as acknowledged once nothing of the worker is left to acknowledge.
+    progress = broker_progress(kafka, "share", queue.group, queue.topic, 6)
     before = queue.events()
     handled_before_kill, pids_before = len(before), {e["pid"] for e in before}
     assert 0 < handled_before_kill < total, "the kill must land mid-way"
@@ -173,6 +176,8 @@ def test_kill_9_mid_run_then_restart_loses_nothing(kafka, tmp_path, record_prope
         f"\nshare kill test: {total} records, {handled_before_kill} handled before kill -9, "
         f"{len(duplicated)} duplicated, the oldest handled {ages[-1] if ages else 0:.2f} s before the kill"
     )
+    caught = in_flight(before, [(progress, killed_at)])
+    assert duplicate_excess(outputs, caught) is None, duplicate_excess(outputs, caught)
     assert len(ages) == len(duplicated), "only records handled before the kill may be handled twice"
     stale = [age for age in ages if age > 1.0]
     assert not stale, f"{len(stale)} records handled over 1 s before the kill came back, the oldest {ages[-1]:.1f} s"

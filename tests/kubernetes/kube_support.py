@@ -7,9 +7,12 @@ import uuid
 from pathlib import Path
 
 import yaml
+from fault_checks import broker_progress
 from helpers import run_cli
 from worker_support import read_all
 
+from queueplane.kafka import clients
+from queueplane.kafka.offsets import end_offsets
 from queueplane.run.dead_letters import HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION
 
 RESTRICTED = {
@@ -85,3 +88,21 @@ def outcomes(kafka, doc: dict, accepted: int, dead: int) -> tuple[set[str], int]
         for headers in (dict(m.headers() or []) for m in read_all(kafka, dlq, expect_at_least=dead, timeout_s=5))
     }
     return {v.get("id") or v.get("order") for v in values}, len(sources)
+
+
+def output_ids(kafka, doc: dict, at_least: int) -> list[str]:
+    """Every output's record id as read (read_committed), duplicates included."""
+    outputs = read_all(kafka, doc["spec"]["processing"]["output"]["topic"], expect_at_least=at_least, timeout_s=5)
+    return [v.get("id") or v.get("order") for v in (json.loads(m.value()) for m in outputs)]
+
+
+def not_yet_done(kafka, doc: dict) -> int:
+    """The records a fault beginning now could catch in flight: per partition, from what the broker
+    holds as done for the queue's group (``broker_progress``) to the log's end. The handler runs
+    in pods, out of the test's sight, so this counts records not yet fetched too: a bound that is
+    only larger than what was in flight, and still finite and of the run."""
+    spec = doc["spec"]
+    topic, partitions = spec["topic"]["name"], spec["topic"]["partitions"]
+    done = broker_progress(kafka, spec["group"]["type"], spec["group"]["id"], topic, partitions)
+    ends = end_offsets(clients.admin(kafka), topic, list(range(partitions)))
+    return sum(max(0, end - done.get(p, 0)) for p, end in ends.items())

@@ -5,8 +5,10 @@ A real Airflow triggers the queue's DAG: validate, plan, apply on the real broke
 `kubernetes_default` connection, with the cluster values from the `queueplane_cluster_values`
 Variable, and `wait_until_ready` waits for the worker. The driver pod then asks the API server,
 through its Role, for executor pods, which run the handlers. Records loaded from the host end
-accepted (outputs) or in the DLQ, also when an executor pod is force-deleted mid-run, and when
-the driver pod is deleted: it drains on SIGTERM and exits, and the new driver goes on.
+accepted (outputs) or in the DLQ, also when an executor pod is force-deleted mid-run (the driver
+rides it out, not restarted), and when the driver pod is deleted: it drains on SIGTERM and
+exits, and the new driver goes on. Duplicates stay within what was in flight at those faults
+(none for the exactlyOnce queue).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from kube_support import (
     EXECUTOR,
     dlq_records,
     load,
+    not_yet_done,
     outcomes,
+    output_ids,
     pods,
     ready,
     restricted_namespace,
@@ -74,6 +78,16 @@ def airflow(tmp_path_factory, cluster, pod_kafka, kafka) -> Iterator[tuple[Airfl
             cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+def _within_in_flight(outputs: list[str], in_flight: int, doc: dict) -> None:
+    """exactlyOnce: each output once (read_committed). At-least-once: no more duplicates than the
+    records the faults so far could have caught in flight."""
+    duplicates = len(outputs) - len(set(outputs))
+    if doc["spec"]["processing"].get("exactlyOnce"):
+        assert duplicates == 0, f"{duplicates} outputs seen twice by a read_committed reader"
+    else:
+        assert duplicates <= in_flight, f"{duplicates} duplicate outputs, above the {in_flight} records in flight"
+
+
 @pytest.mark.timeout(1200)  # a driver, its executors and three loads on a two-core node
 @pytest.mark.parametrize("kind", sorted(QUEUES))
 def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_executor_and_driver(
@@ -109,6 +123,7 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         # A second load, and an executor pod killed while it runs: the driver asks for a new one.
         poison += load(spec, 400, host, cli_env)
         victim = pods(cluster, namespace, EXECUTOR)[0]["metadata"]["name"]
+        in_flight = not_yet_done(kafka, doc)  # read just before the kill: only larger than at it
         cluster.kubectl("-n", namespace, "delete", "pod", victim, "--grace-period=0", "--force")
         wait_for(
             "a replacement executor pod",
@@ -123,6 +138,10 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
         ids, dead = wait_for("both loads to settle", settled, 420)
         assert len(ids) == 800 - poison, "every accepted record has its output"
         assert dead == poison, "only the poison is dead-lettered (each record counted once)"
+        _within_in_flight(output_ids(kafka, doc, 800 - poison), in_flight, doc)
+        (same,) = pods(cluster, namespace, DRIVER)
+        assert same["metadata"]["name"] == driver["metadata"]["name"], "the driver rode the executor's loss out"
+        assert all(c["restartCount"] == 0 for c in same["status"]["containerStatuses"]), same["status"]
 
         # `kubectl get queues` shows what the driver reports on its Queue: the backlog gone, the
         # poison counted in the DLQ, the handler's error, and its conditions in `describe`.
@@ -167,6 +186,7 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
             text=True,
         )
         time.sleep(3)  # part of the load in hand
+        in_flight += not_yet_done(kafka, doc)
         asked = time.monotonic()
         cluster.kubectl("-n", namespace, "delete", "pod", old, "--wait=true", "--timeout=120s")
         took = time.monotonic() - asked
@@ -188,6 +208,7 @@ def test_a_queue_deployed_from_airflow_processes_loads_in_pods_through_a_killed_
 
         ids, dead = wait_for("the third load to settle under the new driver", all_settled, 420)
         assert len(ids) == 1200 - poison and dead == poison
+        _within_in_flight(output_ids(kafka, doc, 1200 - poison), in_flight, doc)
     except BaseException:
         show(cluster, namespace)
         raise

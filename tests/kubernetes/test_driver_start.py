@@ -10,18 +10,14 @@ while the Deployment's new driver starts its own.
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
-from helpers import run_cli, tagged_examples, unique_tag, wait_for
+from helpers import TROUBLE, run_cli, tagged_examples, unique_tag, wait_for
 from kube_support import DRIVER, EXECUTOR, pods, ready, show, sized_for_the_node
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.kafka]
 
 EXECUTOR_CONFIG = "spark-role=executor"
-# What an error line or a Java stack trace looks like in a driver's log (Spark's log4j layout,
-# Python's logging, a trace's frames and causes).
-TROUBLE = re.compile(r"\bERROR\b|Traceback|Exception\b|^\s+at [\w.$]+\(", re.MULTILINE)
 
 
 def _config_maps(cluster, namespace: str) -> list[dict]:
