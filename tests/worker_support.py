@@ -25,6 +25,7 @@ from helpers import REPO
 from specs_factory import dump
 
 from queueplane.kafka.target import KafkaTarget
+from queueplane.local.processes import pid_alive
 from queueplane.provision import steps
 
 HANDLER_SOURCE = '''
@@ -489,13 +490,28 @@ def kill_like_a_pod(worker: subprocess.Popen) -> None:
     second after the driver was gone. Every process is stopped first, so none goes on while the
     others die, and the daemon forks no new worker in between.
     """
-    tree = pause_like_a_zombie(worker)
+    if worker.poll() is not None:
+        _kill_orphans(worker.pid)
+        return
+    tree = pause_like_a_zombie(worker)  # its pid is its own until it is reaped, whether it runs or not
     with contextlib.suppress(ProcessLookupError):
         os.killpg(worker.pid, signal.SIGKILL)
     for process in tree:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     worker.wait(30)
+
+
+def _kill_orphans(pgid: int) -> None:
+    """What is left of a reaped worker's process group. Its pid is free once reaped, and the
+    kernel reuses pids quickly where pid_max is 32768: a process that has it now is another
+    test's (a Spark driver of a test running beside it was killed that way). While any process
+    of the group lives, the kernel keeps the pid unused, so a pid that names no process is the
+    group's, if the group is left."""
+    if pid_alive(pgid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def stop_started_workers() -> None:
