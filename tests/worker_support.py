@@ -504,10 +504,10 @@ def kill_like_a_pod(worker: subprocess.Popen) -> None:
 
 def _kill_orphans(pgid: int) -> None:
     """What is left of a reaped worker's process group. Its pid is free once reaped, and the
-    kernel reuses pids quickly where pid_max is 32768: a process that has it now is another
-    test's (a Spark driver of a test running beside it was killed that way). While any process
-    of the group lives, the kernel keeps the pid unused, so a pid that names no process is the
-    group's, if the group is left."""
+    kernel reuses pids quickly where pid_max is 32768: a process that has it now belongs to
+    another test, perhaps one running beside this one. While any process of the group lives,
+    the kernel keeps the pid unused, so a pid that names no process is the group's, if any of
+    the group is left."""
     if pid_alive(pgid):
         return
     with contextlib.suppress(ProcessLookupError):

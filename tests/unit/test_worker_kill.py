@@ -28,32 +28,33 @@ def test_a_reaped_worker_whose_pid_another_process_took_is_left_alone():
         other.wait()
 
 
-def test_what_is_left_of_a_reaped_workers_group_is_killed():
-    spawner = "import subprocess, sys; print(subprocess.Popen(sys.argv[1:]).pid, flush=True)"
-    leader = subprocess.Popen(
-        [sys.executable, "-c", spawner, *SLEEPER], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    assert leader.stdout is not None
-    child = int(leader.stdout.readline())
-    leader.wait()
-    assert pid_alive(child), "the worker's child outlived it, in its process group"
-    kill_like_a_pod(leader)
-    deadline = time.monotonic() + 10
-    while pid_alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(child)
-
-
-def test_a_running_worker_and_everything_under_it_are_killed():
-    spawner = "import subprocess, sys, time; print(subprocess.Popen(sys.argv[1:]).pid, flush=True); time.sleep(60)"
+def _worker_with_a_child(then: str) -> tuple[subprocess.Popen, int]:
+    """A worker in a session of its own that starts a sleeping child, then runs ``then``."""
+    spawner = f"import subprocess, sys, time; print(subprocess.Popen(sys.argv[1:]).pid, flush=True); {then}"
     worker = subprocess.Popen(
         [sys.executable, "-c", spawner, *SLEEPER], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     assert worker.stdout is not None
-    child = int(worker.stdout.readline())
+    return worker, int(worker.stdout.readline())
+
+
+def _gone(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not pid_alive(pid)
+
+
+def test_what_is_left_of_a_reaped_workers_group_is_killed():
+    leader, child = _worker_with_a_child("pass")
+    leader.wait()
+    assert pid_alive(child), "the worker's child outlived it, in its process group"
+    kill_like_a_pod(leader)
+    assert _gone(child)
+
+
+def test_a_running_worker_and_everything_under_it_are_killed():
+    worker, child = _worker_with_a_child("time.sleep(60)")
     kill_like_a_pod(worker)
     assert worker.returncode is not None
-    deadline = time.monotonic() + 10
-    while pid_alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(child)
+    assert _gone(child)
