@@ -79,15 +79,13 @@ def outcomes(kafka, doc: dict, accepted: int, dead: int) -> tuple[set[str], int]
     killed between its DLQ write and the broker taking its reject sees the record again and
     writes it again (at least once), and that is still one record put aside.
     """
-    spec = doc["spec"]
     dlq = _dlq_topic(doc)
-    outputs = read_all(kafka, spec["processing"]["output"]["topic"], expect_at_least=accepted, timeout_s=5)
-    values = [json.loads(m.value()) for m in outputs]
+    ids = set(output_ids(kafka, doc, accepted))
     sources = {
         (headers.get(HEADER_SOURCE_PARTITION), headers.get(HEADER_SOURCE_OFFSET))
         for headers in (dict(m.headers() or []) for m in read_all(kafka, dlq, expect_at_least=dead, timeout_s=5))
     }
-    return {v.get("id") or v.get("order") for v in values}, len(sources)
+    return ids, len(sources)
 
 
 def output_ids(kafka, doc: dict, at_least: int) -> list[str]:

@@ -593,21 +593,23 @@ class KmqTask:
 
     def _give_up(self, index: int, latency_ms: float, why: str) -> None:
         """Caller holds the lock. No marker: the tracker sees a start without end and redelivers."""
-        self._claimed[index] = True
         self._unsettled -= 1
         self._innocent_open.discard(index)
         self._settled.notify_all()
-        failure = Failure("Timeout", f"{why} ({self.settings.lock_ms / 1000:g}s)")
-        self._outcomes.append(Outcome.of(self.records[index], RELEASED, failure, latency_ms, 0))
+        self._timed_out(index, latency_ms, why)
 
     def _release(self, index: int) -> None:
         """Caller holds the lock. Its deadline came before any call: a ``release`` marker, in the
         next round, has the tracker redeliver it without counting this delivery. Should the
         marker reach the tracker too late, the delivery times out and counts, as a given-up one."""
-        self._claimed[index] = True
-        failure = Failure("Timeout", f"not started within lockDuration ({self.settings.lock_ms / 1000:g}s)")
-        self._outcomes.append(Outcome.of(self.records[index], RELEASED, failure, 0.0, 0))
+        self._timed_out(index, 0.0, "not started within lockDuration")
         self._add_ending(_Ending(index, km.RELEASE, 0))
+
+    def _timed_out(self, index: int, latency_ms: float, why: str) -> None:
+        """Caller holds the lock: the record's outcome is decided, a release at its lock's end."""
+        self._claimed[index] = True
+        failure = Failure("Timeout", f"{why} ({self.settings.lock_ms / 1000:g}s)")
+        self._outcomes.append(Outcome.of(self.records[index], RELEASED, failure, latency_ms, 0))
 
     def _report(self, record: Record, outcome: str, failure: Failure | None, latency_ms: float) -> None:
         with self._lock:
