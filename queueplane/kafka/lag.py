@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from queueplane.kafka import clients
-from queueplane.kafka.offsets import committed_offsets, log_offsets
+from queueplane.kafka.offsets import commits_reader, committed_offsets, fetch_committed, log_offsets
 from queueplane.kafka.protocol import share_partition_offsets
 from queueplane.kafka.refused import Refused
 from queueplane.kafka.target import KafkaTarget
@@ -65,15 +66,22 @@ def share_lag(
     return lags
 
 
-def group_lag(target: KafkaTarget, admin: AdminClient, queue: QueueSpec) -> list[PartitionLag]:
+def group_lag(
+    target: KafkaTarget, admin: AdminClient, queue: QueueSpec, commits: Consumer | None = None
+) -> list[PartitionLag]:
     """Per partition of a consumer or kmq group: log-end, the group's committed offset, the difference.
 
     A partition the group has not committed yet lags by all it will read: everything
-    retained for ``startFrom: earliest``, nothing for ``latest``.
+    retained for ``startFrom: earliest``, nothing for ``latest``. ``commits`` is a consumer of
+    the group's that never subscribes (``commits_reader``), kept by a caller that asks again
+    and again; without one, a consumer is made for this read.
     """
     topic, partitions = queue.topic.name, queue.topic.partitions
     offsets = log_offsets(admin, topic, partitions)
-    committed = committed_offsets(target, queue.group.id, topic, partitions)
+    if commits is None:
+        committed = committed_offsets(target, queue.group.id, topic, partitions)
+    else:
+        committed = fetch_committed(commits, topic, range(partitions))
     rows = []
     for p, (start, end) in sorted(offsets.items()):
         done = committed.get(p)
@@ -127,7 +135,10 @@ class BacklogReader:
     def __init__(self, target: KafkaTarget, queue: QueueSpec):
         self.target, self.queue = target, queue
         self.removed = RemovedUnread()
+        # Kept from read to read: a client made each second per queue cost the driver and the
+        # broker more than the reads themselves (threads, connections, metadata, coordinator).
         self._admin: AdminClient | None = None
+        self._commits: Consumer | None = None
 
     def __call__(self) -> dict[int, int | None] | None:
         queue = self.queue
@@ -142,14 +153,22 @@ class BacklogReader:
                 if lags is None:
                     raise ConnectionError("the share group's lag could not be read")
                 return lags
-            rows = group_lag(self.target, self._admin, queue)
+            if self._commits is None:
+                self._commits = commits_reader(self.target, queue.group.id)
+            rows = group_lag(self.target, self._admin, queue, self._commits)
         except Exception:
             # A client that lived through a broker restart can keep answering "no leaders"
-            # after the broker is back: the next read starts with a new one.
-            self._admin = None
+            # after the broker is back: the next read starts with new ones.
+            self.close()
             raise
         self.removed.observe(rows)
         return {row.partition: row.lag for row in rows}
+
+    def close(self) -> None:
+        """Let go of the clients; the next read makes new ones."""
+        commits, self._commits, self._admin = self._commits, None, None
+        if commits is not None:
+            commits.close()
 
 
 def queue_backlog(target: KafkaTarget, queue: QueueSpec) -> BacklogReader:

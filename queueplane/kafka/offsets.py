@@ -8,10 +8,10 @@ read_committed), retried through the moments a new broker or group has no coordi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from queueplane.errors import ACL_HINT, ClusterRefused, ClusterUnreachable, QueueplaneError
@@ -79,11 +79,17 @@ def committed_offsets(target: KafkaTarget, group: str, topic: str, partitions: i
     A Consumer's committed() rather than the AdminClient's ListConsumerGroupOffsets: on a
     broker whose offsets topic does not exist yet, the client (2.16.1) crashes in the latter.
     """
-    consumer = clients.consumer(target.settings, {"group.id": group, "isolation.level": "read_committed"})
+    consumer = commits_reader(target, group)
     try:
         return fetch_committed(consumer, topic, range(partitions))
     finally:
         consumer.close()
+
+
+def commits_reader(target: KafkaTarget | Mapping[str, Any], group: str) -> Consumer:
+    """A consumer of ``group`` that only reads its commits (it never subscribes, so it never
+    joins), with ``read_committed`` so that it waits for commits in an open transaction."""
+    return clients.consumer(target, {"group.id": group, "isolation.level": "read_committed"})
 
 
 def fetch_committed(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from queueplane.errors import QueueplaneError, UsageError
 from queueplane.kafka import clients
@@ -113,12 +113,14 @@ def matches(message: Message, filters: list[tuple[str, str]]) -> bool:
 class _DlqReader:
     """The DLQ's partitions, assigned at the redrive group's position (or the log start)."""
 
-    def __init__(self, target: KafkaTarget, queue: QueueSpec, from_start: bool = False):
+    def __init__(
+        self, target: KafkaTarget, queue: QueueSpec, from_start: bool = False, consumer: Consumer | None = None
+    ):
+        """``consumer``: one of ``redrive_reader``'s, kept by the caller (``close`` leaves it
+        open, with nothing assigned); otherwise the reader makes its own and closes it."""
         self.topic = queue.dead_letter.name
-        self.consumer = clients.consumer(
-            target.settings,
-            {"group.id": redrive_group(queue), "enable.auto.commit": False, "isolation.level": "read_committed"},
-        )
+        self.kept = consumer is not None
+        self.consumer = consumer if consumer is not None else redrive_reader(target, queue)
         partitions = range(queue.dead_letter.partitions)
         committed = {} if from_start else fetch_committed(self.consumer, self.topic, partitions)
         self.start = {p: _or_beginning(committed.get(p)) for p in partitions}
@@ -158,7 +160,18 @@ class _DlqReader:
         return sum(max(0, self.ends[p] - self.position[p]) for p in self.ends)
 
     def close(self) -> None:
-        self.consumer.close()
+        if self.kept:
+            self.consumer.unassign()
+        else:
+            self.consumer.close()
+
+
+def redrive_reader(target: KafkaTarget, queue: QueueSpec) -> Consumer:
+    """A consumer of the redrive group that reads the DLQ without committing."""
+    return clients.consumer(
+        target.settings,
+        {"group.id": redrive_group(queue), "enable.auto.commit": False, "isolation.level": "read_committed"},
+    )
 
 
 def _or_beginning(committed: int | None) -> int:
@@ -191,9 +204,20 @@ class DeadLetterCounter:
     def __init__(self, target: KafkaTarget, queue: QueueSpec, exact_up_to: int = 10_000):
         self.target, self.queue, self.exact_up_to = target, queue, exact_up_to
         self._seen: tuple[object, int] | None = None
+        # Kept from count to count (a consumer made every few seconds per queue cost more than
+        # the count); a count that fails lets it go, and the next makes a new one.
+        self._consumer: Consumer | None = None
 
     def __call__(self) -> int:
-        reader = _DlqReader(self.target, self.queue)
+        if self._consumer is None:
+            self._consumer = redrive_reader(self.target, self.queue)
+        try:
+            return self._count(_DlqReader(self.target, self.queue, consumer=self._consumer))
+        except Exception:
+            self.close()
+            raise
+
+    def _count(self, reader: _DlqReader) -> int:
         try:
             where = (sorted(reader.position.items()), sorted(reader.ends.items()))
             if self._seen is not None and self._seen[0] == where:
@@ -207,6 +231,12 @@ class DeadLetterCounter:
             return count
         finally:
             reader.close()
+
+    def close(self) -> None:
+        """Let go of the consumer."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
 
 
 def list_dead_letters(

@@ -20,7 +20,7 @@ from queueplane.kafka.lag import queue_lag, total_lag
 from queueplane.kafka.protocol import describe_share_group
 from queueplane.kafka.target import KafkaTarget
 from queueplane.ops import dlq
-from queueplane.ops.backlog_age import oldest_waiting_seconds
+from queueplane.ops.backlog_age import OldestWaiting, oldest_waiting_seconds
 from queueplane.run.driver.queue_status import QueueReads
 from queueplane.spec.model import QueueSpec
 
@@ -94,7 +94,7 @@ def _share_group(target: KafkaTarget, queue: QueueSpec) -> tuple[str, list[Membe
 def queue_reads(target: KafkaTarget, queue: QueueSpec) -> QueueReads:
     """The reads a watched worker makes every few seconds (its gauges, its Queue status)."""
     return QueueReads(
-        oldest_seconds=lambda: oldest_waiting_seconds(target, queue),
+        oldest_seconds=OldestWaiting(target, queue),
         dead_letters=dlq.DeadLetterCounter(target, queue),
     )
 

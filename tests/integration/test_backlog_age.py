@@ -9,8 +9,11 @@ import pytest
 from confluent_kafka import AcknowledgeType, Consumer, Producer, ShareConsumer, TopicPartition
 from specs_factory import spec
 
+from queueplane.kafka import clients
 from queueplane.kafka.cluster import Cluster
-from queueplane.ops.backlog_age import oldest_waiting_seconds
+from queueplane.kafka.lag import BacklogReader
+from queueplane.ops.backlog_age import OldestWaiting, oldest_waiting_seconds
+from queueplane.ops.dlq import DeadLetterCounter, redrive_group
 from queueplane.provision import steps
 from queueplane.spec.model import build
 
@@ -89,3 +92,37 @@ def test_consumer_group_age_starts_at_the_committed_offset(kafka, tmp_path):
     committer.commit(offsets=[TopicPartition(queue.topic.name, 0, 2)], asynchronous=False)
     committer.close()
     assert _age(kafka, queue) == 0.0
+
+
+def test_a_watched_workers_reads_follow_the_group_with_the_clients_they_made_first(kafka, tmp_path, monkeypatch):
+    """A worker reads its backlog every second and the oldest wait and the DLQ every few
+    seconds, for as long as it runs: each reader makes its consumer once, then reads the
+    group's commits and the DLQ as they move."""
+    queue = _queue(kafka, "consumer", tmp_path)
+    _produce(kafka, queue.topic.name, 0, [600, 60])
+    assert _age(kafka, queue) == 600  # the coordinator answers: what follows reads without retrying
+
+    made: list[str] = []
+    real = clients.consumer
+    monkeypatch.setattr(clients, "consumer", lambda cluster, role: made.append(role["group.id"]) or real(cluster, role))
+    backlog, oldest, dead = BacklogReader(kafka, queue), OldestWaiting(kafka, queue), DeadLetterCounter(kafka, queue)
+
+    def age() -> float:
+        seconds = oldest(PRODUCED_AT)
+        assert seconds is not None
+        return round(seconds, 1)
+
+    assert (backlog(), age(), dead()) == ({0: 2, 1: 0}, 600, 0)
+
+    committer = Consumer({**kafka.settings, "group.id": queue.group.id, "enable.auto.commit": False})
+    committer.commit(offsets=[TopicPartition(queue.topic.name, 0, 1)], asynchronous=False)
+    _produce(kafka, queue.dead_letter.name, 0, [1, 1, 1])
+    assert (backlog(), age(), dead()) == ({0: 1, 1: 0}, 60, 3)
+
+    committer.commit(offsets=[TopicPartition(queue.topic.name, 0, 2)], asynchronous=False)
+    committer.close()
+    _produce(kafka, queue.dead_letter.name, 1, [1])
+    assert (backlog(), age(), dead()) == ({0: 0, 1: 0}, 0.0, 4)
+    # The backlog's and the age's readers of the group's commits, the age's reader of records, the DLQ's.
+    group, age_group = queue.group.id, f"queueplane-backlog-age-{queue.group.id}"
+    assert sorted(made) == sorted([group, group, age_group, redrive_group(queue)])

@@ -20,9 +20,8 @@ from typing import Any, cast
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from queueplane.kafka import clients
 from queueplane.kafka.cluster import refusal
-from queueplane.kafka.offsets import fetch_committed
+from queueplane.kafka.offsets import commits_reader, fetch_committed
 from queueplane.run.consumer.executor.member import MEMBERS, GroupMember, MemberFailed
 from queueplane.run.consumer.executor.process import ConsumerSettings, MemberSettings
 from queueplane.run.consumer.executor.unreported import SliceId
@@ -74,9 +73,7 @@ class MemberStreamReader(DataSourceStreamReader):
         settings = self.settings_type.from_json(self.settings_json)
         try:
             if self._group is None:
-                self._group = clients.consumer(
-                    settings.kafka, {"group.id": settings.group_id, "isolation.level": "read_committed"}
-                )
+                self._group = commits_reader(settings.kafka, settings.group_id)
             committed = fetch_committed(self._group, settings.topic, range(self.partition_count))
         except Exception:  # advisory: a batch without it counts nothing as skipped
             return {}
