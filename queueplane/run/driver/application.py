@@ -82,6 +82,7 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
         local=options.local,
         event_log_dir=options.event_log_dir,
         kafka_settings=target.settings,
+        checkpoint_dir=options.checkpoint_dir,
     )
     owner = driver_owner()
     if owner is not None and not options.local:
