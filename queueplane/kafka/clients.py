@@ -22,6 +22,10 @@ from confluent_kafka.admin import AdminClient
 from queueplane.kafka.target import KafkaTarget
 
 LOGGER_NAME = "queueplane.librdkafka"
+# How long a thread that serves a producer's callbacks waits in one poll. A poll returns as soon
+# as a callback is due, so this only bounds how soon the thread sees that it should stop; a short
+# wait woke every idle worker's threads many times a second for nothing.
+SERVE_POLL_S = 0.5
 log = logging.getLogger("queueplane.kafka")
 
 

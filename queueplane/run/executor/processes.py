@@ -234,7 +234,7 @@ class ServedProducer:
         said = False
         while not self._stop.is_set():
             try:
-                self.producer.poll(0.05)
+                self.producer.poll(clients.SERVE_POLL_S)
             except KafkaException as exc:
                 if not said:
                     log.warning("the worker's producer failed for good: %s", exc)

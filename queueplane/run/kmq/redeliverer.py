@@ -64,7 +64,7 @@ class Redeliverer:
 
     def _serve_deliveries(self) -> None:
         while not self._stop.is_set():
-            self.producer.poll(0.05)
+            self.producer.poll(clients.SERVE_POLL_S)
 
     def handle(self, expired: list[Expired]) -> list[tuple[Record, Expired]]:
         """Redeliver or dead-letter each; returns the records with what was done to them."""

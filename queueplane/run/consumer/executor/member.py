@@ -58,6 +58,10 @@ log = logging.getLogger("queueplane.worker")
 
 COMMIT_S = 1.0  # how often the member commits its tasks' finished prefixes
 POLL_S = 0.05  # the longest one poll waits, so commits and the lease are looked at often
+# ... while records are held or unfinished. With none, a record wakes the poll at once, and what
+# else the loop looks at (a lease renewed or over, a commit of a task's last records, a stop) can
+# wait this long: an idle member's thread woke twenty times a second for nothing.
+IDLE_POLL_S = 0.5
 POLL_RECORDS = 2000
 LEASE_GRACE_S = 3.0  # the member reads on past a slice, through Spark's gap between two batches
 IDLE_LEAVE_S = 3.0  # a lease over for this long (no task came to this process): leave the group
@@ -272,7 +276,7 @@ class GroupMember:
             leased = self.leased()
             if leased == self._unleased_paused:
                 self._pause_for_lease(leased)
-            messages = consumer.consume(POLL_RECORDS, POLL_S)
+            messages = consumer.consume(POLL_RECORDS, POLL_S if self._busy() else IDLE_POLL_S)
             self._raise_if_failed()
             if messages:
                 self._take_messages(messages)
@@ -286,6 +290,10 @@ class GroupMember:
                 next_commit = now + COMMIT_S
                 self._note_group()
                 self._commit_all()
+
+    def _busy(self) -> bool:
+        """Whether records are held for a task or unfinished in one."""
+        return bool(self._held) or any(task.tracker.unfinished for task in self._tasks.values())
 
     def _raise_if_failing(self) -> None:
         """A rebalance callback failed and dropped what the member held: it must not read or

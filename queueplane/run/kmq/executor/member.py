@@ -34,7 +34,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from queueplane.handler_api import Record
 from queueplane.kafka import clients
 from queueplane.kafka.offsets import end_offsets
-from queueplane.run.consumer.executor.member import COMMIT_S, POLL_RECORDS, POLL_S, GroupMember
+from queueplane.run.consumer.executor.member import COMMIT_S, IDLE_POLL_S, POLL_RECORDS, POLL_S, GroupMember
 from queueplane.run.executor.processes import PerProcess
 from queueplane.run.kmq import markers as km
 from queueplane.run.kmq.executor import resume
@@ -136,7 +136,7 @@ class KmqMember(GroupMember):
             leased = self.leased()
             if leased == self._unleased_paused:
                 self._pause_for_lease(leased)
-            messages = consumer.consume(POLL_RECORDS, POLL_S)
+            messages = consumer.consume(POLL_RECORDS, POLL_S if self._held or self._running else IDLE_POLL_S)
             if messages:
                 self._take_messages(messages)
             self._collect_if_due()
