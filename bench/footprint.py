@@ -191,16 +191,50 @@ def memory(apps: list[App]) -> dict[str, Any]:
     return result
 
 
+def _ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
 def cpu_seconds(apps: list[App]) -> float:
-    total = 0
+    return sum(_ticks(pid) for app in apps for pid in _tree(app.process.pid)) / CLOCK_TICKS
+
+
+def broker_pids() -> list[int]:
+    """The benchmark's own broker: a JVM running ``kafka.Kafka`` below this process."""
+    found = []
+    for pid in _tree(os.getpid()):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"kafka.Kafka" in command:
+            found.append(pid)
+    return found
+
+
+def cpu_by_role(apps: list[App]) -> dict[str, int]:
+    """CPU ticks so far of each role of the applications' trees (Python workers by kind), and of the broker."""
+    ticks: dict[str, int] = {}
     for app in apps:
         for pid in _tree(app.process.pid):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
+            role = _role(pid, app.process.pid)
+            if role == "python_workers":
+                role = _python_kind(pid)
+            ticks[role] = ticks.get(role, 0) + _ticks(pid)
+    ticks["broker_jvm"] = sum(_ticks(pid) for pid in broker_pids())
+    return ticks
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) CPU ticks of the whole machine since boot (/proc/stat; guest time is in user time)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    total = sum(fields[:8])
+    return total - idle, total
 
 
 def idle_figures(apps: list[App], queues: int, idle_s: float) -> dict[str, Any]:
@@ -212,9 +246,13 @@ def idle_figures(apps: list[App], queues: int, idle_s: float) -> dict[str, Any]:
         samples.append(memory(apps))
         time.sleep(5)
     peak = max(samples, key=lambda s: s["rss"])
-    before, started = cpu_seconds(apps), time.monotonic()
+    before, roles_before, started = cpu_seconds(apps), cpu_by_role(apps), time.monotonic()
     time.sleep(idle_s)
     used, span = cpu_seconds(apps) - before, time.monotonic() - started
+    roles = {
+        role: round(100 * (ticks - roles_before.get(role, 0)) / CLOCK_TICKS / span, 2)
+        for role, ticks in cpu_by_role(apps).items()
+    }
     return {
         "queues": queues,
         "rss_mb_peak": peak["rss"],
@@ -226,6 +264,8 @@ def idle_figures(apps: list[App], queues: int, idle_s: float) -> dict[str, Any]:
         "idle_cpu_seconds": round(used, 1),
         "idle_window_s": round(span, 1),
         "idle_cpu_per_queue_percent_of_a_core": round(100 * used / span / queues, 3),
+        # The same window by role, in % of a core, with the broker's (not in the tree) beside them.
+        "idle_cpu_percent_of_a_core_by_role": dict(sorted(roles.items(), key=lambda item: -item[1])),
     }
 
 
@@ -234,11 +274,73 @@ def busy_rate(target: KafkaTarget, topic: str, records: int, marks: Path) -> dic
     for old in marks.glob("finished-*"):
         old.unlink()
     fill(target, topic, records)
+    busy_before, all_before = machine_ticks()
     deadline = time.monotonic() + 600
     while len(finishing_times(marks, "finished-[0-9]*")) < records and time.monotonic() < deadline:
         time.sleep(1)
+    busy, every = (now - then for now, then in zip(machine_ticks(), (busy_before, all_before), strict=True))
     finished = finishing_times(marks, "finished-[0-9]*")
-    return {"records": len(finished), "steady_records_per_s": steady_rate(finished, records)}
+    return {
+        "records": len(finished),
+        "steady_records_per_s": steady_rate(finished, records),
+        # How much of the machine was busy from the fill to the last record (everything on it).
+        "machine_busy_share": round(busy / every, 3) if every else None,
+    }
+
+
+# What each process a queue keeps must import, and no more: the floor of its memory. Spark runs
+# a Python streaming source's planning in a runner process per query, forks Python workers from
+# a daemon per worker environment (a queue's own, so its tasks come back to its members), and a
+# member is a Spark Python worker that holds a consumer in the group and a producer, returning
+# its rows as Arrow.
+FLOOR_PROCESSES = {
+    "source_runner": "import pyspark.sql.streaming.python_streaming_source_runner",
+    "daemon": "import pyspark.daemon",
+    "member": (
+        "import pyspark.worker, pyarrow, confluent_kafka, sys\n"
+        "c = confluent_kafka.Consumer({'bootstrap.servers': sys.argv[1], 'group.id': sys.argv[2]})\n"
+        "c.subscribe([sys.argv[3]])\n"
+        "p = confluent_kafka.Producer({'bootstrap.servers': sys.argv[1]})\n"
+        "[c.poll(0.5) for _ in range(10)]"
+    ),
+}
+
+
+def floor(target: KafkaTarget, topic: str, queues: int) -> dict[str, Any]:
+    """RSS of each process kind a queue keeps, as a bare interpreter that imports and opens only
+    what that kind must (Spark's modules, pyarrow, the Kafka client), and what ``queues`` of
+    each (one member per queue) come to: the memory no queueplane code is in."""
+    measured: dict[str, float] = {}
+    for kind, code in FLOOR_PROCESSES.items():
+        body = f"{code}\nprint('ready', flush=True)\nimport time\ntime.sleep(60)"
+        args = [sys.executable, "-c", body, target.bootstrap, f"floor-{kind}", topic]
+        process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        try:
+            assert process.stdout is not None and process.stdout.readline().strip() == "ready", kind
+            time.sleep(2)
+            measured[kind] = round(_kb(process.pid, "status", "VmRSS:") / 1024, 1)
+        finally:
+            process.kill()
+            process.wait()
+    per_queue = round(sum(measured.values()), 1)
+    return {"rss_mb_each": measured, "rss_mb_per_queue": per_queue, "rss_mb_queues": round(per_queue * queues, 1)}
+
+
+def busy_bound(idle: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
+    """What the idle queues leave the busy one: the machine's cores less what the idle queues,
+    and the broker for them, used while idle, against the share of the machine the busy queue
+    used alone. A busy queue whose rate follows its CPU (a trivial handler: it is) can reach at
+    most this ratio of its rate alone while they keep using what they used idle."""
+    cores, queues = os.cpu_count() or 1, idle["queues"]
+    # Measured with all of them idle: the busy queue's own idle part is taken off.
+    idle_share = sum(idle["idle_cpu_percent_of_a_core_by_role"].values()) / 100 / cores * (queues - 1) / queues
+    alone_share = alone.get("machine_busy_share") or 1.0
+    return {
+        "cores": cores,
+        "idle_share_of_machine": round(idle_share, 3),
+        "alone_share_of_machine": alone_share,
+        "ratio_at_most": round(min(1.0, (1 - idle_share) / alone_share), 3),
+    }
 
 
 def plot(result: dict[str, Any]) -> Any:
@@ -251,12 +353,19 @@ def plot(result: dict[str, Any]) -> Any:
         memory_ax.bar(list(sides), values, bottom=bottom, label=role.replace("_", " "))
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     memory_ax.axhline(GOAL_MB / 1024, color="red", linestyle="--", label="goal: 3 GB")
+    if "floor" in result:
+        floor_gb = result["floor"]["rss_mb_queues"] / 1024
+        memory_ax.axhline(floor_gb, color="grey", linestyle=":", label="bare processes each queue keeps")
     memory_ax.set_title(f"{result['queues']} idle queues: RSS (GB)")
     memory_ax.legend(fontsize=8)
     cpu_ax.bar(list(sides), [side["idle_cpu_per_queue_percent_of_a_core"] for side in sides.values()])
     cpu_ax.set_title("idle CPU per queue (% of a core)")
     rates = result["busy"]
     rate_ax.bar(["alone", f"among {result['queues'] - 1} idle"], [rates["alone"], rates["among_idle"]])
+    bound = result.get("busy_bound", {}).get("ratio_at_most")
+    if bound is not None:
+        rate_ax.axhline(rates["alone"] * bound, color="grey", linestyle=":", label="what the idle queues' CPU leaves")
+        rate_ax.legend(fontsize=8)
     rate_ax.set_title("busy consumer queue: steady records/s")
     return fig
 
@@ -279,6 +388,8 @@ def main() -> int:
         specs = [busy["path"], *(q["path"] for q in idle)]
         result: dict[str, Any] = {"queues": args.queues, "mix": MIX, "records": args.records}
 
+        result["floor"] = floor(target, busy["topic"], args.queues)
+        console.print({"floor": result["floor"]})
         console.print(f"one application of {args.queues} queues")
         app = App(specs, target, folder)
         try:
@@ -296,6 +407,8 @@ def main() -> int:
         finally:
             alone_app.stop()
         result["busy"] = {"among_idle": among["steady_records_per_s"], "alone": alone["steady_records_per_s"]}
+        result["busy_machine_share"] = {"among_idle": among["machine_busy_share"], "alone": alone["machine_busy_share"]}
+        result["busy_bound"] = busy_bound(result["one_application"], alone)
         console.print(result["busy"])
 
         console.print(f"{args.separate} one-queue applications at once")
