@@ -66,6 +66,7 @@ from common import (
     steady_rate,
 )
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from share import RssSampler
 
 from queueplane.kafka import clients
 from queueplane.kafka.lag import queue_backlog
@@ -369,7 +370,7 @@ def main() -> int:
         "keys": KEYS,
         "slots": SLOTS,
     }
-    with bench_broker("qp-bench-consumer-") as (folder, target):
+    with bench_broker("qp-bench-consumer-") as (folder, target), RssSampler() as cpu:
         (folder / "bench_handlers.py").write_text(HANDLERS)
         layout = seed_layout(args.records)
         scenarios = [
@@ -398,6 +399,7 @@ def main() -> int:
             spec = apply_consumer_queue(folder, target, "echo", ordering, exactly_once)
             fill(target, spec["topic"], layout)
             console.print(f"{label}: trivial handler, {side}, {len(layout)} records")
+            before = cpu.cpu_seconds()
             if side == "plain_loop":
                 stamps = run_plain_loop(spec, target, len(layout))
             elif side == "loop_with_duties":
@@ -410,7 +412,8 @@ def main() -> int:
                 stamps = pass_through(target, spec, len(layout), side == "python_pass_through")
             else:
                 stamps = run_worker(spec, target, len(layout))
-            rates = {"steady": steady_rate(stamps), "first_to_last": full_rate(stamps)}
+            rates: dict[str, Any] = {"steady": steady_rate(stamps), "first_to_last": full_rate(stamps)}
+            rates["cpu_s_per_100k_records"] = cpu.cost_per_100k(before, len(layout))
             console.print(rates)
             return rates
 
@@ -452,6 +455,14 @@ def main() -> int:
         # Nor this: what a worker reading with consumers of its own would reach at most (bench/member_bound.py).
         result["trivial"]["member_bound"] = {
             o: round(best[f"member_{o}"] / best["python_pass_through"], 3) for o in ("key", "partition")
+        }
+        # Not goals: where each side's CPU went, per 100k records, in its best round (processes by
+        # role: this process, which runs the worker's driver and Spark's in-process sides; the
+        # broker; Spark's JVM; Spark's Python workers; the plain loops' and members' processes).
+        # On two cores a side's rate follows its total: worker_* against member_* is what Spark's
+        # hosting costs the members' path.
+        result["trivial"]["cpu_s_per_100k_records"] = {
+            side: max(runs[side], key=lambda run: run["steady"])["cpu_s_per_100k_records"] for side in sides
         }
         # Reported, not goals: the plain loop keeps none of a worker's duties (duties_bound says what they cost it).
         result["trivial"]["ratio_to_plain_loop"] = {
@@ -497,7 +508,10 @@ def main() -> int:
 
 def plot(result: dict) -> Any:
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 6), gridspec_kw={"width_ratios": [2, 3]})
+    fig, axes = plt.subplot_mosaic(
+        [["left", "right"], ["cpu", "cpu"]], figsize=(16, 11), gridspec_kw={"width_ratios": [2, 3]}
+    )
+    left, right, cpu = axes["left"], axes["right"], axes["cpu"]
     names = ["partition", "key", "hot_key"]
     labels = ["ordering=partition", f"ordering=key, {result['slots']} slots", "one hot key"]
     ideal = [result[n]["ideal_records_per_s"] for n in names]
@@ -534,6 +548,19 @@ def plot(result: dict) -> Any:
         fontsize=8,
     )
     right.tick_params(axis="x", labelsize=7, labelrotation=30)
+    costs = result["trivial"].get("cpu_s_per_100k_records", {})
+    shown = [side for side in bars if side in costs]
+    roles = sorted({role for side in shown for role in costs[side]})
+    bottom = [0.0] * len(shown)
+    for role in roles:
+        values = [costs[side].get(role, 0.0) for side in shown]
+        cpu.bar([bars[side] for side in shown], values, bottom=bottom, label=role.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    cpu.set_ylabel("CPU seconds per 100k records")
+    cpu.set_title("where each side's CPU went (its best round); on two cores the rate follows the total", fontsize=9)
+    cpu.tick_params(axis="x", labelsize=7, labelrotation=30)
+    if roles:
+        cpu.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
