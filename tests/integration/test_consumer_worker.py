@@ -386,6 +386,9 @@ def test_partition_and_no_ordering_reject_and_resume_from_the_groups_commits(kaf
     if ordering == "none":
         return
 
+    # Written with Java's own file calls (session.with_local_checkpoints): no checksum files.
+    assert list((checkpoint / "commits").iterdir()), "the run's batches are in its checkpoint"
+    assert not list(checkpoint.rglob("*.crc")), "no .crc beside a local checkpoint's files"
     older = tmp_path / "checkpoint-older"
     shutil.copytree(checkpoint, older)
     produce(kafka, queue.topic, _records(150, 300))
