@@ -329,8 +329,9 @@ def floor(target: KafkaTarget, topic: str, queues: int) -> dict[str, Any]:
 def busy_bound(idle: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
     """What the idle queues leave the busy one: the machine's cores less what the idle queues,
     and the broker for them, used while idle, against the share of the machine the busy queue
-    used alone. A busy queue whose rate follows its CPU (a trivial handler: it is) can reach at
-    most this ratio of its rate alone while they keep using what they used idle."""
+    used alone. A busy queue that keeps the machine busy alone can reach at most this ratio of
+    its rate alone while they use what they used idle; one that does not (1.0) is held back by
+    something else than their CPU."""
     cores, queues = os.cpu_count() or 1, idle["queues"]
     # Measured with all of them idle: the busy queue's own idle part is taken off.
     idle_share = sum(idle["idle_cpu_percent_of_a_core_by_role"].values()) / 100 / cores * (queues - 1) / queues
