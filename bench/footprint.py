@@ -199,10 +199,6 @@ def _ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def cpu_seconds(apps: list[App]) -> float:
-    return sum(_ticks(pid) for app in apps for pid in _tree(app.process.pid)) / CLOCK_TICKS
-
-
 def broker_pids() -> list[int]:
     """The benchmark's own broker: a JVM running ``kafka.Kafka`` below this process."""
     found = []
@@ -246,13 +242,12 @@ def idle_figures(apps: list[App], queues: int, idle_s: float) -> dict[str, Any]:
         samples.append(memory(apps))
         time.sleep(5)
     peak = max(samples, key=lambda s: s["rss"])
-    before, roles_before, started = cpu_seconds(apps), cpu_by_role(apps), time.monotonic()
+    before, started = cpu_by_role(apps), time.monotonic()
     time.sleep(idle_s)
-    used, span = cpu_seconds(apps) - before, time.monotonic() - started
-    roles = {
-        role: round(100 * (ticks - roles_before.get(role, 0)) / CLOCK_TICKS / span, 2)
-        for role, ticks in cpu_by_role(apps).items()
-    }
+    after, span = cpu_by_role(apps), time.monotonic() - started
+    seconds = {role: (ticks - before.get(role, 0)) / CLOCK_TICKS for role, ticks in after.items()}
+    used = sum(value for role, value in seconds.items() if role != "broker_jvm")  # the applications' trees
+    roles = {role: round(100 * value / span, 2) for role, value in seconds.items()}
     return {
         "queues": queues,
         "rss_mb_peak": peak["rss"],
