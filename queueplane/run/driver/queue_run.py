@@ -294,16 +294,18 @@ class QueueRun:
             return True
         if self.last_activity is None:
             return options.max_duration_s is not None and time.monotonic() - self.started >= options.max_duration_s
-        # Idle time counts from the last batch with records, or from the end of an outage if later:
+        # Idle time counts from the last batch with records or records put back on the topic (kmq's
+        # redeliveries), or from the end of an outage if later:
         # right after one the source has not caught up yet and the group's offsets may still be
         # unreadable (a broker's coordinator loads), which is not an empty queue either.
-        idle = time.monotonic() - max(self.last_activity, self.watcher.answering_since)
+        active = max(self.last_activity, self.runtime.requeued_at() or 0.0)
+        idle = time.monotonic() - max(active, self.watcher.answering_since)
         # Caught up: the broker says no lag; where this listener cannot tell the lag, idleness alone
         # decides, but never while Kafka does not answer: an outage is not an empty queue.
         # A lag of 0 counts only from a read that began after the last records came out, and
         # while no read hangs: through a stalled connection no records come out and the read
         # hangs, leaving an old answer standing while records keep arriving.
-        fresh = lag is None or self.watcher.current(self.last_activity, time.monotonic())
+        fresh = lag is None or self.watcher.current(active, time.monotonic())
         caught_up = (
             (lag is None and not self.watcher.failing) or (total_lag(lag) == 0 and fresh)
         ) and self.runtime.idle()

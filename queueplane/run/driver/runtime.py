@@ -99,6 +99,12 @@ class QueueRuntime(ABC):
         """Nothing the runtime holds can still come back (the queue's lag says the rest)."""
         return True
 
+    def requeued_at(self) -> float | None:
+        """When (``time.monotonic``) the runtime last wrote records back to the queue's topic
+        (kmq's redeliveries), or None. Those are records to come as much as a batch's are: the
+        idle time counts from then, and a lag of 0 read before then says nothing of them."""
+        return None
+
     def failed(self) -> BaseException | None:
         """An error of something running beside the worker query, which ends the run."""
         return None

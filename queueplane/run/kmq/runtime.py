@@ -13,6 +13,7 @@ Kafka connector.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from typing import Any, ClassVar
 
@@ -90,8 +91,9 @@ class KmqRuntime(ConsumerRuntime):
         self.committer = GroupCommitter(queue, target)
         self.redeliverer = Redeliverer(queue, target)
         deliveries = OpenDeliveries(queue.group.lock_duration_ms, queue.group.delivery_limit)
+        self._requeued_at: float | None = None
         self.tracker = Tracker(
-            target, queue.group.id, queue.markers.name, deliveries, self.redeliverer.handle, self._redelivered
+            target, queue.group.id, queue.markers.name, deliveries, self._redeliver, self._redelivered
         )
 
     def start(self, spark: Any) -> None:
@@ -107,6 +109,17 @@ class KmqRuntime(ConsumerRuntime):
         from queueplane.run.kmq.source import KmqMemberSource
 
         return KmqMemberSource
+
+    def _redeliver(self, expired: list[Expired]) -> list[tuple[Record, Expired]]:
+        """On the tracker's thread: the redeliverer's round, noted as records back on the topic
+        before the tracker closes their deliveries (from then on ``idle`` may say True)."""
+        done = self.redeliverer.handle(expired)
+        if any(item.action != GIVE_UP for _, item in done):
+            self._requeued_at = time.monotonic()
+        return done
+
+    def requeued_at(self) -> float | None:
+        return self._requeued_at
 
     def _redelivered(self, done: list[tuple[Record, Expired]]) -> None:
         """On the tracker's thread: count a round's redeliveries and keep its dead letters."""
