@@ -135,6 +135,21 @@ def test_a_trickle_of_slow_records_keeps_the_rate_learned_under_load():
     assert decide(policy, waiting, state).state.rate_per_executor == 11.5
 
 
+def test_a_burst_in_one_reading_teaches_no_rate_where_records_waited_at_no_other():
+    """Three executors at the end of a peak, a trickle produced three records at a time: the
+    reading at the decision fell on a burst. Taken as capacity, under a record a second an
+    executor, 3 records/s kept all three executors until the worker stopped."""
+    policy = ScalingPolicy(min_executors=1, max_executors=3, target_lag_s=5.0, down_cooldown_s=0)
+    state = ScalerState(last_change_s=0.0, last_executors=3)
+    burst = Observation(100.0, {0: 3}, input_rate=2.0, processing_rate=2.0, executors=3, in_flight=0.6, least_lag=0)
+    learned = decide(policy, burst, state)
+    assert learned.state.rate_per_executor is None, learned
+    assert learned.desired == 2 and "one executor fewer" in learned.reason, learned
+    # Records that waited in every reading of the interval: the executors never caught up.
+    backlog = replace(burst, lag_by_partition={0: 30}, least_lag=20, processing_rate=15.0)
+    assert decide(policy, backlog, state).state.rate_per_executor == 5.0
+
+
 def test_a_drain_pause_teaches_no_rate_and_its_backlog_cancels_no_removal():
     """A removal waits for its drain, which stops consumption: 3 executors handled 1 record/s
     while the trickle's records built up. Read as capacity, a few such windows ask for an

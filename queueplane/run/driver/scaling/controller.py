@@ -53,6 +53,7 @@ class ExecutorController:
         self.busy_s = 0.0  # handler calls' seconds in the window
         self.paused = False  # a drain stopped consumption during the window
         self.last_lag: int | None = None
+        self.least_lag: int | None = None  # the smallest backlog a batch of the window saw
         self.last_batch_at = clock()  # when a batch of the queue last ended (or the queue started)
         self.decisions: list[dict[str, Any]] = []
 
@@ -79,10 +80,13 @@ class ExecutorController:
             return None
         self.handled += handled
         self.busy_s += busy_s
-        elapsed = now - self.window_start
-        if elapsed < self.policy.interval_s or lag_by_partition is None:
+        if lag_by_partition is None:
             return None
         lag = sum(v for v in lag_by_partition.values() if v is not None)
+        self.least_lag = lag if self.least_lag is None else min(self.least_lag, lag)
+        elapsed = now - self.window_start
+        if elapsed < self.policy.interval_s:
+            return None
         processing_rate = self.handled / elapsed
         growth = 0.0 if self.last_lag is None else (lag - self.last_lag) / elapsed
         observation = Observation(
@@ -94,10 +98,12 @@ class ExecutorController:
             requested=self.requested,
             in_flight=self.busy_s / elapsed,
             paused=self.paused or self._drain_pauses(),
+            least_lag=self.least_lag,
         )
         decision = decide(self.policy, observation, self.state)
         self.state = decision.state
         self.window_start, self.handled, self.busy_s, self.paused, self.last_lag = now, 0, 0.0, False, lag
+        self.least_lag = None
         previous, self.requested = self.requested, decision.desired
         if decision.desired != previous:
             self.pool.set_demand(self.name, decision.desired, ids)

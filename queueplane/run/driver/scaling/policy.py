@@ -62,6 +62,10 @@ class Observation:
     # Consumption stopped for a drain (a removal waiting for it) during the interval: the rate it
     # shows is a pause, not what the executors can do, and the backlog it built is no demand.
     paused: bool = False
+    # The smallest backlog a micro-batch of the interval saw (None: not known). A burst of a few
+    # records can stand in one reading; records that waited in every reading of the interval
+    # show executors that never caught up, which is what a capacity is measured on.
+    least_lag: int | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +111,11 @@ def _saturated(obs: Observation, lag: int) -> bool:
     about the records being handled, a second's worth or more at a low rate; read as a
     bottleneck, that demand would be taken for the capacity, which then falls with the load
     until a few records a second ask for more executors. A backlog being worked off is a sign:
-    the executors run flat out, which is their capacity.
+    the executors run flat out, which is their capacity. So is a burst only if it never cleared:
+    records must wait in every reading of the interval (``least_lag``), not only in the last.
     """
-    waiting = lag - obs.in_flight
+    least = lag if obs.least_lag is None else min(lag, obs.least_lag)
+    waiting = least - obs.in_flight
     return waiting > 0 and waiting >= obs.processing_rate * 1.0
 
 
