@@ -48,6 +48,13 @@ them to a process of the queue on this machine is acknowledged without a handler
 without a row (``redelivered_counted``). A redelivery that goes to a process on another machine
 is handled again and counted twice: that is the one case left.
 
+A settled row is no proof that the broker has its record's acknowledgement either: the rows of
+a poll's last records are written (``add``) when their acknowledgements are given, and those
+ride on the fetcher's next poll (fetcher.py); a process killed before that poll took them to
+the broker leaves settled rows of records it delivers again. A living process knows its own
+(``AcceptedLately``); a dead one's memory went with it. So the accepted records of every row a
+dead process's file holds, settled, unsettled or handed to a task, are registered the same way.
+
 A process takes a dead one's file over by renaming it to ``<owner>.outbox.<claimer>`` before it
 reads it, so no two processes hand the same rows on. A claimer that dies before the rows are in
 its own file leaves the claimed file behind, and the next process takes it over the same way.
@@ -85,6 +92,7 @@ from queueplane.run.executor.crash_journal import (
 )
 from queueplane.run.executor.private_dirs import private_dir
 from queueplane.run.outcomes import (
+    ACCEPTED,
     LAST_OFFSET_COLUMN,
     LATENCY_SLOTS,
     OFFSET_COLUMN,
@@ -277,6 +285,7 @@ class Outbox:
         unsettled: list[OutcomeColumns] = []
         again: list[OutcomeColumns] = []
         claimed_paths: list[Path] = []
+        read: list[OutcomeColumns] = []  # every row of the claimed files: their accepted records are registered
         me = self.path.name.removesuffix(SUFFIX)
         with folder_lock(self.folder):
             dead = self._left_by_the_dead()
@@ -292,8 +301,10 @@ class Outbox:
                 settled, provisional, handed_on = _read(claimed)
                 blocks += settled
                 unsettled += provisional
+                read += settled + provisional
                 for handed_to, rows in handed_on.items():
                     waiting.setdefault(handed_to, []).extend(rows)
+                    read += rows
                     joined = True
             store = self.folder / HANDED
             stored = _read(store)[2] if file_stamp(store) is not None else {}
@@ -309,8 +320,8 @@ class Outbox:
                     unknown[handed_to] = rows
                 else:
                     received.append(handed_to)
-            if unsettled:
-                self._register(unsettled)
+            if read:  # a settled row's acknowledgement may still have been on its way (module docstring)
+                self._register(read)
             handed = blocks + unsettled + again
             if handed:  # in this process's file before they leave handed.jsonl: never in neither
                 data = _entry(ROWS, 0, handed)
@@ -385,12 +396,20 @@ class Outbox:
         }
 
     def _register(self, blocks: list[OutcomeColumns]) -> None:
-        """The records of ``blocks`` in ``counted.json`` (under the folder's lock)."""
+        """The accepted records of ``blocks`` in ``counted.json`` (under the folder's lock). A record
+        released or dead-lettered is not: its redelivery is handled as any other."""
+        accepted = [
+            (int(partition), int(offset), int(delivery))
+            for block in blocks
+            for partition, offset, delivery, outcome in each_record(block)  # a row may stand for a run of records
+            if outcome == ACCEPTED
+        ]
+        if not accepted:
+            return
         counted = _read_counted(self.folder)
         now_ms = int(time.time() * 1000)
-        for block in blocks:
-            for partition, offset, delivery, _ in each_record(block):  # a row may stand for a run of records
-                counted[(int(partition), int(offset))] = (int(delivery), now_ms)
+        for partition, offset, delivery in accepted:
+            counted[(partition, offset)] = (delivery, now_ms)
         _write_counted(self.folder, counted)
 
     def close(self) -> None:
