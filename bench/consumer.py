@@ -361,7 +361,7 @@ def main() -> int:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="after the rounds, one more trivial run of each worker side and of the plain loop under py-spy",
+        help="after the rounds, one more trivial run of each worker, members and plain loop side under py-spy",
     )
     args = parser.parse_args()
     result: dict = {
@@ -429,7 +429,8 @@ def main() -> int:
                 runs[side].append(trivial_run(side, f"round {round_no}", trivial_layout))
         best = {side: max(r["steady"] for r in runs[side]) for side in sides}
         if args.profile:  # after the rounds, not counted: py-spy's sampling takes a share of the cores
-            for side in [s for s in ("worker_partition", "worker_key", "plain_loop") if s in sides]:
+            profiled_sides = ("worker_partition", "worker_key", "member_partition", "member_key", "plain_loop")
+            for side in [s for s in profiled_sides if s in sides]:
                 ordering, exactly_once = sides[side]
                 spec = apply_consumer_queue(folder, target, "echo", ordering, exactly_once)
                 fill(target, spec["topic"], trivial_layout)
@@ -437,6 +438,8 @@ def main() -> int:
                 with profiled(f"consumer-{side}"):
                     if side == "plain_loop":
                         run_plain_loop(spec, target, len(trivial_layout))
+                    elif side.startswith("member_"):
+                        run_members(spec, target, len(trivial_layout))
                     else:
                         run_worker(spec, target, len(trivial_layout))
         if args.only:
