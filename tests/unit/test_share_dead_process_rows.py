@@ -20,12 +20,12 @@ from confluent_kafka import AcknowledgeType, Message
 from queueplane.run.dead_letters import Failure
 from queueplane.run.executor.crash_journal import CrashJournal, tag_alive
 from queueplane.run.executor.handler import MessageRecord
-from queueplane.run.outcomes import RECORDS_COLUMN, RELEASED, Outcome, accepted_columns, columns_of
+from queueplane.run.outcomes import DEAD_LETTERED, RECORDS_COLUMN, RELEASED, Outcome, accepted_columns, columns_of
 from queueplane.run.share.executor.accepted import AcceptedLately
 from queueplane.run.share.executor.fetcher import ShareFetcher
 from queueplane.run.share.executor.outbox import COUNTED, Outbox
 from queueplane.run.share.executor.pool import Poll
-from queueplane.run.share.settings import ALREADY_COUNTED_RESULT
+from queueplane.run.share.settings import ALREADY_COUNTED_RESULT, ALREADY_DEAD_RESULT
 
 DEAD = "2147483646-1"  # above any pid_max: a process of this tag is dead
 TASK = ("stream-a", 1, 0)  # the task whose attempt died, run again by the next process
@@ -117,3 +117,22 @@ def test_a_released_row_of_a_dead_process_is_not_registered(tmp_path):
     registered = json.loads((tmp_path / COUNTED).read_text()) if (tmp_path / COUNTED).exists() else []
     assert registered == []
     assert outbox.redelivered_counted([(0, 7, 2)]) == set()
+
+
+def test_a_dead_lettered_row_of_a_dead_process_is_rejected_again_without_a_call(tmp_path):
+    """The dead process wrote the DLQ copy and the row; its REJECT was to go with the next poll.
+    The redelivery ends the same way: no call, no row, no second copy in the DLQ."""
+    dead = Outbox(tmp_path, tag=DEAD)
+    record = MessageRecord.many(_messages(0, [7]))[0]
+    dead.add([columns_of([Outcome.of(record, DEAD_LETTERED, Failure("InvalidOutput", "got int"), 1.0, 1)])])
+    retry = Outbox(tmp_path)
+    messages = [*_messages(0, [7], delivery=2), *_messages(0, [8], delivery=2)]
+    poll = Poll(messages, time.monotonic() + 60)
+    calls, _ = _fetcher(retry, tmp_path)._calls(messages, poll)
+    assert list(calls) == [1], "8 was never counted: it is handled"
+    assert poll.results[0] is ALREADY_DEAD_RESULT
+    outcome, ack = _fetcher(retry, tmp_path)._decide(
+        MessageRecord.many(messages)[0], poll.results[0], 0, time.monotonic(), 1.0
+    )
+    assert (outcome, ack) == (None, AcknowledgeType.REJECT)
+    assert _records(retry.take()) == 1, "the dead process's row, handed on: the record counts once, in the DLQ"

@@ -96,3 +96,7 @@ ACCEPTED_RESULT: Result = (ACCEPTED, None, 0.0)
 # acknowledged ACCEPT without a call and without a row. Never a row's outcome.
 ALREADY_COUNTED = "already_counted"
 ALREADY_COUNTED_RESULT: Result = (ALREADY_COUNTED, None, 0.0)
+# ... one they dead-lettered: its DLQ copy is written, so it is acknowledged REJECT without a
+# call, a row or another copy. Never a row's outcome either.
+ALREADY_DEAD = "already_dead_lettered"
+ALREADY_DEAD_RESULT: Result = (ALREADY_DEAD, None, 0.0)

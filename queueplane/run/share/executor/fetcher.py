@@ -48,6 +48,7 @@ from queueplane.run.share.settings import (
     ACCEPTED_RESULT,
     ACK_EVERY_S,
     ALREADY_COUNTED_RESULT,
+    ALREADY_DEAD_RESULT,
     DRAIN_POLL_MAX_S,
     DRAIN_POLL_S,
     FETCH_WAIT_MS,
@@ -302,7 +303,7 @@ class ShareFetcher:
         read again then (a process of the queue may have died since this one last looked). It
         may also be one this process or a dead one accepted and counted, its acknowledgement
         lost (``_counted_already``): it is accepted again without a call and without a row,
-        whatever its delivery count.
+        whatever its delivery count; one a dead process dead-lettered is rejected so.
         """
         limit = self.host.settings.delivery_limit
         counts = [m.delivery_count() or 1 for m in messages]
@@ -310,9 +311,10 @@ class ShareFetcher:
         counted: set[int] = set()
         if max(counts) > 1:
             journal.collect()
-            counted = self._counted_already(messages, counts)
-            for i in counted:
-                poll.results[i] = ALREADY_COUNTED_RESULT
+            already = self._counted_already(messages, counts)
+            counted = set(already)
+            for i, result in already.items():
+                poll.results[i] = result
         crashes = journal.crashes
         decided = [
             i for i, m in enumerate(messages) if (counts[i] > limit or is_parked(headers_of(m))) and i not in counted
@@ -335,10 +337,11 @@ class ShareFetcher:
             calls = [i for i in calls if i not in isolated]
         return calls, suspects
 
-    def _counted_already(self, messages: list[Message], counts: list[int]) -> set[int]:
-        """The redelivered records of a poll accepted and counted already: by this process, whose
-        acknowledgement did not land (queueplane.run.share.executor.accepted), or by a process that died
-        with its commit of their acknowledgements unanswered (queueplane.run.share.executor.outbox).
+    def _counted_already(self, messages: list[Message], counts: list[int]) -> dict[int, Result]:
+        """The redelivered records of a poll counted already, and how each ends now: accepted by
+        this process, whose acknowledgement did not land (queueplane.run.share.executor.accepted),
+        or accepted or dead-lettered by a process that died before its acknowledgements reached
+        the broker (queueplane.run.share.executor.outbox).
 
         A dead process's file is taken over now, not at the next micro-batch: a redelivery can come first.
         """
@@ -356,14 +359,19 @@ class ShareFetcher:
         outbox.adopt()
         others = [j for j in range(len(again)) if j not in mine]
         found = outbox.redelivered_counted([(*places[j], counts[again[j]]) for j in others])
+        dead = {k for k in found if outbox.dead_lettered(*places[others[k]])}
         if found:
             log.info(
-                "share fetcher %d: %d redelivered record(s) were accepted and counted by a worker process "
-                "that died; accepting them without a call",
+                "share fetcher %d: %d redelivered record(s) were counted by a worker process that died "
+                "(%d of them dead-lettered); ending them as it did, without a call",
                 self.index,
                 len(found),
+                len(dead),
             )
-        return {again[j] for j in mine} | {again[others[k]] for k in found}
+        already = dict.fromkeys((again[j] for j in mine), ALREADY_COUNTED_RESULT)
+        for k in found:
+            already[again[others[k]]] = ALREADY_DEAD_RESULT if k in dead else ALREADY_COUNTED_RESULT
+        return already
 
     def _acknowledge(
         self, messages: list[Message], poll: Poll, polled_at: float, outcomes: list[OutcomeColumns], in_order: InOrder
@@ -539,6 +547,8 @@ class ShareFetcher:
         goes to the DLQ instead."""
         if result is ALREADY_COUNTED_RESULT:
             return None, AcknowledgeType.ACCEPT
+        if result is ALREADY_DEAD_RESULT:
+            return None, AcknowledgeType.REJECT
         outcome, failure, ran_at = result or (RELEASED, Failure("Unknown", "no result"), 0.0)
         if outcome == RELEASED and record.delivery_count >= self.host.settings.delivery_limit:
             outcome = DEAD_LETTERED

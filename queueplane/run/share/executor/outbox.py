@@ -52,8 +52,11 @@ A settled row is no proof that the broker has its record's acknowledgement eithe
 a poll's last records are written (``add``) when their acknowledgements are given, and those
 ride on the fetcher's next poll (fetcher.py); a process killed before that poll took them to
 the broker leaves settled rows of records it delivers again. A living process knows its own
-(``AcceptedLately``); a dead one's memory went with it. So the accepted records of every row a
-dead process's file holds, settled, unsettled or handed to a task, are registered the same way.
+(``AcceptedLately``); a dead one's memory went with it. So the accepted and dead-lettered records
+of every row a dead process's file holds, settled, unsettled or handed to a task, are registered
+the same way, each with its outcome: a dead-lettered one delivered again is acknowledged REJECT,
+its DLQ copy written already (``dead_lettered``). A released one is not registered: it is
+handled again.
 
 A process takes a dead one's file over by renaming it to ``<owner>.outbox.<claimer>`` before it
 reads it, so no two processes hand the same rows on. A claimer that dies before the rows are in
@@ -77,7 +80,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -93,6 +96,7 @@ from queueplane.run.executor.crash_journal import (
 from queueplane.run.executor.private_dirs import private_dir
 from queueplane.run.outcomes import (
     ACCEPTED,
+    DEAD_LETTERED,
     LAST_OFFSET_COLUMN,
     LATENCY_SLOTS,
     OFFSET_COLUMN,
@@ -157,7 +161,7 @@ class Outbox:
         self._provisional: dict[int, tuple[list[OutcomeColumns], bytes]] = {}
         self._tokens = itertools.count(1)
         self._file = self.path.open("ab", buffering=0)
-        self._counted: dict[tuple[int, int], tuple[int, int]] = {}  # counted.json as last read
+        self._counted: dict[tuple[int, int], Counted] = {}  # counted.json as last read
         self._counted_seen: tuple[int, int, int] | None = None
         self._task: Task | None = None  # the task this process runs, or ran last (``begin``)
         # The rows of the last mark in the file (``take``), until the next task starts.
@@ -392,24 +396,29 @@ class Outbox:
         return {
             i
             for i, (partition, offset, delivery) in enumerate(records)
-            if (entry := counted.get((partition, offset))) is not None and entry[0] < delivery
+            if (entry := counted.get((partition, offset))) is not None and entry.delivery < delivery
         }
 
+    def dead_lettered(self, partition: int, offset: int) -> bool:
+        """Whether a record ``redelivered_counted`` found was dead-lettered (else it was accepted)."""
+        entry = self._counted.get((partition, offset))
+        return entry is not None and entry.dead
+
     def _register(self, blocks: list[OutcomeColumns]) -> None:
-        """The accepted records of ``blocks`` in ``counted.json`` (under the folder's lock). A record
-        released or dead-lettered is not: its redelivery is handled as any other."""
-        accepted = [
-            (int(partition), int(offset), int(delivery))
+        """The accepted and dead-lettered records of ``blocks`` in ``counted.json`` (under the
+        folder's lock). A released record is not: its redelivery is handled as any other."""
+        ended = [
+            (int(partition), int(offset), int(delivery), outcome == DEAD_LETTERED)
             for block in blocks
             for partition, offset, delivery, outcome in each_record(block)  # a row may stand for a run of records
-            if outcome == ACCEPTED
+            if outcome in (ACCEPTED, DEAD_LETTERED)
         ]
-        if not accepted:
+        if not ended:
             return
         counted = _read_counted(self.folder)
         now_ms = int(time.time() * 1000)
-        for partition, offset, delivery in accepted:
-            counted[(partition, offset)] = (delivery, now_ms)
+        for partition, offset, delivery, dead in ended:
+            counted[(partition, offset)] = Counted(delivery, now_ms, dead)
         _write_counted(self.folder, counted)
 
     def close(self) -> None:
@@ -577,18 +586,28 @@ _CHECKS = {
 }
 
 
-def _read_counted(folder: Path) -> dict[tuple[int, int], tuple[int, int]]:
-    """``counted.json``: (partition, offset) → (delivery count, when registered, ms), the expired left out."""
+class Counted(NamedTuple):
+    """A record ``counted.json`` holds: the delivery its row was of, when it was registered (ms),
+    and whether it was dead-lettered (else accepted)."""
+
+    delivery: int
+    registered_ms: int
+    dead: bool = False
+
+
+def _read_counted(folder: Path) -> dict[tuple[int, int], Counted]:
+    """``counted.json``: (partition, offset) → what was counted, the expired left out."""
     try:
         kept = json.loads((folder / COUNTED).read_text())
-        counted = {(int(p), int(o)): (int(d), int(ms)) for p, o, d, ms in kept}
+        counted = {(int(p), int(o)): Counted(int(d), int(ms), bool(rest and rest[0])) for p, o, d, ms, *rest in kept}
     except (OSError, ValueError, TypeError):
         return {}
     oldest_ms = (time.time() - DELIVERY_MEMORY_S) * 1000
-    return {key: entry for key, entry in counted.items() if entry[1] >= oldest_ms}
+    return {key: entry for key, entry in counted.items() if entry.registered_ms >= oldest_ms}
 
 
-def _write_counted(folder: Path, counted: dict[tuple[int, int], tuple[int, int]]) -> None:
-    """Written anew and renamed into place (under the folder's lock)."""
-    rows = [[p, o, d, ms] for (p, o), (d, ms) in sorted(counted.items())]
+def _write_counted(folder: Path, counted: dict[tuple[int, int], Counted]) -> None:
+    """Written anew and renamed into place (under the folder's lock); a dead-lettered record's row
+    has a fifth field."""
+    rows = [[p, o, e.delivery, e.registered_ms, *([1] if e.dead else [])] for (p, o), e in sorted(counted.items())]
     replace_whole(folder / COUNTED, json.dumps(rows).encode())
