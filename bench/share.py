@@ -482,7 +482,7 @@ def plot(result: dict) -> Any:
     )
     right.set_ylabel("steady records/s")
     ratio = result["goals"][1]["ratio"]
-    right.set_title(f"trivial handler, {t['slots']} slots: worker / process half {ratio:.2f} (goal >= 0.9)")
+    right.set_title(f"trivial handler, {t['slots']} slots\nworker / process half {ratio:.2f} (goal >= 0.9)")
     return fig
 
 
