@@ -289,7 +289,7 @@ class Outbox:
         unsettled: list[OutcomeColumns] = []
         again: list[OutcomeColumns] = []
         claimed_paths: list[Path] = []
-        read: list[OutcomeColumns] = []  # every row of the claimed files: their accepted records are registered
+        read: list[OutcomeColumns] = []  # every row of the claimed files: their ended records are registered
         me = self.path.name.removesuffix(SUFFIX)
         with folder_lock(self.folder):
             dead = self._left_by_the_dead()
