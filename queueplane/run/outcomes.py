@@ -102,6 +102,11 @@ REDELIVERED = "redelivered"
 DUPLICATE = "duplicate"
 FINAL_OUTCOMES = (ACCEPTED, DEAD_LETTERED)
 DELIVERY_TIMEOUT_S = 30.0
+# Quick-path records settled together (their task's lock and rows once a run, not once a
+# record): a run ends at this many records, or once its first record was accepted this long
+# ago, so a slow handler's records are not held back from the next commit or end marker.
+SETTLE_EVERY = 256
+SETTLE_WITHIN_S = 0.05
 DLQ_WRITE_FAILED = "DeadLetterWriteFailed"  # the error class of a delivery whose dead letter the DLQ refused
 
 ProducedRecord = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]  # topic, key, value, headers

@@ -126,7 +126,7 @@ def test_records_not_started_by_the_deadline_are_released_and_one_still_running_
     assert {offset: outcome for offset, (outcome, _) in rows.items()} == {0: "released", 1: "released", 2: "released"}
     assert "ran past lockDuration" in rows[0][1] and "not started" in rows[1][1] and "not started" in rows[2][1]
     task.process.journal = SimpleNamespace(crashes={})
-    task.run(1)  # a handler thread that reaches it now finds it ended
+    task.run(1, [])  # a handler thread that reaches it now finds it ended
     assert len(_marker_records(producer)) == 1, "no second marker"
 
 
@@ -138,10 +138,75 @@ def test_a_record_a_thread_takes_after_the_deadline_is_released_without_a_call()
     task.process.journal = SimpleNamespace(crashes={}, call=lambda *a, **k: called.append(a))
     delivery.idle = True
     task.deadline = time.monotonic() - 1
-    task.run(0)
+    task.run(0, [])
     task._end_round(0.0)
     assert called == []
     assert [m.kind for key, value in _marker_records(producer) for m in km.decode(key, value)] == [km.RELEASE]
+
+
+def _calls(task: KmqTask, handler) -> None:
+    """The handler as the process's journal calls it: ``handler(record)``."""
+    task.process.handler = handler
+    task.process.journal = SimpleNamespace(crashes={}, call=lambda _p, _o, h, record, delivery: h(record))
+
+
+def test_quick_calls_settle_in_runs_each_record_with_its_row_and_end_marker():
+    task, producer, delivery, _ = _task(records=3)
+    _records(task)
+    _calls(task, lambda record: None)
+    delivery.idle = True
+    task.deadline = time.monotonic() + 10
+    task._unsettled = 3
+    task._queued.extend(range(3))
+    task.run_queued()
+    assert task._claimed == [True, True, True] and task._runs == []
+    task._end_round(0.0)
+    assert _markers(producer) == [0, 1, 2]
+    assert [(row.offset, row.outcome) for row in task.drain()] == [(0, "accepted"), (1, "accepted"), (2, "accepted")]
+
+
+def test_at_the_deadline_a_stuck_thread_s_accepted_run_ends_and_only_its_running_call_is_given_up():
+    """Records 0 and 1 were accepted and wait in their thread's run; the thread is stuck in 2."""
+    task, producer, delivery, _ = _task(records=3)
+    _records(task)
+    delivery.idle = True
+    task._unsettled = 3
+    _calls(task, lambda record: None)
+    task.deadline = time.monotonic() + 10
+    run = [task.run(0, []), task.run(1, [])]
+    assert all(item is not None for item in run), "quick calls come back for their thread's run"
+    task._runs.append(run)
+    task._running[2] = time.monotonic()
+    task.deadline = time.monotonic()
+    task.process.threads.add = lambda count: None
+    task.wait()
+    assert _markers(producer) == [0, 1], "the accepted records end; the stuck call gets no marker"
+    rows = {row.offset: (row.outcome, row.error) for row in task.drain()}
+    assert rows[0] == ("accepted", None) and rows[1] == ("accepted", None)
+    assert rows[2][0] == "released" and "ran past lockDuration" in rows[2][1]
+
+
+def test_a_call_given_up_while_it_ran_is_dropped_when_its_thread_settles_its_run():
+    """The task's thread reaches the deadline during the call: no end marker, the one released row."""
+    task, producer, delivery, _ = _task(records=1)
+    _records(task)
+    delivery.idle = True
+    task.deadline = time.monotonic() + 10
+    task._unsettled = 1
+    task.process.threads.add = lambda count: None
+
+    def deadline_passes(record):
+        task.deadline = time.monotonic()
+        waiter = threading.Thread(target=task.wait)
+        waiter.start()
+        waiter.join(10)
+
+    _calls(task, deadline_passes)
+    task._queued.append(0)
+    task.run_queued()
+    task._end_round(0.0)
+    assert _markers(producer) == []
+    assert [(row.offset, row.outcome) for row in task.drain()] == [(0, "released")]
 
 
 def test_a_handler_thread_waits_with_its_writes_while_they_are_held():

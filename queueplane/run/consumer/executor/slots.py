@@ -21,6 +21,8 @@ from queueplane.run.executor.retry import retry_delay_ms
 from queueplane.run.outcomes import (
     ACCEPTED,
     RELEASED,
+    SETTLE_EVERY,
+    SETTLE_WITHIN_S,
     ProducedRecord,
 )
 
@@ -66,11 +68,6 @@ class SlotOwner(Protocol):
 
 # A record accepted on the quick path whose outputs the producer has: its latency and inflight.
 Done = tuple[Record, list[ProducedRecord], float, int]
-# Quick-path records settled together (the tracker, the task's lock and rows once a run): a run
-# ends at this many records, or once its first record was accepted this long ago, so a slow
-# handler's records are not held back from the next commit.
-SETTLE_EVERY = 256
-SETTLE_WITHIN_S = 0.05
 
 
 @dataclass(slots=True)

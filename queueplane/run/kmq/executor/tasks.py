@@ -50,6 +50,8 @@ from queueplane.run.outcomes import (
     DELIVERY_TIMEOUT_S,
     DUPLICATE,
     RELEASED,
+    SETTLE_EVERY,
+    SETTLE_WITHIN_S,
     Outcome,
     ProducedRecord,
     dead_letter_record,
@@ -96,6 +98,10 @@ class _Ending:
         self.failed: str | None = None
         self.refused: list[tuple[ProducedRecord, InvalidOutput]] = []
         self.dead = False
+
+
+# An accepted call without outputs, waiting in its thread's run: its index, row and end marker.
+_Quick = tuple[int, Outcome, _Ending]
 
 
 class HandlerThreads:
@@ -174,6 +180,8 @@ class KmqTask:
         self._lock = threading.Lock()
         self._claimed = [False] * len(records)  # an outcome was decided (ended, released, given up)
         self._running: dict[int, float] = {}
+        # Each handler thread's quick records (accepted, no outputs) not yet settled (``_settle_run``).
+        self._runs: list[list[_Quick]] = []
         self._unsettled = len(records)  # records whose marker (or give-up) is not yet sent
         self._settled = threading.Condition(self._lock)
         self._ending: list[_Ending] = []  # writes sent; each marker goes once the writes are durable
@@ -278,23 +286,69 @@ class KmqTask:
 
     # -- handler threads -----------------------------------------------------------------------
     def run_queued(self) -> None:
-        """Records from the task's queue until it is empty (deque.popleft is atomic)."""
-        queued = self._queued
-        while True:
-            try:
-                index = queued.popleft()
-            except IndexError:
-                return
-            self.run(index)
+        """Records from the task's queue until it is empty (deque.popleft is atomic).
 
-    def run(self, index: int) -> None:
-        """One record's call and how it ends. An accepted call without outputs, nearly every
-        call of a quick handler, settles in one step under the task's lock: its row and its
-        place in the next round of end markers."""
+        Accepted calls without outputs, nearly every call of a quick handler, wait in ``done``
+        and settle in runs (``SETTLE_EVERY``, ``SETTLE_WITHIN_S``): the task's lock once a run,
+        not twice a record, which 16 threads taking it in turn made the costliest line of the
+        worker. A run is settled before a call that may wait on others (a crash suspect's), and
+        the task's own thread settles every thread's run at the deadline, before it gives up the
+        calls still running: a thread may never come back from its call.
+        """
+        queued = self._queued
+        done: list[_Quick] = []
+        with self._lock:
+            self._runs.append(done)
+        began = 0.0  # when the run's first record was accepted
+        try:
+            while True:
+                try:
+                    index = queued.popleft()
+                except IndexError:
+                    return
+                if done and (len(done) >= SETTLE_EVERY or time.monotonic() - began >= SETTLE_WITHIN_S):
+                    self._settle_quick(done)
+                quick = self.run(index, done)
+                if quick is not None:
+                    if not done:
+                        began = quick[2].at
+                    done.append(quick)
+        finally:
+            with self._lock:
+                self._settle_run(done)
+                self._runs.remove(done)
+
+    def _settle_quick(self, done: list[_Quick]) -> None:
+        with self._lock:
+            self._settle_run(done)
+
+    def _settle_run(self, done: list[_Quick]) -> None:
+        """Caller holds the lock: the run's records end (row, end marker) unless given up meanwhile.
+
+        Taken from the front, not swapped for a new list: the task's thread settles a stuck
+        thread's run at the deadline while that thread may append to it (both atomic)."""
+        taken = done[:]
+        if not taken:
+            return
+        del done[: len(taken)]
+        claimed, running, outcomes, ending = self._claimed, self._running, self._outcomes, self._ending
+        for index, row, end in taken:
+            running.pop(index, None)
+            if claimed[index]:
+                continue  # given up at the deadline: the tracker redelivers it
+            claimed[index] = True
+            outcomes.append(row)
+            ending.append(end)
+        if len(ending) >= self._unsettled:  # nothing else to wait for: the round can go
+            self._settled.notify_all()
+
+    def run(self, index: int, done: list[_Quick]) -> _Quick | None:
+        """One record's call and how it ends. An accepted call without outputs is returned for
+        its thread's run (``run_queued``); every other end is settled here."""
         record = self.records[index]
         if record.headers and is_parked(record.headers):
             self._parked_to_dlq(index)
-            return
+            return None
         # Crashes are counted per message (where it was first produced): the tracker's copies of
         # a record that killed its process are the same message. A first delivery has no headers.
         journal = self.process.journal
@@ -303,17 +357,25 @@ class KmqTask:
         crashes = journal.crashes.get((partition, offset), 0) if journal.crashes else 0
         if crashes >= self.settings.delivery_limit:
             self._ended_by_crashes(index, crashes, where or km.Origin(record.topic, partition, offset, None))
-            return
+            return None
         if crashes:
+            self._settle_quick(done)  # the suspect waits for the innocent records to end, these too
             self._innocents_ended(index)
-        with self._lock:
-            if self._claimed[index]:
-                return
-            if time.monotonic() >= self.deadline:
-                self._release(index)
-                return
-            started = time.monotonic()
-            self._running[index] = started
+        # Without the lock, in this order: running first, then claimed. The task's thread at the
+        # deadline claims first, then reads running. Either it sees this call running and gives
+        # it up (its result is dropped), or this thread sees it claimed and makes no call: a
+        # record is never both released and called.
+        started = time.monotonic()
+        self._running[index] = started
+        if self._claimed[index]:
+            self._running.pop(index, None)
+            return None
+        if started >= self.deadline:
+            with self._lock:
+                self._running.pop(index, None)
+                if not self._claimed[index]:
+                    self._release(index)
+            return None
         s = self.settings
         failure: Failure | None = None
         final = False
@@ -328,18 +390,13 @@ class KmqTask:
             failure = Failure.of(exc)
             final = record.delivery_count >= s.delivery_limit
         latency_ms = (time.monotonic() - started) * 1000
-        quick = failure is None and not outputs
-        if quick:
-            row, ending = Outcome.accepted(record, latency_ms, 0), _Ending(index, km.END, 0)
+        if failure is None and not outputs:
+            return index, Outcome.accepted(record, latency_ms, 0), _Ending(index, km.END, 0)
         with self._lock:
             self._running.pop(index, None)
             if self._claimed[index]:
-                return  # given up at the deadline: the tracker redelivers it
+                return None  # given up at the deadline: the tracker redelivers it
             self._claimed[index] = True
-            if quick:
-                self._outcomes.append(row)
-                self._add_ending(ending)
-                return
         if failure is None:
             self._report(record, ACCEPTED, None, latency_ms)
             try:
@@ -355,6 +412,7 @@ class KmqTask:
         else:
             self._report(record, RELEASED, failure, latency_ms)
             self._write_then_end(index, [], km.RETRY)
+        return None
 
     def _ended_by_crashes(self, index: int, crashes: int, where: km.Origin) -> None:
         """A message whose calls killed ``deliveryLimit`` processes: to the DLQ once, without another call;
@@ -620,10 +678,13 @@ class KmqTask:
         """Until every record is settled; at the deadline, give up what has not ended."""
         self._settle(self.deadline, 0.0)
         with self._lock:
+            for done in self._runs:  # accepted before the deadline: they end
+                self._settle_run(done)
             stuck = 0
             now = time.monotonic()
             for index, claimed in enumerate(self._claimed):
                 if not claimed:
+                    self._claimed[index] = True  # before reading running: see ``run``
                     started = self._running.get(index)
                     if started is None:
                         self._release(index)
