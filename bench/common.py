@@ -23,8 +23,10 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from queueplane.kafka import clients
 from queueplane.kafka.target import KafkaTarget
 from queueplane.local.stack import LocalStack
+from queueplane.ops.load import QUEUE_PRODUCER
 from queueplane.provision import steps
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -190,3 +192,15 @@ def pyplot() -> Any:
 # the Spark pass-through baselines): what consumer queues held per batch before they ran as
 # members, kept so that those sides pay their per-batch costs as often as before.
 SPARK_BATCH_RECORDS = 50_000
+
+
+def fill(target: KafkaTarget, topic: str, count: int) -> None:
+    producer = clients.producer(target.settings, {**QUEUE_PRODUCER})
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, key=str(i % 64).encode(), value=b'{"id": %d}' % i)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0

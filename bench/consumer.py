@@ -66,7 +66,7 @@ from common import (
     steady_rate,
 )
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-from share import RssSampler
+from sampling import RssSampler
 
 from queueplane.kafka import clients
 from queueplane.kafka.lag import queue_backlog

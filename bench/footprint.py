@@ -31,8 +31,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from common import apply_queue, bench_broker, console, goal, pyplot, save, steady_rate
-from share import CLOCK_TICKS, HANDLERS, fill, finishing_times
+from common import apply_queue, bench_broker, console, fill, goal, pyplot, save, steady_rate
+from marks import HANDLERS, finishing_times
+from sampling import CLOCK_TICKS
 
 from queueplane.kafka.target import KafkaTarget
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from common import bench_broker, console, pyplot, save
 from footprint import MIX, App, idle_figures, idle_queue, wait_ready
-from share import HANDLERS
+from marks import HANDLERS
 
 
 def per_queue(figures: dict[str, Any], queues: int) -> dict[str, float]:

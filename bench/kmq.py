@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import SPARK_BATCH_RECORDS, apply_queue, bench_broker, console, goal, profiled, pyplot, save
-from share import HANDLERS, RssSampler, fill, worker_throughput
+from common import SPARK_BATCH_RECORDS, apply_queue, bench_broker, console, fill, goal, profiled, pyplot, save
+from marks import HANDLERS, worker_throughput
+from sampling import RssSampler
 
 from queueplane.kafka.target import KafkaTarget
 

@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
-from array import array
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from common import (
     apply_queue,
     bench_broker,
     console,
+    fill,
     full_rate,
     goal,
     profiled,
@@ -50,13 +49,11 @@ from common import (
     save,
     steady_rate,
 )
+from marks import HANDLERS, finishing_times, marked, worker_throughput
+from sampling import RssSampler
 
-from queueplane.kafka import clients
-from queueplane.kafka.lag import queue_backlog
 from queueplane.kafka.target import KafkaTarget
-from queueplane.ops.load import QUEUE_PRODUCER
 from queueplane.provision import steps
-from queueplane.run.driver.application import run_queue
 from queueplane.run.driver.options import RunOptions
 from queueplane.run.share.runtime import ShareRuntime
 from queueplane.run.share.settings import FETCH_WAIT_MS
@@ -73,155 +70,6 @@ TRIVIAL_SIDES = ("worker", "hosted", "plain_loop")
 # The poll sizes the plain loop tries in its warm-up; its rounds use the best.
 PLAIN_POLL_SIZES = (200, 500, 1000)
 
-HANDLERS = """
-import os
-import threading
-import time
-from array import array
-
-# Every call's finishing time, kept in memory (a list append costs next to nothing per call) and
-# appended to this process's file five times a second by a background thread, so the benchmark
-# can cut the run's steady middle out of all calls. Spark ends its Python workers without exit
-# handlers, hence the thread. The file holds raw doubles: written as text (repr per time), the
-# flush took a quarter of the worker process's interpreter time under the trivial handler.
-_finished = []
-
-
-def _flush_forever():
-    path = os.path.join(os.environ["QP_BENCH_MARKS"], f"finished-{os.getpid()}")
-    written = 0
-    while True:
-        time.sleep(0.2)
-        count = len(_finished)
-        if count > written:
-            with open(path, "ab") as handle:
-                array("d", _finished[written:count]).tofile(handle)
-            written = count
-
-
-threading.Thread(target=_flush_forever, daemon=True).start()
-
-
-def sleep_10ms(record):
-    time.sleep(0.010)
-    _finished.append(time.time())
-
-
-def trivial(record):
-    _finished.append(time.time())
-"""
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class RssSampler:
-    """Peak resident memory of this process, its Spark JVM, the Spark Python workers and the broker;
-    and the CPU time each of them (and the plain loop's processes) used.
-
-    The local broker and the plain loop's process are children of this process too: the
-    broker's JVM is reported apart from the driver's, and the loop is left out of the memory.
-    CPU time says what a run cost the machine beyond the records/s: on two cores the broker,
-    Spark's JVM and the Python processes share the same cores.
-    """
-
-    def __init__(self) -> None:
-        self.peak = {"driver_python_mb": 0.0, "driver_jvm_mb": 0.0, "python_workers_mb": 0.0, "broker_jvm_mb": 0.0}
-        self._cpu: dict[int, tuple[str, int]] = {}  # pid → (role, CPU ticks last seen)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds so far by role, of every process seen (one that ended keeps its last reading)."""
-        totals: dict[str, float] = {}
-        for role, ticks in list(self._cpu.values()):
-            totals[role] = round(totals.get(role, 0.0) + ticks / CLOCK_TICKS, 2)
-        return totals
-
-    def cost_per_100k(self, before: dict[str, float], records: int) -> dict[str, float]:
-        """CPU seconds per 100k records by role since ``before`` (a ``cpu_seconds()`` reading)."""
-        time.sleep(0.5)  # a last reading of the processes that ran it
-        after = self.cpu_seconds()
-        return {
-            role: round((seconds - before.get(role, 0.0)) * 100_000 / records, 2)
-            for role, seconds in after.items()
-            if seconds > before.get(role, 0.0)
-        }
-
-    @staticmethod
-    def _processes() -> list[tuple[int, int, str, float, int]]:
-        out = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                fields = stat.rsplit(")", 1)[1].split()
-                ppid = int(fields[1])
-                ticks = int(fields[11]) + int(fields[12])  # utime + stime
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                rss = (
-                    next(
-                        int(line.split()[1])
-                        for line in (entry / "status").read_text().splitlines()
-                        if line.startswith("VmRSS:")
-                    )
-                    / 1024
-                )
-            except (OSError, StopIteration, ValueError, IndexError):
-                continue
-            out.append((int(entry.name), ppid, cmd, rss, ticks))
-        return out
-
-    def _loop(self) -> None:
-        me = os.getpid()
-        while not self._stop.is_set():
-            procs = self._processes()
-            children: dict[int, list[int]] = {}
-            for pid, ppid, *_ in procs:
-                children.setdefault(ppid, []).append(pid)
-            tree, todo = set(), [me]
-            while todo:
-                pid = todo.pop()
-                tree.add(pid)
-                todo.extend(children.get(pid, []))
-            workers = jvm = python = broker = 0.0
-            for pid, _, cmd, rss, ticks in procs:
-                if pid not in tree:
-                    continue
-                if pid == me:
-                    python = rss
-                    self._cpu[pid] = ("benchmark", ticks)
-                elif "java" in cmd.split(" ")[0]:
-                    if "kafka.Kafka" in cmd:
-                        broker += rss
-                        self._cpu[pid] = ("broker_jvm", ticks)
-                    else:
-                        jvm += rss
-                        self._cpu[pid] = ("spark_jvm", ticks)
-                elif "multiprocessing" in cmd:
-                    self._cpu[pid] = ("plain_processes", ticks)
-                    continue  # a baseline's process (the plain loop, the hosted process half), not the worker
-                elif "pyspark" in cmd or "daemon" in cmd or "worker" in cmd or "python" in cmd:
-                    workers += rss
-                    self._cpu[pid] = ("python_workers", ticks)
-            for key, value in (
-                ("driver_python_mb", python),
-                ("driver_jvm_mb", jvm),
-                ("python_workers_mb", workers),
-                ("broker_jvm_mb", broker),
-            ):
-                self.peak[key] = max(self.peak[key], round(value, 1))
-            time.sleep(0.2)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
 
 def apply_share_queue(folder: Path, target: KafkaTarget, handler: str, slots: int, cores: int = 1) -> dict:
     # maxInFlight bounds what one poll can acquire (librdkafka's max.poll.records is best-effort):
@@ -235,44 +83,6 @@ def apply_share_queue(folder: Path, target: KafkaTarget, handler: str, slots: in
         processing={"handler": f"bench_handlers:{handler}", "concurrency": slots},
         deployment={"executor": {"cores": cores}},
     )
-
-
-def fill(target: KafkaTarget, topic: str, count: int) -> None:
-    producer = clients.producer(target.settings, {**QUEUE_PRODUCER})
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, key=str(i % 64).encode(), value=b'{"id": %d}' % i)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(60) == 0
-
-
-def finishing_times(marks_dir: Path, pattern: str) -> list[float]:
-    """The finishing times the handler calls (or the plain loop) wrote into ``marks_dir``."""
-    finished: list[float] = []
-    for path in marks_dir.glob(pattern):
-        data, times = path.read_bytes(), array("d")
-        times.frombytes(data[: len(data) - len(data) % times.itemsize])  # a flush may be under way
-        finished += times
-    return finished
-
-
-def worker_throughput(spec: Path, target: KafkaTarget, records: int, marks_dir: Path) -> dict:
-    """Steady records/s of the worker, from the finishing times its handler calls wrote down."""
-    (queue,) = steps.validate([str(spec)], target)
-    for old in marks_dir.glob("finished-*"):
-        old.unlink()
-    summary = run_queue(queue, target, RunOptions(max_records=records), backlog=queue_backlog(target, queue))
-    finished = finishing_times(marks_dir, "finished-[0-9]*")
-    done = summary.counts.get("accepted", 0) + summary.counts.get("dlq", 0)
-    return {
-        "records": done,
-        "steady_records_per_s": steady_rate(finished, done),
-        "first_to_last_records_per_s": full_rate(finished),
-        "counts": summary.counts,
-    }
 
 
 def plain_loop_throughput(target: KafkaTarget, queue: dict, records: int, marks_dir: Path, poll_records: int) -> dict:
@@ -318,11 +128,6 @@ def hosted_throughput(spec: Path, target: KafkaTarget, records: int, marks_dir: 
         "steady_records_per_s": steady_rate(finished),
         "first_to_last_records_per_s": full_rate(finished),
     }
-
-
-def marked(marks_dir: Path) -> int:
-    """Handler calls written down so far (each a double), across the processes' files."""
-    return sum(path.stat().st_size for path in marks_dir.glob("finished-[0-9]*")) // array("d").itemsize
 
 
 def main() -> int:
