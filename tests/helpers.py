@@ -143,3 +143,21 @@ class AloneProducer:
             refused = (message.topic(), message.value()) in self.refused
             callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if refused else None, message)
         return 0
+
+
+def close_spark_gateway() -> None:
+    """Stop the driver's JVM a test module started in the test process.
+
+    `SparkSession.stop()` keeps pyspark's gateway for a next session. Left open, the JVM lives as
+    long as the pytest process, and py4j's finalizers log into closed streams as it exits: a
+    traceback printed after the run's last result.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    gateway.proc.stdin.close()  # the JVM ends when its stdin does
+    gateway.proc.wait(timeout=30)
+    SparkContext._gateway = SparkContext._jvm = None

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from helpers import close_spark_gateway
 
 from queueplane.run.spark.interpreter import launcher
 from queueplane.run.spark.session import DAEMON_MODULE
@@ -14,22 +15,8 @@ from queueplane.run.spark.session import DAEMON_MODULE
 
 @pytest.fixture(scope="module", autouse=True)
 def _gateway_closed_after() -> Iterator[None]:
-    """Stop the driver's JVM this module started in the test process.
-
-    `SparkSession.stop()` keeps pyspark's gateway for a next session. Left open, the JVM lives as
-    long as the pytest process, and py4j's finalizers log into closed streams as it exits: a
-    traceback printed after the run's last result.
-    """
     yield
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    if gateway is None:
-        return
-    gateway.shutdown()
-    gateway.proc.stdin.close()  # the JVM ends when its stdin does
-    gateway.proc.wait(timeout=30)
-    SparkContext._gateway = SparkContext._jvm = None
+    close_spark_gateway()
 
 
 @pytest.mark.parametrize("use_daemon", [True, False], ids=["forked", "started-alone"])

@@ -18,6 +18,11 @@ from queueplane.spec.model import QueueSpec
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 DAEMON_MODULE = "queueplane.run.spark.daemon"  # forks Python workers with pyspark imported once
 POLLING_DELAY = "100ms"
+# Jobs, stages and SQL executions Spark's status store keeps (each 1000 by default). A worker
+# runs for weeks without a UI and reads its progress from its own sink, not from the store, yet
+# at a micro-batch a second the store grew for the first twenty minutes and the driver's heap
+# with it, in steps that outlasted the soak's warm-up. A few minutes' worth is kept.
+RETAINED_IN_STATUS_STORE = "100"
 EXECUTOR_PREFIX_MAX = 47  # Spark refuses a longer executor pod name prefix (a pod name is at most 63)
 
 
@@ -95,6 +100,9 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(min(runtime.shuffle_partitions for runtime in runtimes)))
         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.retainedJobs", RETAINED_IN_STATUS_STORE)
+        .config("spark.ui.retainedStages", RETAINED_IN_STATUS_STORE)
+        .config("spark.sql.ui.retainedExecutions", RETAINED_IN_STATUS_STORE)
         # Between empty triggers an idle query asks the broker for its latest offsets; every 10 ms
         # (Spark's default) that was half of an idle consumer queue's CPU (docs/benchmarks.md).
         # A record arriving at an idle queue waits up to this much longer for its batch.
