@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -125,6 +127,37 @@ def growth(samples: list[dict[str, float]], duration_s: float, key: str = "rss_m
     return (last - first) / first
 
 
+# A line of the JVM's ``-Xlog:gc`` with uptime: its heap before and after the pause, and committed.
+_GC_LINE = re.compile(r"^\[(?P<t>[0-9.]+)s\].* (?P<before>\d+)M->(?P<after>\d+)M\((?P<committed>\d+)M\)")
+
+
+def jvm_heap(gc_log: Path, duration_s: float) -> dict[str, float] | None:
+    """The driver JVM's heap over the window of ``growth`` (its uptime stands for the run's time:
+    the JVM starts seconds after the worker): the least left after a collection in the window's
+    first and last fifth (the live objects, where a leak would show), and the heap committed
+    at its start and end (what the JVM took from the machine; its RSS follows)."""
+    if not gc_log.exists():
+        return None
+    pauses = [
+        (float(m["t"]), int(m["after"]), int(m["committed"]))
+        for m in map(_GC_LINE.match, gc_log.read_text(errors="replace").splitlines())
+        if m
+    ]
+    window = [p for p in pauses if duration_s / 3 <= p[0] <= duration_s]
+    if len(window) < 2:
+        return None
+    fifth = (duration_s - duration_s / 3) / 5
+    early = [p for p in window if p[0] <= duration_s / 3 + fifth] or window[:1]
+    late = [p for p in window if p[0] >= duration_s - fifth] or window[-1:]
+    return {
+        "live_mib_first": min(p[1] for p in early),
+        "live_mib_last": min(p[1] for p in late),
+        "committed_mib_first": window[0][2],
+        "committed_mib_last": window[-1][2],
+        "collections": len(window),
+    }
+
+
 def _ended_ids(target: KafkaTarget, topics: list[str], expect: int) -> set[str]:
     """Order ids found in the topics: the output's ``id`` field, the DLQ's id header."""
     consumer = clients.consumer(
@@ -164,9 +197,13 @@ def run_soak(minutes: float, rate: float, folder: Path, target: KafkaTarget, tai
         command = [sys.executable, "-m", "queueplane", "run", str(soaked.names["path"]), "-o", "json"]
         command += ["--bootstrap-servers", target.bootstrap, "--metrics-port", str(soaked.port)]
         command += ["--max-duration", f"{int(duration + tail_s)}s"]
+        # The driver JVM logs each collection: the heap it keeps apart from what it committed.
+        gc_log = f"-Xlog:gc:file={folder / f'{soaked.group}-gc.log'}:uptime"
+        java_options = " ".join(filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), gc_log]))
         soaked.process = subprocess.Popen(
             command,
             cwd=folder,
+            env={**os.environ, "JAVA_TOOL_OPTIONS": java_options},
             stdout=subprocess.PIPE,
             stderr=(folder / f"{soaked.group}.log").open("w"),
             text=True,
@@ -203,6 +240,7 @@ def run_soak(minutes: float, rate: float, folder: Path, target: KafkaTarget, tai
             "rss_mib_first_last_max": [round(rss[0]), round(rss[-1]), round(max(rss))] if rss else None,
             "rss_growth_last_two_thirds": round(growth(soaked.samples, duration), 4),
             "python_rss_growth_last_two_thirds": round(growth(soaked.samples, duration, "python_mib"), 4),
+            "driver_jvm_heap": jvm_heap(folder / f"{soaked.group}-gc.log", duration),
             "samples": soaked.samples,
         }
     result["max_growth"] = MAX_GROWTH
