@@ -23,11 +23,6 @@ POLLING_DELAY = "100ms"
 # at a micro-batch a second the store grew for the first twenty minutes and the driver's heap
 # with it, in steps that outlasted the soak's warm-up. A few minutes' worth is kept.
 RETAINED_IN_STATUS_STORE = "100"
-# How the driver JVM's G1 sizes its heap at each marking cycle. By default it keeps 40-70% of the
-# heap free of what was in use at the cycle's remark, old garbage not yet collected included: a
-# worker's heap grew in steps of 100-200 MiB whenever a cycle found the old generation fuller,
-# minutes into a steady load, and never gave the memory back. 10-30% keeps it near what is used.
-HEAP_FREE_RATIOS = "-XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
 EXECUTOR_PREFIX_MAX = 47  # Spark refuses a longer executor pod name prefix (a pod name is at most 63)
 
 
@@ -103,10 +98,7 @@ def spark_session(
         .config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", DAEMON_MODULE)
         .config("spark.sql.shuffle.partitions", str(min(runtime.shuffle_partitions for runtime in runtimes)))
-        .config(
-            "spark.driver.extraJavaOptions",
-            f"-Xss16m {HEAP_FREE_RATIOS} -Dlog4j2.configurationFile=file:{SPARK_LOG4J}",
-        )
+        .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile=file:{SPARK_LOG4J}")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.ui.retainedJobs", RETAINED_IN_STATUS_STORE)
         .config("spark.ui.retainedStages", RETAINED_IN_STATUS_STORE)
