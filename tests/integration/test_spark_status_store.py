@@ -1,9 +1,9 @@
 """A worker's session keeps a bounded history in Spark's status store.
 
 A worker runs a micro-batch a second for weeks, and Spark's status store keeps, by default, the
-last 1000 jobs, stages and SQL executions even without a UI: the driver's heap grew with them
-for the first twenty minutes of the soak. The session queueplane builds keeps a few minutes'
-worth (``RETAINED_IN_STATUS_STORE``).
+last 1000 jobs, stages and SQL executions even without a UI: twenty minutes of history in the
+driver's heap. The session queueplane builds keeps a few minutes' worth
+(``RETAINED_IN_STATUS_STORE``).
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ from queueplane.spec.model import QueueSpec
 SPARK_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 DAEMON_MODULE = "queueplane.run.spark.daemon"  # forks Python workers with pyspark imported once
 POLLING_DELAY = "100ms"
-# Jobs, stages and SQL executions Spark's status store keeps (each 1000 by default). A worker
-# runs for weeks without a UI and reads its progress from its own sink, not from the store, yet
-# at a micro-batch a second the store grew for the first twenty minutes and the driver's heap
-# with it, in steps that outlasted the soak's warm-up. A few minutes' worth is kept.
+# Jobs, stages and SQL executions Spark's status store keeps (each 1000 by default, UI or not).
+# A worker reads its progress from its own sink, never from the store, yet at a micro-batch a
+# second the defaults hold some twenty minutes of history in the driver's heap, which goes on
+# filling long after the soak's warm-up. A few minutes' worth is kept.
 RETAINED_IN_STATUS_STORE = "100"
 EXECUTOR_PREFIX_MAX = 47  # Spark refuses a longer executor pod name prefix (a pod name is at most 63)
 
