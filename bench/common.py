@@ -195,6 +195,7 @@ SPARK_BATCH_RECORDS = 50_000
 
 
 def fill(target: KafkaTarget, topic: str, count: int) -> None:
+    """``count`` small orders into ``topic``, keyed over 64 keys, all acknowledged before it returns."""
     producer = clients.producer(target.settings, {**QUEUE_PRODUCER})
     for i in range(count):
         while True:
