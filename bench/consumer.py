@@ -316,11 +316,12 @@ def pass_through(
     if python:
         frame = frame.mapInArrow(python_identity, "key binary, value binary")
     visible = Visible(target, spec["output"])
+    checkpoint = tempfile.TemporaryDirectory(prefix="qp-bench-pass-")  # removed with the run
     query = (
         frame.writeStream.format("kafka")
         .options(**kafka_options(target))
         .option("topic", spec["output"])
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="qp-bench-pass-"))
+        .option("checkpointLocation", checkpoint.name)
         .trigger(processingTime="0 seconds")
         .start()
     )
@@ -329,6 +330,7 @@ def pass_through(
     finally:
         query.stop()
         spark.stop()
+        checkpoint.cleanup()
 
 
 def kafka_connector_on_the_jvm() -> None:
