@@ -306,13 +306,16 @@ class KmqTask:
                     index = queued.popleft()
                 except IndexError:
                     return
-                if done and (len(done) >= SETTLE_EVERY or time.monotonic() - began >= SETTLE_WITHIN_S):
-                    self._settle_quick(done)
                 quick = self.run(index, done)
                 if quick is not None:
+                    accepted = quick[2].at
                     if not done:
-                        began = quick[2].at
+                        began = accepted
                     done.append(quick)
+                    if len(done) >= SETTLE_EVERY or accepted - began >= SETTLE_WITHIN_S:
+                        self._settle_quick(done)
+                elif done and time.monotonic() - began >= SETTLE_WITHIN_S:  # aged behind slower ends
+                    self._settle_quick(done)
         finally:
             with self._lock:
                 self._settle_run(done)
@@ -339,8 +342,7 @@ class KmqTask:
             claimed[index] = True
             outcomes.append(row)
             ending.append(end)
-        if len(ending) >= self._unsettled:  # nothing else to wait for: the round can go
-            self._settled.notify_all()
+        self._round_if_all_ended()
 
     def run(self, index: int, done: list[_Quick]) -> _Quick | None:
         """One record's call and how it ends. An accepted call without outputs is returned for
@@ -544,7 +546,11 @@ class KmqTask:
     def _add_ending(self, ending: _Ending) -> None:
         """Caller holds the lock: the record's marker goes in the task thread's next round."""
         self._ending.append(ending)
-        if len(self._ending) >= self._unsettled:  # nothing else to wait for: the round can go
+        self._round_if_all_ended()
+
+    def _round_if_all_ended(self) -> None:
+        """Caller holds the lock: with every unsettled record's marker due, the round can go now."""
+        if len(self._ending) >= self._unsettled:
             self._settled.notify_all()
 
     def _write_failed(
