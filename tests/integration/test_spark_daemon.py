@@ -55,3 +55,53 @@ def test_python_workers_import_the_installed_pyspark(use_daemon, monkeypatch):
         assert pyspark_file == pyspark.__file__, "workers import the installed package, not Spark's zip"
         assert archives == "", "Spark's zips and jar are off the workers' path"
         assert (f"-m {DAEMON_MODULE}" in parent) == use_daemon, "forked by queueplane's daemon, or by nothing of Python"
+
+
+def test_a_forked_worker_keeps_what_it_holds_out_of_a_full_collection_after_each_task(monkeypatch):
+    """pyspark's daemon collects fully after every task; a queue's worker holds its records in
+    flight from one task to the next, so queueplane's daemon does so once a minute at most."""
+    from pyspark.sql import SparkSession
+
+    def watch(batches):  # the first task: from now on, only the daemon's own collections run
+        import builtins
+        import gc
+        import os
+
+        import pyarrow as pa
+
+        gc.disable()
+        seen: list[int] = []
+        gc.callbacks.append(lambda phase, info: seen.append(info["generation"]) if phase == "start" else None)
+        vars(builtins)["queueplane_test_collections"] = seen
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "generations": [[]]})
+
+    def report(batches):  # a later task in the same worker: what was collected since
+        import builtins
+        import os
+
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        seen = list(vars(builtins).get("queueplane_test_collections", ()))
+        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "generations": [seen]})
+
+    monkeypatch.setitem(os.environ, "PYSPARK_PYTHON", launcher())
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .appName("daemon-collections-test")
+        .config("spark.ui.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", DAEMON_MODULE)
+        .getOrCreate()
+    )
+    schema = "pid long, generations array<long>"
+    try:
+        (first,) = spark.range(1, numPartitions=1).mapInArrow(watch, schema).collect()
+        (second,) = spark.range(1, numPartitions=1).mapInArrow(report, schema).collect()
+    finally:
+        spark.stop()
+    assert second.pid == first.pid, "both tasks ran in one reused worker"
+    assert 2 not in second.generations, f"no full collection between the tasks: {second.generations}"

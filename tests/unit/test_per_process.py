@@ -83,3 +83,43 @@ def test_teardown_runs_before_a_daemon_worker_ends_and_not_between_its_tasks(mon
     finally:
         processes._REGISTRIES.remove(registry)
         gc.unfreeze()
+
+
+class Cycle:
+    """Garbage only a collection frees: it refers to itself."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_between_tasks_a_full_collection_runs_once_a_minute_at_most():
+    import weakref
+
+    now = [100.0]
+    after_task = processes.AfterTaskCollection(every_s=60.0, clock=lambda: now[0])
+    generations: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    automatic = gc.isenabled()
+    gc.disable()  # only the collections asked for are seen
+    gc.callbacks.append(seen)
+    try:
+        garbage = Cycle()
+        gone = weakref.ref(garbage)
+        del garbage
+        now[0] += 59.0
+        assert after_task.collect() == 0
+        assert generations == [] and gone() is not None, "no collection within the minute"
+        now[0] += 1.0
+        assert after_task.collect() > 0
+        assert generations == [2] and gone() is None, "a full collection once the minute is up"
+        now[0] += 30.0
+        after_task.collect()
+        assert generations == [2], "the minute counts from the last full collection"
+    finally:
+        gc.callbacks.remove(seen)
+        if automatic:
+            gc.enable()

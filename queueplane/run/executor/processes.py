@@ -44,11 +44,15 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [pid %(process)d]: %(message)s"
 # of more frequent switches, which I/O-bound pools barely notice.
 GIL_SWITCH_INTERVAL_S = 0.001
 # CPython collects its youngest generation every 700 net allocations of container objects, and
-# a worker makes about ten a record (the record, its call, its outputs, its row): a collection
-# every 70 records, and a full one, walking every object the task holds, every 7,000 (measured
-# in docs/design/consumer-throughput.md). Cyclic garbage waits longer for its collection, and no
-# longer than the task: pyspark's worker runs a full collection after every task.
-GC_THRESHOLDS = (10_000, 10, 10)
+# a worker makes several a record (its message and record, its outputs, what waits for its
+# commit). A busy consumer worker keeps up to a second of records until their commit, so a young
+# collection walks mostly records still alive, and walks them again as they age. At 100,000 most
+# of them are gone before the collection that would walk them: a trivial handler's worker spent
+# half the time collecting that it spent at 10,000 (bench/consumer.py, timed by gc.callbacks).
+# Cyclic garbage waits for 100,000 net allocations.
+GC_THRESHOLDS = (100_000, 10, 10)
+# The full collection pyspark runs after every task, at most this often (AfterTaskCollection).
+FULL_COLLECTION_EVERY_S = 60.0
 
 
 def tune_interpreter() -> None:
@@ -57,14 +61,39 @@ def tune_interpreter() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+class AfterTaskCollection:
+    """What pyspark's daemon collects between a worker's tasks: a full collection at most once a
+    minute (``FULL_COLLECTION_EVERY_S``), nothing otherwise.
+
+    pyspark's worker loop collects everything after every task, to free a batch task's memory
+    for the next. A queue's worker process keeps its records in flight across tasks (held,
+    in its slots, awaiting their commit): a full collection walked all of them once a slice,
+    near a tenth of a busy worker's Python time. The interpreter's own collections (``GC_THRESHOLDS``)
+    still free cyclic garbage as it builds up.
+    """
+
+    def __init__(self, every_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every_s = FULL_COLLECTION_EVERY_S if every_s is None else every_s
+        self._clock = clock
+        self._last = clock()
+
+    def collect(self) -> int:
+        """Unreachable objects found (0 when it is not yet time for a collection)."""
+        now = self._clock()
+        if now - self._last < self._every_s:
+            return 0
+        self._last = now
+        return gc.collect()
+
+
 def freeze_what_lives() -> None:
     """Keep the process's long-lived objects out of every later garbage collection.
 
     What a process builds for its queue (the runtime's modules, pyarrow, the handler, clients)
-    lives as long as the process; pyspark's worker loop runs a full collection after every
-    task, and a busy handler's allocations set off more, each walking all of it again (some
-    50,000 objects: 10-15 ms per collection). Frozen after a collection, they are skipped; only
-    what is alive then is kept, so no garbage is frozen with them.
+    lives as long as the process; a busy handler's allocations set off full collections, each
+    walking all of it again (some 50,000 objects: 10-15 ms per collection). Frozen after a
+    collection, they are skipped; only what is alive then is kept, so no garbage is frozen with
+    them.
     """
     gc.collect()
     gc.freeze()

@@ -22,8 +22,10 @@ pure-Python modules every worker needs before it forks. It imports nothing that 
 worker module after the fork in the first place.
 
 What it imported is then frozen out of the garbage collector's sight (``gc.freeze``): the
-forked workers share those objects and never need to look at them again, and pyspark's
-worker loop runs a full collection after every task, which otherwise walks all of them.
+forked workers share those objects and never need to look at them again, and every full
+collection would otherwise walk all of them. pyspark's worker loop runs one after every task;
+the daemon's workers run one at most once a minute (``AfterTaskCollection``), since a queue's
+worker keeps its records in flight from one task to the next.
 """
 
 from __future__ import annotations
@@ -84,9 +86,10 @@ def main() -> None:
     preload()
     from pyspark import daemon
 
-    from queueplane.run.executor.processes import freeze_what_lives, teardown_at_exit
+    from queueplane.run.executor.processes import AfterTaskCollection, freeze_what_lives, teardown_at_exit
 
     daemon.worker = teardown_at_exit(daemon.worker)  # the spec's processing.teardown before a worker ends
+    daemon.gc = AfterTaskCollection()  # type: ignore[assignment]  # its only use: the collection after a task
     freeze_what_lives()
     daemon.manager()
 
