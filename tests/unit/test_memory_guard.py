@@ -6,8 +6,17 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from queueplane.run.executor.crash_journal import WORKER_DIED, CrashJournal, worker_died
-from queueplane.run.executor.memory_guard import EXIT_CODE, MEMORY_LIMIT_EXCEEDED
+from queueplane.run.executor.memory_guard import (
+    EXIT_CODE,
+    GROWTH_BYTES_PER_S,
+    INTERVAL_S,
+    MEMORY_LIMIT_EXCEEDED,
+    next_read_s,
+    resident_bytes,
+)
 
 CHILD = """
 import sys, time
@@ -67,3 +76,25 @@ def test_a_later_death_without_a_reason_is_not_given_the_earlier_one(tmp_path):
     journal = CrashJournal(tmp_path, alone_s=5)
     assert journal.crashes == {(1, 5): 2}
     assert worker_died(2, journal.reasons.get((1, 5))).error_class == WORKER_DIED
+
+
+def test_the_guard_reads_less_often_the_further_below_its_limit_a_process_is():
+    limit = 1 << 30
+    assert next_read_s(limit - (16 << 20), limit) == INTERVAL_S, "near the limit: every interval"
+    far = next_read_s(limit - (768 << 20), limit)
+    assert far == pytest.approx((768 << 20) / GROWTH_BYTES_PER_S), "until it could have grown to the limit"
+    assert INTERVAL_S < far < 1.0
+    assert next_read_s(0, 64 << 30) == 1.0, "at least once a second"
+    assert next_read_s(limit + 1, limit) == INTERVAL_S
+
+
+def test_a_kept_open_statm_reads_the_current_size():
+    statm = os.open("/proc/self/statm", os.O_RDONLY)
+    try:
+        before = resident_bytes(statm)
+        held = b"x" * (64 << 20)
+        assert resident_bytes(statm) - before >= 60 << 20, "each read is new figures, not the first one again"
+        assert abs(resident_bytes(statm) - resident_bytes()) < 8 << 20
+        del held
+    finally:
+        os.close(statm)
