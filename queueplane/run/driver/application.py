@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -36,10 +36,17 @@ from queueplane.run.spark.planner_daemons import PlannerReaper
 from queueplane.run.spark.session import spark_session
 from queueplane.spec.model import QueueSpec
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 __all__ = ["QueueJob", "WorkerFailed", "run_application", "run_queue"]
 
 log = logging.getLogger("queueplane.worker")
-WATCH_S = 0.25  # how often the driver looks at each query between its micro-batches
+# How often the driver's loop looks for a stop or an ended query: one call to Spark for every
+# query of the application, which returns as soon as one ends. Each query's own state takes a
+# few more calls, so it is read at most once a ``LOOK_S`` (queue_run.py): read four times a
+# second, they were half the driver's Python time in an application of twenty idle queues.
+WATCH_S = 0.25
 
 
 def run_queue(
@@ -104,9 +111,9 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
             run.start()
         running = list(runs)
         while running:
-            wait_s = WATCH_S / len(running)
+            ended = any_query_ended(spark, WATCH_S)
             for run in list(running):
-                if run.watch(wait_s):
+                if run.watch(ended):
                     running.remove(run)
                     _finish(run, errors)
     finally:
@@ -128,6 +135,23 @@ def run_application(jobs: list[QueueJob], target: KafkaTarget, options: RunOptio
     for run in runs:
         run.remove_temporary()
     return summaries
+
+
+def any_query_ended(spark: SparkSession, wait_s: float) -> bool:
+    """Whether a streaming query of the application ended, waiting up to ``wait_s`` for one to.
+
+    A query that ended is forgotten here (``resetTerminated``), so the next wait waits again;
+    each run then finds its own query's state in its look (``QueueRun.watch``).
+    """
+    streams = spark.streams
+    try:
+        # Typed as whole seconds; pyspark passes int(timeout * 1000) ms to the JVM.
+        ended = bool(streams.awaitAnyTermination(wait_s))  # type: ignore[arg-type]
+    except Exception:  # a query failed: its run's look finds which, and finish() says how
+        ended = True
+    if ended:
+        streams.resetTerminated()
+    return ended
 
 
 def _finish(run: QueueRun, errors: list[BaseException]) -> None:

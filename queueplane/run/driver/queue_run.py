@@ -53,6 +53,8 @@ from queueplane.spec.model import QueueSpec
 
 log = logging.getLogger("queueplane.worker")
 STOP_WAIT_S = 60.0
+# How often a run reads its query's state (a few calls to Spark's JVM) while nothing ended.
+LOOK_S = 1.0
 
 
 class WorkerFailed(QueueplaneError):
@@ -333,17 +335,19 @@ class QueueRun:
         )
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
         self.health.query_started()
-        self._last_look = time.monotonic()
+        self._looked_at = time.monotonic()
 
-    def watch(self, wait_s: float) -> bool:
-        """Look at the query once, waiting up to ``wait_s`` for it to end; True once the run is over."""
-        query, runtime = self.query, self.runtime
-        if self.done or not query.isActive or self.stop_requested.is_set():
+    def watch(self, ended: bool) -> bool:
+        """True once the run is over. Its query's state is read at most once a ``LOOK_S``, and
+        at once when ``ended`` (some query of the application ended since the last look)."""
+        if self.done or self.stop_requested.is_set():
             return True
-        try:
-            if query.awaitTermination(wait_s):
-                return True
-        except Exception:  # the query failed: query.exception() in finish() says how
+        now = time.monotonic()
+        if not ended and now - self._looked_at < LOOK_S:
+            return False
+        self._looked_at = now
+        query, runtime = self.query, self.runtime
+        if not query.isActive:  # it ended: query.exception() in finish() says how
             return True
         in_batch = bool(query.status["isTriggerActive"])
         self.health.batch_running(time.monotonic(), in_batch)
@@ -352,13 +356,11 @@ class QueueRun:
             return True
         # A source that runs no batch while there is nothing new never lets the sink see the
         # queue idle: look between batches here.
-        if runtime.batches_only_on_input and time.monotonic() - self._last_look >= 1.0:
-            self._last_look = time.monotonic()
-            if not in_batch:
-                lag = self.watcher.latest
-                self.metrics.set_backlog(lag)
-                if self.should_stop(lag):
-                    self.stop_requested.set()
+        if runtime.batches_only_on_input and not in_batch:
+            lag = self.watcher.latest
+            self.metrics.set_backlog(lag)
+            if self.should_stop(lag):
+                self.stop_requested.set()
         return self.stop_requested.is_set()
 
     def finish(self) -> None:
