@@ -123,6 +123,7 @@ class ConsumerRuntime(QueueRuntime):
         settings = dataclasses.replace(
             self.member_settings(group_protocol(target.settings), tasks), batch_ms=options.batch_ms or SLICE_MS
         )
+        settings = dataclasses.replace(settings, fair_share=math.ceil(partitions / tasks))
         if options.max_batch_records:
             settings = dataclasses.replace(settings, max_uncommitted=max(1, options.max_batch_records // tasks))
         source = register_source(spark, queue.name, self.member_source())

@@ -70,6 +70,13 @@ PAUSE_AFTER_S = 0.05  # how long polled records wait for quick slots before thei
 QUIET_WAIT_S = 0.02  # how long a commit waits for the producer to hold nothing unacknowledged
 ACK_WAIT_S = 0.1  # how long the slots' writes wait at the gate for what they wrote to be acknowledged
 FINISH_AFTER_S = 2 * COMMIT_S  # a partition not committed for this long: the tasks finish together
+# A member that holds more partitions than its share (the first to join, before the slice's other
+# members have) is about to give some up, and a partition moves only once every record its task
+# took is finished (``_revoked_cb``): a slow handler's full slot queues held it for seconds. So
+# such a member takes few records a slot until the group settles, for at most SETTLE_S after its
+# assignment last changed.
+SETTLE_S = 3.0
+SETTLING_SLOT_RECORDS = 16
 
 
 class MemberFailed(RuntimeError):
@@ -105,6 +112,7 @@ class GroupMember:
         self._paused: set[int] = set()  # paused for flow control
         self._committed_at: dict[int, float] = {}  # when a partition's task last committed (monotonic)
         self._assigned: set[int] = set()
+        self._assigned_at = 0.0  # when partitions were last added to the assignment (monotonic)
         self._unleased_paused = False
         self._failing = False
 
@@ -358,8 +366,13 @@ class GroupMember:
             held.extend(records)
 
     def _limit(self) -> int:
+        """The records a partition's task may have taken and not finished: maxInFlight, or few a
+        slot while the member holds more than its share (``SETTLE_S``)."""
         s = self.settings
-        return max(1, s.slot_queue * s.slots)
+        limit = max(1, s.slot_queue * s.slots)
+        if 0 < s.fair_share < len(self._assigned) and time.monotonic() - self._assigned_at < SETTLE_S:
+            return min(limit, SETTLING_SLOT_RECORDS * s.slots)
+        return limit
 
     def _feed_held(self) -> None:
         """Hand held records to their tasks while the partition has room under maxInFlight; pause a
@@ -586,6 +599,7 @@ class GroupMember:
         self.process.journal.collect()  # a process that died in a call of these partitions
         self._collect_due = True
         self._assigned.update(tp.partition for tp in partitions)
+        self._assigned_at = time.monotonic()
         if self.settings.exactly_once:
             # Each partition's producer first: its init_transactions fences the one an earlier
             # owner left (a dead process, or a live one whose commit timed out in an outage) and

@@ -66,6 +66,9 @@ class MemberSettings(QueueSettings):
     # The most records a member holds fed and uncommitted (``--max-batch-records`` over the
     # members): what a kill can make come again. 0: no bound but maxInFlight's.
     max_uncommitted: int = 0
+    # The partitions a member holds once every member of a slice has joined (the topic's over
+    # the slice's tasks). 0: not known, no member counts as holding more.
+    fair_share: int = 0
     exactly_once: bool = False
 
 
