@@ -20,7 +20,7 @@ Why a thread and not a Spark query: a ``transformWithState`` query over the mark
 0.26 ms of CPU a message measured alone (its shuffle, its state store, each marker's round trip
 to a Python worker) and started a Python process outside Spark's daemon; read by one consumer
 and folded in a dict, a message costs the driver about 10 µs, its consumer's threads included
-(docs/design/consumer-throughput.md, "The kmq tracker as a thread" and "Markers in runs").
+(docs/design/kmq-tracker.md).
 
 A broker outage never ends the tracker. Each call it makes to Kafka (the markers topic's
 partitions, where its partitions end, a redelivery round) that fails is tried again after a
