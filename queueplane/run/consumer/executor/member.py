@@ -74,7 +74,7 @@ FINISH_AFTER_S = 2 * COMMIT_S  # a partition not committed for this long: the ta
 # members have) is about to give some up, and a partition moves only once every record its task
 # took is finished (``_revoked_cb``): a slow handler's full slot queues held it for seconds. So
 # such a member takes few records a slot until the group settles, for at most SETTLE_S after its
-# assignment last changed.
+# assignment last grew.
 SETTLE_S = 3.0
 SETTLING_SLOT_RECORDS = 16
 
