@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import weakref
 
 from queueplane.run.executor import processes
 from queueplane.run.executor.processes import PerProcess
@@ -93,8 +94,6 @@ class Cycle:
 
 
 def test_between_tasks_a_full_collection_runs_once_a_minute_at_most():
-    import weakref
-
     now = [100.0]
     after_task = processes.AfterTaskCollection(every_s=60.0, clock=lambda: now[0])
     generations: list[int] = []
