@@ -350,7 +350,7 @@ class QueueRun:
         if not query.isActive:  # it ended: query.exception() in finish() says how
             return True
         in_batch = bool(query.status["isTriggerActive"])
-        self.health.batch_running(time.monotonic(), in_batch)
+        self.health.batch_running(now, in_batch)
         self.controller.on_waiting(records_waiting(self.watcher.latest))
         if runtime.failed() or self.watcher.refused is not None:
             return True
