@@ -121,9 +121,10 @@ class ConsumerRuntime(QueueRuntime):
             tasks = options.tasks or spark.sparkContext.defaultParallelism
         tasks = max(1, min(tasks, partitions))
         settings = dataclasses.replace(
-            self.member_settings(group_protocol(target.settings), tasks), batch_ms=options.batch_ms or SLICE_MS
+            self.member_settings(group_protocol(target.settings), tasks),
+            batch_ms=options.batch_ms or SLICE_MS,
+            fair_share=math.ceil(partitions / tasks),
         )
-        settings = dataclasses.replace(settings, fair_share=math.ceil(partitions / tasks))
         if options.max_batch_records:
             settings = dataclasses.replace(settings, max_uncommitted=max(1, options.max_batch_records // tasks))
         source = register_source(spark, queue.name, self.member_source())

@@ -72,8 +72,8 @@ class AfterTaskCollection:
     still free cyclic garbage as it builds up.
     """
 
-    def __init__(self, every_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self._every_s = FULL_COLLECTION_EVERY_S if every_s is None else every_s
+    def __init__(self, every_s: float = FULL_COLLECTION_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every_s = every_s
         self._clock = clock
         self._last = clock()
 
